@@ -1,0 +1,64 @@
+"""Everything the CLI prints: escaping of untrusted names, JSON documents, text tables."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..findings import Finding
+
+
+def escape(s: str | None) -> str:
+    """Make a name from an untrusted file safe for a terminal: control and other non-printable
+    characters (ANSI escapes included) become \\xNN / \\uNNNN."""
+    if s is None:
+        return ""
+    out = []
+    for ch in s:
+        if ch.isprintable() and ch != "\\":
+            out.append(ch)
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ord(ch) < 0x100:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) < 0x10000:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return "".join(out)
+
+
+def finding_line(f: Finding) -> str:
+    where = escape(f.file)
+    if f.tensor:
+        where = f"{where}::{escape(f.tensor)}" if where else escape(f.tensor)
+    return f"{where}: {f.code} {escape(f.message)}" if where else f"{f.code} {escape(f.message)}"
+
+
+def emit_json(doc) -> None:
+    """Exactly one JSON document on stdout (ASCII, so control characters are escaped)."""
+    click.echo(json.dumps(doc, indent=2, allow_nan=False))
+
+
+def note(message: str) -> None:
+    """A line for people on stderr."""
+    click.echo(escape(message), err=True)
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def table(rows: list[list[str]], header: list[str]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*header).rstrip()] + [fmt.format(*map(str, r)).rstrip() for r in rows]
+
+
+def stderr_is_tty() -> bool:
+    return sys.stderr.isatty()

@@ -1,0 +1,29 @@
+"""Exceptions: the tool could not do what was asked. Each class carries its exit code.
+
+Problems *in an artifact* are findings (see findings.py), collected into reports. An exception that
+wraps a finding (FindingError) is raised where reading cannot go on, e.g. a corrupt header.
+"""
+from __future__ import annotations
+
+
+class GptqfmtError(Exception):
+    """Base class. Unexpected failures map to exit 3 (internal error)."""
+
+    exit_code = 3
+
+
+class UsageError(GptqfmtError):
+    """Bad arguments, a missing path, an output that exists: exit 2."""
+
+    exit_code = 2
+
+
+class FindingError(GptqfmtError):
+    """The input is invalid in a way that stops reading it: exit 1, carries the finding."""
+
+    exit_code = 1
+
+    def __init__(self, *findings):
+        super().__init__(findings[0].one_line())
+        self.findings = list(findings)
+        self.finding = findings[0]

@@ -1,0 +1,121 @@
+"""The catalogue of stable finding codes, and the Finding record.
+
+Codes never change meaning once released. Ranges: GQ1xx container and index, GQ2xx configs,
+GQ3xx tensors and shapes, GQ4xx zero points and conversion, GQ5xx numerical. The README's
+catalogue table is checked against this module by the tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ERROR, WARNING, INFO = "error", "warning", "info"
+SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
+
+
+@dataclass(frozen=True)
+class Code:
+    code: str
+    severity: str
+    title: str
+
+
+_CATALOGUE = [
+    # GQ1xx: safetensors container (one code per rule of the reference reader) and sharding
+    Code("GQ101", ERROR, "file shorter than the 8-byte header length"),
+    Code("GQ102", ERROR, "header length above the 100,000,000-byte limit"),
+    Code("GQ103", ERROR, "header extends past the end of the file"),
+    Code("GQ104", ERROR, "header is not valid UTF-8"),
+    Code("GQ105", ERROR, "header is not valid JSON"),
+    Code("GQ106", ERROR, "header JSON does not have the safetensors structure"),
+    Code("GQ107", ERROR, "duplicate key in header"),
+    Code("GQ108", ERROR, "unknown dtype"),
+    Code("GQ109", ERROR, "invalid shape"),
+    Code("GQ110", ERROR, "invalid data_offsets"),
+    Code("GQ111", ERROR, "shape times dtype size overflows"),
+    Code("GQ112", ERROR, "data_offsets span differs from shape times dtype size"),
+    Code("GQ113", ERROR, "tensor data not contiguous (hole, overlap or alias)"),
+    Code("GQ114", ERROR, "tensor data extends past the end of the file (truncated)"),
+    Code("GQ115", ERROR, "trailing bytes after the last tensor"),
+    Code("GQ116", ERROR, "__metadata__ is not a map of strings to strings"),
+    Code("GQ117", ERROR, "file is a git-LFS pointer, not safetensors data"),
+    Code("GQ118", ERROR, "file cannot be read"),
+    Code("GQ120", ERROR, "index file is not valid JSON or lacks weight_map"),
+    Code("GQ121", ERROR, "index names a shard by an unsafe path"),
+    Code("GQ122", ERROR, "index names a shard that does not exist"),
+    Code("GQ123", ERROR, "tensor is not in the shard the index names"),
+    Code("GQ124", ERROR, "tensor in a shard is missing from the index"),
+    Code("GQ125", WARNING, "shard not referenced by the index"),
+    Code("GQ126", ERROR, "tensor stored in more than one shard"),
+    Code("GQ127", WARNING, "index total_size differs from the sum of tensor sizes"),
+    Code("GQ128", ERROR, "no safetensors file found"),
+    # GQ2xx: configs
+    Code("GQ201", ERROR, "config file is not valid JSON"),
+    Code("GQ202", ERROR, "config violates its schema"),
+    Code("GQ203", ERROR, "not a GPTQ-packed checkpoint"),
+    Code("GQ204", ERROR, "format and checkpoint_format disagree"),
+    Code("GQ205", ERROR, "config files disagree"),
+    Code("GQ206", WARNING, "no quantization config found"),
+    Code("GQ207", ERROR, "invalid dynamic override pattern"),
+    Code("GQ208", WARNING, "config key missing; runtimes disagree on its default"),
+    # GQ3xx: tensors and shapes
+    Code("GQ301", ERROR, "quantized module lacks a tensor"),
+    Code("GQ302", ERROR, "tensor has the wrong dtype"),
+    Code("GQ303", ERROR, "tensor shapes of a module are inconsistent"),
+    Code("GQ304", ERROR, "declared bits differ from the shapes"),
+    Code("GQ305", ERROR, "declared group_size differs from the shapes"),
+    Code("GQ306", ERROR, "declared desc_act differs from g_idx"),
+    Code("GQ307", ERROR, "declared pack_dtype differs from the word dtype"),
+    Code("GQ308", WARNING, "g_idx missing; treated as trivial"),
+    Code("GQ309", ERROR, "g_idx invalid"),
+    Code("GQ310", ERROR, "3-bit packing needs int32 words"),
+    Code("GQ311", INFO, "quantized lm_head; many runtimes refuse it"),
+    Code("GQ312", WARNING, "in or out features not a multiple of 32"),
+    Code("GQ313", WARNING, "module quantized although dynamic excludes it"),
+    # GQ4xx: zero points
+    Code("GQ401", ERROR, "declared zero-point convention contradicts the data"),
+    Code("GQ402", INFO, "zero-point convention not decidable from the data"),
+]
+
+CATALOGUE: dict[str, Code] = {c.code: c for c in _CATALOGUE}
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    message: str
+    file: str | None = None
+    tensor: str | None = None
+    hint: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.code not in CATALOGUE:
+            raise ValueError(f"unknown finding code {self.code}")
+
+    @property
+    def severity(self) -> str:
+        return CATALOGUE[self.code].severity
+
+    def sort_key(self):
+        return (self.file or "", self.tensor or "", self.code, self.message)
+
+    def one_line(self) -> str:
+        where = self.file or ""
+        if self.tensor:
+            where = f"{where}::{self.tensor}" if where else self.tensor
+        prefix = f"{where}: " if where else ""
+        return f"{prefix}{self.code} {self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"code": self.code, "severity": self.severity, "file": self.file,
+               "tensor": self.tensor, "message": self.message}
+        if self.hint:
+            out["hint"] = self.hint
+        if self.details:
+            out["details"] = self.details
+        return out
+
+
+def errors(findings) -> list[Finding]:
+    return [f for f in findings if f.severity == ERROR]

@@ -1,0 +1,208 @@
+"""A GPTQ checkpoint: its tensor store, its config, and the quantized modules found in it.
+
+Modules are found from tensor names (`<prefix>.qweight` with `.qzeros`, `.scales`, `.g_idx`,
+`.bias`), wherever each tensor sits. Geometry (bits, K, N, groups, word size) is inferred from
+shapes alone and then cross-checked with the declared per-module config.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..findings import Finding
+from ..safetensors_io.dtypes import PACK_DTYPE_NAMES, WORD_DTYPES
+from ..safetensors_io.index import TensorStore, open_store
+from . import layout
+from .config import ModuleConfig, QuantConfig, load_config
+
+ROLES = ("qweight", "qzeros", "scales", "g_idx", "bias")
+REQUIRED = ("qweight", "qzeros", "scales")
+SCALE_DTYPES = ("F16", "BF16", "F32")
+
+
+@dataclass
+class Module:
+    name: str
+    tensors: dict[str, str]                  # role -> tensor name
+    declared: ModuleConfig | None            # None: config excludes it (dynamic "-:")
+    bits: int | None = None
+    word_bits: int | None = None
+    in_features: int | None = None
+    out_features: int | None = None
+    groups: int | None = None
+    group_size: int | None = None
+    act_order: bool | None = None            # non-trivial g_idx
+    scale_dtype: str | None = None
+    valid: bool = False                      # geometry complete and consistent
+
+    @property
+    def pack_dtype(self) -> str | None:
+        return f"int{self.word_bits}" if self.word_bits else None
+
+    def tensor(self, role: str) -> str | None:
+        return self.tensors.get(role)
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    store: TensorStore
+    config: QuantConfig | None
+    modules: list[Module]
+    other_tensors: list[str]
+    findings: list[Finding] = field(default_factory=list)
+
+    def view(self, tensor: str) -> np.ndarray:
+        return self.store.view(tensor)
+
+    def close(self):
+        self.store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Open and model a checkpoint (headers, configs, g_idx; no qweight data is read)."""
+    store = open_store(path)
+    findings = list(store.findings)
+    first = next(iter(store.files.values()))
+    config, cfg_findings = load_config(store.root, first.metadata)
+    findings += cfg_findings
+    modules, others = _group(store, config, findings)
+    for m in modules:
+        _infer(m, store, findings)
+    findings.sort(key=Finding.sort_key)
+    return Checkpoint(store.root if Path(path).is_dir() else Path(path), store, config, modules,
+                      others, findings)
+
+
+def natural_key(name: str) -> list:
+    """Sort key that puts layers.2 before layers.10."""
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name)]
+
+
+def _group(store: TensorStore, config: QuantConfig | None, findings) -> tuple[list[Module], list[str]]:
+    parts: dict[str, dict[str, str]] = {}
+    for t in store.locations:
+        prefix, _, role = t.rpartition(".")
+        if role in ROLES and prefix:
+            parts.setdefault(prefix, {})[role] = t
+    modules, claimed = [], set()
+    for prefix, roles in sorted(parts.items(), key=lambda kv: natural_key(kv[0])):
+        if not any(r in roles for r in ("qweight", "qzeros")):
+            continue  # e.g. a plain Linear's .bias
+        declared = config.for_module(prefix) if config else ModuleConfig()
+        modules.append(Module(prefix, roles, declared))
+        claimed.update(roles.values())
+    return modules, sorted(t for t in store.locations if t not in claimed)
+
+
+def _infer(m: Module, store: TensorStore, findings: list[Finding]) -> None:
+    def add(code, message, role="qweight", hint=None):
+        t = m.tensors.get(role) or f"{m.name}.{role}"
+        findings.append(Finding(code, message, file=store.locations.get(t), tensor=t, hint=hint))
+
+    missing = [r for r in REQUIRED if r not in m.tensors]
+    if missing:
+        add("GQ301", f"module {m.name} has no {', '.join(missing)}", missing[0],
+            hint="every quantized module needs qweight, qzeros and scales")
+        return
+    info = {r: store.info(t) for r, t in m.tensors.items()}
+    qw, qz, sc = info["qweight"], info["qzeros"], info["scales"]
+    for role, i in (("qweight", qw), ("qzeros", qz)):
+        if i.dtype not in WORD_DTYPES:
+            add("GQ302", f"dtype {i.dtype}; packed words must be I32 (or I8/I16/I64)", role)
+            return
+    if qz.dtype != qw.dtype:
+        add("GQ302", f"dtype {qz.dtype}; expected {qw.dtype} like qweight", "qzeros")
+        return
+    if sc.dtype not in SCALE_DTYPES:
+        add("GQ302", f"dtype {sc.dtype}; scales must be F16 or BF16", "scales")
+        return
+    for role, ndim in (("qweight", 2), ("qzeros", 2), ("scales", 2), ("g_idx", 1), ("bias", 1)):
+        if role in info and len(info[role].shape) != ndim:
+            add("GQ303", f"shape {list(info[role].shape)}: expected {ndim} dimensions", role)
+            return
+    if "g_idx" in info and info["g_idx"].dtype not in ("I32", "I64"):
+        add("GQ302", f"dtype {info['g_idx'].dtype}; g_idx must be I32", "g_idx")
+        return
+    w = WORD_DTYPES[qw.dtype]
+    n = qw.shape[1]
+    groups = sc.shape[0]
+    m.word_bits, m.out_features, m.groups, m.scale_dtype = w, n, groups, sc.dtype
+    if sc.shape[1] != n:
+        add("GQ303", f"shape {list(sc.shape)}: expected {n} columns like qweight {list(qw.shape)}",
+            "scales")
+        return
+    bits = layout.bits_from_qzeros(qz.shape[1], n, w)
+    if bits is None:
+        add("GQ303", f"shape {list(qz.shape)}: {qz.shape[1]} words of int{w} for "
+            f"out_features={n} give no bit width in (2, 3, 4, 8)", "qzeros")
+        return
+    m.bits = bits
+    if bits == 3 and w != 32:
+        add("GQ310", f"3-bit packed into int{w} words; GPTQ's 3-bit layout exists only for int32")
+        return
+    if qz.shape[0] != groups:
+        add("GQ303", f"shape {list(qz.shape)}: expected {groups} rows like scales "
+            f"{list(sc.shape)}", "qzeros")
+        return
+    k = qw.shape[0] * w // bits
+    if "g_idx" in info and info["g_idx"].shape[0] != k:
+        add("GQ303", f"length {info['g_idx'].shape[0]}: qweight {list(qw.shape)} holds "
+            f"{k} input channels at bits={bits}, int{w}", "g_idx")
+        return
+    m.in_features = k
+    if "bias" in info and info["bias"].shape != (n,):
+        add("GQ303", f"shape {list(info['bias'].shape)}: expected [{n}]", "bias")
+        return
+    if k % 32 or n % 32:
+        add("GQ312", f"in_features={k}, out_features={n}: GPTQ writers need multiples of 32")
+    decl = m.declared or ModuleConfig()
+    if "g_idx" in m.tensors:
+        g_idx = store.view(m.tensors["g_idx"])
+        gs, why = layout.group_size_from_g_idx(g_idx, groups)
+        if gs is None:
+            add("GQ309", why, "g_idx")
+            return
+        trivial = layout.trivial_g_idx(k, gs)
+        m.act_order = not np.array_equal(g_idx, trivial)
+    else:
+        add("GQ308", "no g_idx: runtimes assume no act-order", "g_idx",
+            hint="AutoAWQ checkpoints have none; GPTQ exporters always write it")
+        gs = decl.group_size if decl.group_size and layout.n_groups(k, decl.group_size) == groups \
+            else (-1 if groups == 1 else (k // groups if k % groups == 0 else None))
+        m.act_order = False
+    if gs is not None and layout.n_groups(k, gs) != groups:
+        add("GQ303", f"{groups} groups for in_features={k} fit no group size", "scales")
+        return
+    m.group_size = gs
+    m.valid = gs is not None
+    _cross_check(m, decl, add)
+
+
+def _cross_check(m: Module, decl: ModuleConfig, add) -> None:
+    if decl.bits is not None and decl.bits != m.bits:
+        add("GQ304", f"config says bits={decl.bits}; shapes give bits={m.bits}", "qzeros")
+    if decl.group_size is not None and m.group_size is not None:
+        same = layout.n_groups(m.in_features, decl.group_size) == m.groups and (
+            m.groups == 1 or decl.group_size == m.group_size)
+        if not same:
+            add("GQ305", f"config says group_size={decl.group_size}; shapes and g_idx give "
+                f"{m.group_size} ({m.groups} groups over {m.in_features} input channels)", "scales")
+    if decl.desc_act is False and m.act_order:
+        add("GQ306", "g_idx is non-trivial (act-order) but config says desc_act=false; vLLM "
+            "then ignores g_idx and decodes wrong weights", "g_idx")
+    if decl.pack_dtype is not None and decl.pack_dtype != m.pack_dtype:
+        add("GQ307", f"config says pack_dtype={decl.pack_dtype}; words are "
+            f"{PACK_DTYPE_NAMES.get(f'I{m.word_bits}')}")
+    if m.name == "lm_head" or m.name.endswith(".lm_head"):
+        add("GQ311", "the lm_head is quantized; vLLM, TGI and ExLlamaV2 may refuse it")

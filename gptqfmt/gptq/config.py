@@ -1,0 +1,249 @@
+"""Quantization configs: load every source, normalise synonyms, validate, reconcile, resolve `dynamic`.
+
+Sources, in the precedence runtimes give them (vLLM and transformers read config.json first):
+config.json["quantization_config"], quantize_config.json, quant_config.json, and as a last resort
+AutoGPTQ's safetensors __metadata__ (gptq_bits, ...). Disagreements between sources are findings.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from ..errors import FindingError
+from ..findings import Finding
+from ..resources import schema
+
+CONVENTIONS = ("gptq", "gptq_v2")
+# checkpoint_format / format values that are not GPTQ's own packing.
+NOT_GPTQ_FORMATS = {"marlin", "bitblas", "gptq_p", "gemm", "gemv", "gemv_fast", "llm-awq", "qqq",
+                    "gguf", "ipex", "qbits", "awq"}
+SYNONYMS = {"w_bit": "bits", "wbits": "bits", "q_group_size": "group_size"}
+COMPARED_KEYS = ("bits", "group_size", "sym", "desc_act", "pack_dtype")
+OVERRIDE_KEYS = ("bits", "group_size", "sym", "desc_act", "pack_dtype")
+FILES = (("config.json", "quantization_config"), ("quantize_config.json", None),
+         ("quant_config.json", None))
+
+
+@dataclass(frozen=True)
+class ModuleConfig:
+    """The declared quantization of one module (after `dynamic`); None = not declared."""
+    bits: int | None = None
+    group_size: int | None = None
+    sym: bool | None = None
+    desc_act: bool | None = None
+    pack_dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class DynamicRule:
+    key: str            # as written, e.g. "+:.*\\.mlp\\..*"
+    exclude: bool       # "-:" rule
+    pattern: re.Pattern
+    overrides: dict
+
+
+@dataclass(frozen=True)
+class Declaration:
+    file: str
+    key: str
+    value: str
+
+    def to_json(self):
+        return {"file": self.file, "key": self.key, "value": self.value}
+
+
+@dataclass
+class QuantConfig:
+    base: ModuleConfig
+    convention: str | None             # declared gptq / gptq_v2; None when no file says
+    declared_in: list[Declaration]
+    sources: list[str]                 # where the values came from, in precedence order
+    dynamic: list[DynamicRule] = field(default_factory=list)
+    lm_head: bool = False
+    static_groups: bool = False
+    meta: dict = field(default_factory=dict)
+    raw: dict[str, dict] = field(default_factory=dict)
+
+    def for_module(self, name: str) -> ModuleConfig | None:
+        """The module's declared config, or None when a `-:` rule leaves it unquantized.
+
+        GPTQModel's semantics: exclusions first, then the first matching positive rule; patterns
+        use re.match (anchored at the start only) on the full module name.
+        """
+        for rule in self.dynamic:
+            if rule.pattern.match(name):
+                if rule.exclude:
+                    return None
+                o = {k: v for k, v in rule.overrides.items() if k in OVERRIDE_KEYS}
+                return ModuleConfig(**{**self.base.__dict__, **o})
+        return self.base
+
+
+def load_config(root: Path, st_metadata: dict[str, str] | None = None
+                ) -> tuple[QuantConfig | None, list[Finding]]:
+    """Read every config source under `root`. Raises FindingError for a non-GPTQ layout."""
+    findings: list[Finding] = []
+    sources: list[tuple[str, dict]] = []
+    for fname, subkey in FILES:
+        doc = _read_json(root / fname, fname, findings)
+        if doc is None:
+            continue
+        label = f"{fname}:{subkey}" if subkey else fname
+        if subkey:
+            doc = doc.get(subkey) if isinstance(doc, dict) else None
+            if doc is None:
+                continue
+        if not isinstance(doc, dict):
+            findings.append(Finding("GQ202", f"expected a JSON object; got {type(doc).__name__}",
+                                    file=label))
+            continue
+        sources.append((label, _normalise(doc)))
+    if not sources and st_metadata and "gptq_bits" in st_metadata:
+        sources.append(("__metadata__", _from_st_metadata(st_metadata)))
+    if not sources:
+        findings.append(Finding("GQ206", "no quantize_config.json, config.json "
+                                "quantization_config or quant_config.json; values come from the "
+                                "tensor shapes alone", file=str(root.name) or None))
+        return None, findings
+    for label, doc in sources:
+        _refuse_non_gptq(label, doc)
+    for label, doc in sources:
+        for err in sorted(jsonschema.Draft202012Validator(schema("quantize_config"))
+                          .iter_errors(doc), key=lambda e: list(e.path)):
+            where = ".".join(str(p) for p in err.path) or "(top level)"
+            findings.append(Finding("GQ202", f"{where}: {err.message}", file=label))
+    bad = {label for f in findings if f.code == "GQ202" for label in [f.file]}
+    usable = [(label, doc) for label, doc in sources if label not in bad] or []
+    cfg = _reconcile(sources, usable, findings)
+    return cfg, findings
+
+
+def _read_json(path: Path, label: str, findings: list[Finding]):
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        findings.append(Finding("GQ118", f"cannot read: {e.strerror or e}", file=label))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        findings.append(Finding("GQ201", f"not valid JSON: {reason}", file=label))
+    return None
+
+
+def _normalise(doc: dict) -> dict:
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        key = SYNONYMS.get(k.lower(), k.lower())
+        if key == "zero_point" and isinstance(v, bool):
+            out.setdefault("sym", not v)
+        out.setdefault(key, v)
+    for k in ("checkpoint_format", "format", "quant_method", "pack_dtype"):
+        if isinstance(out.get(k), str):
+            out[k] = out[k].lower()
+    return out
+
+
+def _from_st_metadata(md: dict[str, str]) -> dict:
+    out: dict[str, Any] = {}
+    for key, conv in (("bits", int), ("group_size", int)):
+        try:
+            out[key] = conv(md[f"gptq_{key}"])
+        except (KeyError, ValueError):
+            pass
+    if md.get("gptq_desc_act") in ("True", "False"):
+        out["desc_act"] = md["gptq_desc_act"] == "True"
+    if "gptq_checkpoint_format" in md:
+        out["checkpoint_format"] = md["gptq_checkpoint_format"].lower()
+    return out
+
+
+def _refuse_non_gptq(label: str, doc: dict) -> None:
+    method = doc.get("quant_method")
+    fmt = next((doc[k] for k in ("checkpoint_format", "format")
+                if isinstance(doc.get(k), str) and doc[k] in NOT_GPTQ_FORMATS), None)
+    why = None
+    if isinstance(method, str) and method not in ("gptq", "auto_round"):
+        why = f"quant_method is {method!r}"
+    elif fmt is not None:
+        why = f"checkpoint_format/format is {fmt!r}"
+    elif doc.get("is_marlin_format") is True:
+        why = "is_marlin_format is true"
+    elif isinstance(doc.get("version"), str) and doc["version"].lower() in NOT_GPTQ_FORMATS:
+        why = f"version is {doc['version']!r} (AutoAWQ)"
+    elif isinstance(doc.get("bits"), int) and doc["bits"] in (5, 6, 7):
+        why = f"bits is {doc['bits']} (planar gptq_p packing)"
+    if why:
+        raise FindingError(Finding("GQ203", f"{why}: not GPTQ's packing; gptqfmt reads only "
+                                   "gptq and gptq_v2 checkpoints", file=label,
+                                   hint="convert it to GPTQ with the tool that produced it"))
+
+
+def _reconcile(sources, usable, findings) -> QuantConfig:
+    declared: list[Declaration] = []
+    for label, doc in sources:
+        for key in ("checkpoint_format", "format"):
+            if isinstance(doc.get(key), str):
+                declared.append(Declaration(label, key, doc[key]))
+        cf, f = doc.get("checkpoint_format"), doc.get("format")
+        if isinstance(cf, str) and isinstance(f, str) and cf != f:
+            findings.append(Finding("GQ204", f"format is {f!r} but checkpoint_format is {cf!r}; "
+                                    "GPTQModel follows format, vLLM and transformers "
+                                    "checkpoint_format", file=label,
+                                    hint="set both to the convention the data has"))
+    for d in declared:
+        if d.value not in CONVENTIONS:
+            findings.append(Finding("GQ202", f"{d.key}: {d.value!r} is not one of "
+                                    f"{list(CONVENTIONS)}", file=d.file))
+    # vLLM reads checkpoint_format only; GPTQModel falls back to format.
+    conv = next((d.value for d in declared if d.key == "checkpoint_format"
+                 and d.value in CONVENTIONS), None)
+    conv = conv or next((d.value for d in declared if d.value in CONVENTIONS), None)
+    values = {}
+    for key in COMPARED_KEYS:
+        seen = {label: doc[key] for label, doc in usable if key in doc}
+        if len({json.dumps(v) for v in seen.values()}) > 1:
+            desc = ", ".join(f"{label} says {v!r}" for label, v in seen.items())
+            findings.append(Finding("GQ205", f"{key}: {desc}; vLLM and transformers use "
+                                    "config.json", file=next(iter(seen))))
+        if seen:
+            values[key] = next(iter(seen.values()))
+    conv_seen = {d.file: d.value for d in declared if d.key == "checkpoint_format"}
+    if len(set(conv_seen.values())) > 1:
+        desc = ", ".join(f"{f} says {v!r}" for f, v in conv_seen.items())
+        findings.append(Finding("GQ205", f"checkpoint_format: {desc}", file=next(iter(conv_seen))))
+    primary = usable[0][1] if usable else {}
+    for key, why in (("sym", "AutoGPTQ and GPTQModel assume true, TGI false, vLLM refuses"),
+                     ("desc_act", "vLLM refuses to load without it")):
+        if usable and key not in values:
+            findings.append(Finding("GQ208", f"{key} is not set: {why}", file=usable[0][0]))
+    dynamic = _dynamic_rules(primary.get("dynamic"), usable[0][0] if usable else None, findings)
+    meta = primary.get("meta") if isinstance(primary.get("meta"), dict) else {}
+    return QuantConfig(
+        base=ModuleConfig(**{k: values.get(k) for k in COMPARED_KEYS}),
+        convention=conv, declared_in=declared, sources=[label for label, _ in sources],
+        dynamic=dynamic, lm_head=primary.get("lm_head") is True,
+        static_groups=bool(primary.get("static_groups") or meta.get("static_groups")),
+        meta=meta, raw={label: doc for label, doc in sources})
+
+
+def _dynamic_rules(dynamic, label, findings) -> list[DynamicRule]:
+    if not isinstance(dynamic, dict):
+        return []
+    rules = []
+    for key, overrides in dynamic.items():
+        exclude = key.startswith("-:")
+        text = key[2:] if exclude or key.startswith("+:") else key
+        try:
+            pattern = re.compile(text)
+        except re.error as e:
+            findings.append(Finding("GQ207", f"dynamic key {key!r}: {e}", file=label))
+            continue
+        rules.append(DynamicRule(key, exclude, pattern, overrides if isinstance(overrides, dict)
+                                 else {}))
+    return [r for r in rules if r.exclude] + [r for r in rules if not r.exclude]

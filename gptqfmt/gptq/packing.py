@@ -1,0 +1,106 @@
+"""Pack and unpack GPTQ codes: one little-endian bit stream cut into W-bit words.
+
+Value k of the packed axis sits at stream bit k*bits: word k*bits // W, bit k*bits % W, least
+significant first. For 2/4/8 bits a word holds W/bits whole values; 3-bit values (W = 32 only)
+fill three words per 32 values, values 10 and 21 straddling two words.
+
+Worked example, 4-bit int32, fields LSB first [0, 3, 15, 8, 8, 8, 8, 8]:
+
+    bits 31..0 = 1000 1000 1000 1000 1000 1111 0011 0000 = 0x88888F30
+
+qweight packs along dim 0 (input channels), qzeros along dim 1 (output channels): pass `axis`.
+Words are signed in files (I8/I16/I32/I64); arithmetic is done on their unsigned view. The loops
+below run over field positions within one block of words (at most 64), never over elements.
+"""
+from __future__ import annotations
+
+from math import lcm
+
+import numpy as np
+
+SUPPORTED_BITS = (2, 3, 4, 8)
+WORD_BITS = (8, 16, 32, 64)
+_UNSIGNED = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
+_SIGNED = {8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}
+
+
+def check_bits(bits: int, word_bits: int) -> None:
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits={bits}: GPTQ packing supports {SUPPORTED_BITS}")
+    if word_bits not in WORD_BITS:
+        raise ValueError(f"word size {word_bits} bits: expected one of {WORD_BITS}")
+    if bits == 3 and word_bits != 32:
+        raise ValueError(f"3-bit packing needs int32 words; got int{word_bits}")
+
+
+def block(bits: int, word_bits: int) -> tuple[int, int]:
+    """(values, words) in the smallest run of whole words holding whole values."""
+    check_bits(bits, word_bits)
+    n = lcm(bits, word_bits)
+    return n // bits, n // word_bits
+
+
+def maxq(bits: int) -> int:
+    return (1 << bits) - 1
+
+
+def unpack(words: np.ndarray, bits: int, axis: int = 0) -> np.ndarray:
+    """Codes (uint8) from packed words along `axis`; that axis grows by W/bits."""
+    words = np.asarray(words)
+    word_bits = words.dtype.itemsize * 8
+    if words.dtype.kind not in "iu":
+        raise ValueError(f"packed words must be integers; got {words.dtype}")
+    vpb, wpb = block(bits, word_bits)
+    u = np.moveaxis(words.view(_UNSIGNED[word_bits]), axis, 0)
+    nw, rest = u.shape[0], u.shape[1:]
+    if nw % wpb:
+        raise ValueError(f"{nw} words along axis {axis}: {bits}-bit int{word_bits} packing needs "
+                         f"a multiple of {wpb}")
+    blocks = u.reshape(nw // wpb, wpb, *rest)
+    out = np.empty((nw // wpb, vpb, *rest), dtype=np.uint8)
+    mask = _UNSIGNED[word_bits](maxq(bits))
+    for k in range(vpb):
+        i, off = divmod(k * bits, word_bits)
+        v = blocks[:, i] >> _UNSIGNED[word_bits](off)
+        if off + bits > word_bits:  # straddles into the next word (3-bit only)
+            v = v | (blocks[:, i + 1] << _UNSIGNED[word_bits](word_bits - off))
+        out[:, k] = v & mask
+    return np.moveaxis(out.reshape(nw // wpb * vpb, *rest), 0, axis)
+
+
+def pack(codes: np.ndarray, bits: int, word_bits: int = 32, axis: int = 0) -> np.ndarray:
+    """Signed words (int{word_bits}) from codes in [0, 2^bits - 1] along `axis`."""
+    codes = np.asarray(codes)
+    vpb, wpb = block(bits, word_bits)
+    if codes.dtype.kind not in "iu":
+        raise ValueError(f"codes must be integers; got {codes.dtype}")
+    if codes.size and (codes.min() < 0 or codes.max() > maxq(bits)):
+        bad = codes[(codes < 0) | (codes > maxq(bits))].flat[0]
+        raise ValueError(f"code {int(bad)} out of range [0, {maxq(bits)}] for bits={bits}")
+    c = np.moveaxis(codes, axis, 0)
+    n, rest = c.shape[0], c.shape[1:]
+    if n % vpb:
+        raise ValueError(f"{n} values along axis {axis}: {bits}-bit int{word_bits} packing needs "
+                         f"a multiple of {vpb}")
+    ut = _UNSIGNED[word_bits]
+    c = c.reshape(n // vpb, vpb, *rest)
+    out = np.zeros((n // vpb, wpb, *rest), dtype=ut)
+    for k in range(vpb):
+        i, off = divmod(k * bits, word_bits)
+        v = c[:, k].astype(ut)
+        out[:, i] |= v << ut(off)
+        if off + bits > word_bits:
+            out[:, i + 1] |= v >> ut(word_bits - off)
+    words = out.reshape(n // vpb * wpb, *rest).view(_SIGNED[word_bits])
+    return np.ascontiguousarray(np.moveaxis(words, 0, axis))
+
+
+def constant_words(value: int, bits: int, word_bits: int = 32) -> np.ndarray:
+    """The repeating block of words (unsigned) in which every field equals `value`."""
+    vpb, _ = block(bits, word_bits)
+    return pack(np.full(vpb, value, dtype=np.uint8), bits, word_bits).view(_UNSIGNED[word_bits])
+
+
+def unsigned(words: np.ndarray) -> np.ndarray:
+    """The unsigned view of signed words (bit containers)."""
+    return words.view(_UNSIGNED[words.dtype.itemsize * 8])

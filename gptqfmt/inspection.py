@@ -1,0 +1,107 @@
+"""`inspect`: what a checkpoint holds, as one result object for the text and JSON reporters."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .findings import ERROR, Finding
+from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
+from .gptq.detect import Detection, combine, detect_module
+from .version import __version__
+
+
+@dataclass
+class InspectResult:
+    checkpoint: Checkpoint
+    detection: Detection
+    findings: list[Finding]
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == ERROR for f in self.findings)
+
+    def to_json(self) -> dict[str, Any]:
+        return inspect_json(self)
+
+
+def inspect_checkpoint(path: str | os.PathLike) -> InspectResult:
+    """Model the checkpoint at `path` and detect its convention from bounded reads (qzeros)."""
+    ckpt = open_checkpoint(path)
+    verdicts = [detect_module(m.name, ckpt.view(m.tensors["qzeros"]), m.bits)
+                for m in ckpt.modules if m.valid]
+    return InspectResult(ckpt, combine(verdicts), list(ckpt.findings))
+
+
+def quantization_summary(ckpt: Checkpoint) -> dict[str, Any]:
+    """Declared base values, falling back to the value every module's shapes agree on."""
+    base = ckpt.config.base if ckpt.config else None
+    mods = [m for m in ckpt.modules if m.valid]
+
+    def uniform(attr):
+        vals = {getattr(m, attr) for m in mods}
+        return vals.pop() if len(vals) == 1 else None
+
+    def pick(declared, inferred):
+        return declared if declared is not None else inferred
+
+    return {
+        "bits": pick(base and base.bits, uniform("bits")),
+        "group_size": pick(base and base.group_size, uniform("group_size")),
+        "sym": base.sym if base else None,
+        "desc_act": pick(base and base.desc_act, uniform("act_order")),
+        "pack_dtype": pick(base and base.pack_dtype, uniform("pack_dtype")),
+        "lm_head": any(m.name.split(".")[-1] == "lm_head" for m in mods),
+        "static_groups": bool(ckpt.config and ckpt.config.static_groups),
+        "mixed": any(len({getattr(m, a) for m in mods}) > 1
+                     for a in ("bits", "group_size", "act_order", "word_bits")),
+    }
+
+
+def module_json(m: Module, ckpt: Checkpoint, verdict) -> dict[str, Any]:
+    files = sorted({ckpt.store.file_of(t) for t in m.tensors.values()})
+    return {
+        "name": m.name, "bits": m.bits, "group_size": m.group_size, "desc_act": m.act_order,
+        "sym": m.declared.sym if m.declared else None,
+        "in_features": m.in_features, "out_features": m.out_features,
+        "pack_dtype": m.pack_dtype, "groups": m.groups, "scale_dtype": m.scale_dtype,
+        "has_g_idx": "g_idx" in m.tensors, "has_bias": "bias" in m.tensors,
+        "excluded_by_config": m.declared is None, "valid": m.valid, "files": files,
+        "zero_point": ({"verdict": verdict.verdict, "confidence": verdict.confidence}
+                       if verdict else None),
+    }
+
+
+def inspect_json(r: InspectResult) -> dict[str, Any]:
+    ckpt, det = r.checkpoint, r.detection
+    cfg = ckpt.config
+    by_name = {v.name: v for v in det.modules}
+    files = [{"name": n, "size": f.size, "tensors": len(f.tensors)}
+             for n, f in sorted(ckpt.store.files.items())]
+    return {
+        "tool": {"name": "gptqfmt", "version": __version__},
+        "path": str(ckpt.path),
+        "status": "ok" if r.ok else "fail",
+        "files": files,
+        "sharded": ckpt.store.index_name is not None,
+        "config_sources": cfg.sources if cfg else [],
+        "checkpoint_format": {
+            "declared": cfg.convention if cfg else None,
+            "declared_in": [d.to_json() for d in cfg.declared_in] if cfg else [],
+            "detected": det.verdict, "confidence": det.confidence, "evidence": det.evidence,
+        },
+        "quantization": quantization_summary(ckpt),
+        "modules": [module_json(m, ckpt, by_name.get(m.name)) for m in ckpt.modules],
+        "other_tensors": {"count": len(ckpt.other_tensors),
+                          "bytes": sum(ckpt.store.info(t).nbytes for t in ckpt.other_tensors),
+                          "names": ckpt.other_tensors},
+        "findings": [f.to_json() for f in r.findings],
+        "summary": summary_counts(r.findings, len(ckpt.modules)),
+    }
+
+
+def summary_counts(findings: list[Finding], modules: int) -> dict[str, int]:
+    out = {"modules": modules, "errors": 0, "warnings": 0, "infos": 0}
+    for f in findings:
+        out[{"error": "errors", "warning": "warnings", "info": "infos"}[f.severity]] += 1
+    return out

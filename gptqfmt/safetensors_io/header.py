@@ -1,0 +1,185 @@
+"""Strict safetensors header parsing: pure functions over bytes, one finding code per rule.
+
+Layout: 8-byte little-endian header length N, N bytes of UTF-8 JSON, then the data buffer.
+Every rule of the reference reader (safetensors 0.8) is enforced, and a few more: duplicate keys
+(the reference keeps the last), data past the end of the file and trailing bytes get distinct
+codes (the reference reports both as "incomplete metadata").
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from math import prod
+
+from ..errors import FindingError
+from ..findings import Finding
+from .dtypes import DTYPES, nbytes
+
+MAX_HEADER_LEN = 100_000_000
+METADATA_KEY = "__metadata__"
+LFS_MAGIC = b"version https://git-lfs"
+_U64_MAX = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # offsets relative to the data buffer
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Header:
+    tensors: dict[str, TensorInfo]      # in data order
+    metadata: dict[str, str] | None
+    header_len: int                     # N
+    data_len: int                       # bytes of the data buffer actually covered by tensors
+
+    @property
+    def data_start(self) -> int:
+        return 8 + self.header_len
+
+
+def header_length(prefix: bytes, file_size: int, path: str) -> int:
+    """Check the 8-byte prefix (and the LFS-pointer case) and return N."""
+    if prefix.startswith(LFS_MAGIC):
+        _fail("GQ117", path, None, "starts with 'version https://git-lfs': a git-LFS pointer "
+              "file, not the shard itself", "run `git lfs pull` (or download the file again)")
+    if file_size < 8 or len(prefix) < 8:
+        _fail("GQ101", path, None, f"file has {file_size} bytes; a safetensors file needs at least "
+              "8 (the header length)")
+    (n,) = struct.unpack("<Q", prefix[:8])
+    if n > MAX_HEADER_LEN:
+        _fail("GQ102", path, None, f"header length {n} exceeds the limit of {MAX_HEADER_LEN} bytes")
+    if 8 + n > file_size:
+        _fail("GQ103", path, None, f"header length {n} needs {8 + n} bytes; the file has "
+              f"{file_size}", "the file is truncated or not safetensors")
+    return n
+
+
+def parse_header(raw: bytes, file_size: int, path: str) -> Header:
+    """Parse and validate header JSON `raw` (the N bytes after the length) of a file of `file_size`."""
+    n = len(raw)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        _fail("GQ104", path, None, f"header is not UTF-8: byte {e.start} ({raw[e.start]:#04x})")
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except _Duplicate as e:
+        _fail("GQ107", path, e.key, "key appears more than once in the header")
+    except (ValueError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        _fail("GQ105", path, None, f"header is not valid JSON: {reason}")
+    if not isinstance(doc, dict):
+        _fail("GQ106", path, None, f"header must be a JSON object; got {_json_type(doc)}")
+
+    metadata = doc.pop(METADATA_KEY, None)
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        _fail("GQ116", path, None, "__metadata__ must map strings to strings; got "
+              + _json_type(metadata if not isinstance(metadata, dict) else
+                           next(v for v in metadata.values() if not isinstance(v, str))))
+
+    infos = [_tensor_info(name, entry, path) for name, entry in doc.items()]
+    infos.sort(key=lambda t: (t.begin, t.end))
+    expected = 0
+    for t in infos:
+        if t.begin != expected:
+            what = "a hole before it" if t.begin > expected else "overlaps the previous tensor"
+            _fail("GQ113", path, t.name, f"data_offsets [{t.begin}, {t.end}]: expected to begin "
+                  f"at {expected}; {what}")
+        expected = t.end
+    data_avail = file_size - 8 - n
+    if expected > data_avail:
+        last = infos[-1]
+        _fail("GQ114", path, last.name, f"data ends at byte {8 + n + expected}; the file has "
+              f"{file_size} bytes", "the file is truncated: download it again")
+    if expected < data_avail:
+        _fail("GQ115", path, None, f"{data_avail - expected} bytes after the last tensor "
+              f"(data ends at byte {8 + n + expected}, file has {file_size})")
+    return Header({t.name: t for t in infos}, metadata, n, expected)
+
+
+def _tensor_info(name: str, entry, path: str) -> TensorInfo:
+    if not isinstance(entry, dict):
+        _fail("GQ106", path, name, f"entry must be an object; got {_json_type(entry)}")
+    for key, kind in (("dtype", str), ("shape", list), ("data_offsets", list)):
+        if key not in entry:
+            _fail("GQ106", path, name, f"entry lacks '{key}'")
+        if not isinstance(entry[key], kind):
+            _fail("GQ106", path, name, f"'{key}' must be a {kind.__name__}; got "
+                  f"{_json_type(entry[key])}")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype not in DTYPES:
+        _fail("GQ108", path, name, f"unknown dtype {dtype!r}; expected one of "
+              + ", ".join(DTYPES))
+    if not all(_is_uint(d) for d in shape):
+        _fail("GQ109", path, name, f"shape {_short(shape)}: dimensions must be non-negative "
+              "integers")
+    if len(offsets) != 2 or not all(_is_uint(o) for o in offsets):
+        _fail("GQ110", path, name, f"data_offsets {_short(offsets)}: expected two non-negative "
+              "integers [begin, end]")
+    begin, end = offsets
+    if end < begin or end > _U64_MAX:
+        _fail("GQ110", path, name, f"data_offsets [{begin}, {end}]: end before begin or too big")
+    numel = prod(shape)
+    size = nbytes(dtype, numel)
+    if numel > _U64_MAX or (size is not None and size > _U64_MAX):
+        _fail("GQ111", path, name, f"shape {_short(shape)} of {dtype} overflows 64 bits")
+    if size is None:
+        _fail("GQ112", path, name, f"shape {_short(shape)} of {dtype} is not a whole number of "
+              "bytes")
+    if end - begin != size:
+        _fail("GQ112", path, name, f"data_offsets span {end - begin} bytes; shape "
+              f"{_short(shape)} of {dtype} needs {size}")
+    return TensorInfo(name, dtype, tuple(shape), begin, end)
+
+
+class _Duplicate(ValueError):
+    def __init__(self, key):
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Duplicate(k)
+        out[k] = v
+    return out
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _is_uint(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _json_type(x) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null", int: "an integer", float: "a number"}.get(type(x), type(x).__name__)
+
+
+def _short(x) -> str:
+    s = json.dumps(x)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _fail(code, path, tensor, message, hint=None):
+    raise FindingError(Finding(code, message, file=path, tensor=tensor, hint=hint))

@@ -1,0 +1,164 @@
+"""A checkpoint's tensors across files: one .safetensors file, or shards with an index.
+
+`open_store` never raises for a defect it can report and step past: those become findings and the
+affected tensors are left out. It raises UsageError for a missing path and FindingError when
+nothing at all can be read.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+
+from ..errors import FindingError, UsageError
+from ..findings import Finding
+from ..resources import schema
+from .header import TensorInfo
+from .reader import SafetensorsFile
+
+INDEX_NAME = "model.safetensors.index.json"
+SUFFIX = ".safetensors"
+
+
+@dataclass
+class TensorStore:
+    root: Path                                   # the checkpoint directory
+    files: dict[str, SafetensorsFile]            # file name (relative to root) -> open file
+    locations: dict[str, str]                    # tensor name -> file name
+    findings: list[Finding] = field(default_factory=list)
+    index_name: str | None = None
+
+    def info(self, tensor: str) -> TensorInfo:
+        return self.files[self.locations[tensor]].tensors[tensor]
+
+    def view(self, tensor: str) -> np.ndarray:
+        return self.files[self.locations[tensor]].view(tensor)
+
+    def file_of(self, tensor: str) -> str:
+        return self.locations[tensor]
+
+    def close(self):
+        for f in self.files.values():
+            f.close()
+
+
+def safe_shard_name(name) -> bool:
+    """A shard name an index may use: a plain file name in the checkpoint directory."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
+            and "\\" not in name and "\0" not in name and not os.path.isabs(name))
+
+
+def open_store(path: str | os.PathLike) -> TensorStore:
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{path}: no such file or directory")
+    if p.is_file():
+        store = TensorStore(p.parent, {}, {})
+        _open_into(store, p.name)
+        if not store.files:
+            raise FindingError(*store.findings)
+        return store
+    if not p.is_dir():
+        raise UsageError(f"{path}: not a file or directory")
+    if (p / INDEX_NAME).is_file():
+        return _open_indexed(p)
+    shards = sorted(f.name for f in p.iterdir() if f.name.endswith(SUFFIX) and f.is_file())
+    if not shards:
+        raise FindingError(Finding("GQ128", f"no *{SUFFIX} file and no {INDEX_NAME} in this "
+                                   "directory", file=str(p)))
+    store = TensorStore(p, {}, {})
+    for name in shards:
+        _open_into(store, name)
+    if not store.files:
+        raise FindingError(*store.findings)
+    return store
+
+
+def _open_into(store: TensorStore, name: str, expected: set[str] | None = None) -> None:
+    """Open file `name`, record its tensors (and duplicates across files)."""
+    try:
+        f = SafetensorsFile(store.root / name, display_name=name)
+    except FindingError as e:
+        store.findings.append(e.finding)
+        return
+    store.files[name] = f
+    for t in f.tensors:
+        if t in store.locations:
+            store.findings.append(Finding(
+                "GQ126", f"stored in {store.locations[t]} and in {name}", file=name, tensor=t,
+                hint="remove one copy; loaders pick one arbitrarily"))
+        else:
+            store.locations[t] = name
+
+
+def _open_indexed(root: Path) -> TensorStore:
+    store = TensorStore(root, {}, {}, index_name=INDEX_NAME)
+    weight_map, declared_total = _read_index(root / INDEX_NAME)
+    bad_names = sorted({s for s in weight_map.values() if not safe_shard_name(s)})
+    for s in bad_names:
+        store.findings.append(Finding(
+            "GQ121", f"shard name {s!r} is not a plain file name in the checkpoint directory",
+            file=INDEX_NAME, hint="shard names may not contain '/', '\\' or '..'"))
+    shard_names = sorted({s for s in weight_map.values() if safe_shard_name(s)})
+    for s in shard_names:
+        if not (root / s).is_file():
+            n = sum(1 for v in weight_map.values() if v == s)
+            store.findings.append(Finding("GQ122", f"shard {s!r} ({n} tensors) does not exist",
+                                          file=INDEX_NAME))
+        else:
+            _open_into(store, s)
+    # Tensors must sit exactly where the map says.
+    for t, s in sorted(weight_map.items()):
+        if s not in store.files:
+            continue
+        actual = store.locations.get(t)
+        if t not in store.files[s].tensors:
+            where = f"; it is in {actual}" if actual else ""
+            store.findings.append(Finding("GQ123", f"index maps it to {s}, which does not "
+                                          f"contain it{where}", file=INDEX_NAME, tensor=t))
+    for name, f in store.files.items():
+        for t in f.tensors:
+            if t not in weight_map:
+                store.findings.append(Finding("GQ124", "not listed in the index weight_map; "
+                                              "loaders that follow the index never see it",
+                                              file=name, tensor=t))
+    referenced = set(weight_map.values())
+    for f in sorted(root.iterdir()):
+        if f.name.endswith(SUFFIX) and f.name not in referenced:
+            store.findings.append(Finding("GQ125", "not referenced by the index; ignored",
+                                          file=f.name))
+    if declared_total is not None and len(store.files) == len(shard_names) and not bad_names:
+        actual_total = sum(i.nbytes for f in store.files.values() for i in f.tensors.values())
+        if actual_total != declared_total:
+            store.findings.append(Finding(
+                "GQ127", f"metadata.total_size is {declared_total}; tensors take {actual_total} "
+                "bytes", file=INDEX_NAME))
+    if not store.files:
+        raise FindingError(*(store.findings or [Finding(
+            "GQ128", "index lists no shard", file=INDEX_NAME)]))
+    return store
+
+
+def _read_index(path: Path) -> tuple[dict[str, str], int | None]:
+    try:
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise FindingError(Finding("GQ118", f"cannot read: {e.strerror or e}", file=path.name))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise FindingError(Finding("GQ120", f"not valid JSON: {_reason(e)}", file=path.name))
+    err = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(schema("index")).iter_errors(doc))
+    if err is not None:
+        where = ".".join(str(p) for p in err.path) or "(top level)"
+        raise FindingError(Finding("GQ120", f"{where}: {err.message}; expected {{\"weight_map\": "
+                                   "{tensor: shard file name}}", file=path.name))
+    total = doc.get("metadata", {}).get("total_size")
+    return doc["weight_map"], total
+
+
+def _reason(e: Exception) -> str:
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e)

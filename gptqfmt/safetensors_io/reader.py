@@ -1,0 +1,77 @@
+"""Open one safetensors file: header only on open, zero-copy mmap views of one tensor at a time."""
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+
+from ..errors import FindingError
+from ..findings import Finding
+from .dtypes import DTYPES
+from .header import Header, TensorInfo, header_length, parse_header
+
+
+class SafetensorsFile:
+    """A validated safetensors file. `view(name)` maps the file lazily; nothing is read eagerly.
+
+    Views are read-only numpy arrays backed by the page cache; they stay valid after close().
+    """
+
+    def __init__(self, path: str | os.PathLike, display_name: str | None = None):
+        self.path = os.fspath(path)
+        self.name = display_name or self.path
+        self._mm = None
+        try:
+            with open(self.path, "rb") as f:
+                self.size = os.fstat(f.fileno()).st_size
+                n = header_length(f.read(len(b"version https://git-lfs")), self.size, self.name)
+                f.seek(8)
+                raw = f.read(n)
+        except OSError as e:
+            raise FindingError(Finding("GQ118", f"cannot read: {e.strerror or e}",
+                                       file=self.name)) from None
+        self.header: Header = parse_header(raw, self.size, self.name)
+
+    @property
+    def tensors(self) -> dict[str, TensorInfo]:
+        return self.header.tensors
+
+    @property
+    def metadata(self) -> dict[str, str] | None:
+        return self.header.metadata
+
+    def view(self, name: str) -> np.ndarray:
+        """The tensor as a read-only array (raw uint container for BF16/F8/F4/F6)."""
+        info = self.header.tensors[name]
+        d = DTYPES[info.dtype]
+        if info.nbytes == 0:
+            return np.empty(info.shape, dtype=d.numpy)
+        if d.bits < 8:  # sub-byte floats: raw bytes, no element shape
+            return np.frombuffer(self._map(), np.uint8, info.nbytes, self._offset(info))
+        arr = np.frombuffer(self._map(), d.numpy, info.numel, self._offset(info))
+        return arr.reshape(info.shape)
+
+    def raw_bytes(self, name: str) -> memoryview:
+        info = self.header.tensors[name]
+        off = self._offset(info)
+        return memoryview(self._map())[off: off + info.nbytes] if info.nbytes else memoryview(b"")
+
+    def _offset(self, info: TensorInfo) -> int:
+        return self.header.data_start + info.begin
+
+    def _map(self):
+        if self._mm is None:
+            with open(self.path, "rb") as f:
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return self._mm
+
+    def close(self):
+        # Views keep the mapping alive through their base; dropping our reference is enough.
+        self._mm = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,116 @@
+"""Packing core against golden words and a deliberately slow bit-by-bit reference."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gptqfmt.gptq.packing import block, constant_words, pack, unpack
+
+COMBOS = [(b, w) for b in (2, 3, 4, 8) for w in (8, 16, 32, 64) if b != 3 or w == 32]
+
+
+def slow_pack_column(values, bits, word_bits):
+    """One Python integer as the bit stream: value k at bit k*bits, then cut into words."""
+    stream = 0
+    for k, v in enumerate(values):
+        for b in range(bits):
+            if (int(v) >> b) & 1:
+                stream |= 1 << (k * bits + b)
+    n_words = len(values) * bits // word_bits
+    return [(stream >> (i * word_bits)) & ((1 << word_bits) - 1) for i in range(n_words)]
+
+
+def slow_unpack_column(words, bits, word_bits):
+    stream = 0
+    for i, w in enumerate(words):
+        stream |= (int(w) & ((1 << word_bits) - 1)) << (i * word_bits)
+    n = len(words) * word_bits // bits
+    return [(stream >> (k * bits)) & ((1 << bits) - 1) for k in range(n)]
+
+
+@pytest.mark.parametrize(("zeros", "word"), [
+    ([0, 3, 15, 8, 8, 8, 8, 8], 0x88888F30),
+    ([1, 3, 15, 8, 8, 8, 8, 8], 0x88888F31),
+    # per-field gptq of [0,3,15,8,...]: (Z-1) & 15 = [15, 2, 14, 7, ...]
+    ([15, 2, 14, 7, 7, 7, 7, 7], 0x77777E2F),
+    ([0, 2, 14, 7, 7, 7, 7, 7], 0x77777E20),
+])
+def test_golden_4bit_words(zeros, word):
+    packed = pack(np.array([zeros]), 4, 32, axis=1)
+    assert packed.dtype == np.int32
+    assert int(packed.view(np.uint32)[0, 0]) == word
+    assert unpack(packed, 4, axis=1).tolist() == [zeros]
+
+
+@pytest.mark.parametrize(("bits", "field", "words"), [
+    (2, 1, [0x55555555]), (2, 2, [0xAAAAAAAA]),
+    (4, 7, [0x77777777]), (4, 8, [0x88888888]),
+    (8, 127, [0x7F7F7F7F]), (8, 128, [0x80808080]),
+    (3, 3, [0xDB6DB6DB, 0xB6DB6DB6, 0x6DB6DB6D]),
+    (3, 4, [0x24924924, 0x49249249, 0x92492492]),
+])
+def test_golden_symmetric_words(bits, field, words):
+    assert [int(w) for w in constant_words(field, bits, 32)] == words
+
+
+def test_3bit_straddling_values():
+    # value 10 sits at stream bits 30..32: bits 30-31 of word 0 and bit 0 of word 1
+    codes = np.zeros((32, 1), np.uint8)
+    codes[10, 0] = 0b111
+    w = pack(codes, 3, 32, axis=0).view(np.uint32)[:, 0]
+    assert [hex(int(x)) for x in w] == ["0xc0000000", "0x1", "0x0"]
+    codes[10, 0], codes[21, 0] = 0, 0b101  # value 21: bit 63 of the stream, then bits 64-65
+    w = pack(codes, 3, 32, axis=0).view(np.uint32)[:, 0]
+    assert [hex(int(x)) for x in w] == ["0x0", "0x80000000", "0x2"]
+
+
+@pytest.mark.parametrize(("bits", "word_bits"), COMBOS)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_round_trip_against_slow_reference(bits, word_bits, data):
+    vpb, wpb = block(bits, word_bits)
+    blocks = data.draw(st.integers(1, 3))
+    cols = data.draw(st.integers(1, 3))
+    n = blocks * vpb
+    flat = data.draw(st.lists(st.integers(0, 2**bits - 1), min_size=n * cols, max_size=n * cols))
+    codes = np.array(flat, dtype=np.uint8).reshape(n, cols)
+    # dim 0 (qweight layout)
+    words = pack(codes, bits, word_bits, axis=0)
+    assert words.dtype == np.dtype(f"int{word_bits}") and words.shape == (blocks * wpb, cols)
+    for c in range(cols):
+        expect = slow_pack_column(codes[:, c].tolist(), bits, word_bits)
+        got = [int(x) for x in words[:, c].view(np.dtype(f"uint{word_bits}"))]
+        assert got == expect
+        assert unpack(words, bits, axis=0)[:, c].tolist() == slow_unpack_column(expect, bits,
+                                                                                 word_bits)
+    # dim 1 (qzeros layout) is the same stream along the other axis
+    words_t = pack(codes.T, bits, word_bits, axis=1)
+    assert np.array_equal(words_t, words.T)
+    assert np.array_equal(unpack(words_t, bits, axis=1), codes.T)
+
+
+@pytest.mark.parametrize(("bits", "word_bits"), COMBOS)
+def test_unpack_reads_random_words_like_reference(bits, word_bits):
+    rng = np.random.default_rng(bits * 100 + word_bits)
+    _, wpb = block(bits, word_bits)
+    u = rng.integers(0, 2**word_bits, size=(wpb * 2, 2), dtype=np.dtype(f"uint{word_bits}"),
+                     endpoint=False)
+    words = u.view(np.dtype(f"int{word_bits}"))  # negative words included
+    got = unpack(words, bits, axis=0)
+    for c in range(2):
+        assert got[:, c].tolist() == slow_unpack_column(u[:, c].tolist(), bits, word_bits)
+    assert np.array_equal(pack(got, bits, word_bits, axis=0), words)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: pack(np.zeros((8, 1), np.uint8), 5, 32), "bits=5"),
+    (lambda: pack(np.zeros((32, 1), np.uint8), 3, 16), "3-bit packing needs int32"),
+    (lambda: pack(np.zeros((7, 1), np.uint8), 4, 32), "multiple of 8"),
+    (lambda: pack(np.full((8, 1), 16), 4, 32), "code 16 out of range"),
+    (lambda: pack(np.full((8, 1), -1), 4, 32), "code -1 out of range"),
+    (lambda: unpack(np.zeros((2, 1), np.int32), 3), "multiple of 3"),
+    (lambda: unpack(np.zeros((2, 1), np.float32), 4), "must be integers"),
+])
+def test_errors_name_the_numbers(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
