@@ -58,6 +58,7 @@ _CATALOGUE = [
     Code("GQ206", WARNING, "no quantization config found"),
     Code("GQ207", ERROR, "invalid dynamic override pattern"),
     Code("GQ208", WARNING, "config key missing; runtimes disagree on its default"),
+    Code("GQ209", ERROR, "format set without checkpoint_format; vLLM and transformers read gptq"),
     # GQ3xx: tensors and shapes
     Code("GQ301", ERROR, "quantized module lacks a tensor"),
     Code("GQ302", ERROR, "tensor has the wrong dtype"),
@@ -72,6 +73,7 @@ _CATALOGUE = [
     Code("GQ311", INFO, "quantized lm_head; many runtimes refuse it"),
     Code("GQ312", WARNING, "in or out features not a multiple of 32"),
     Code("GQ313", WARNING, "module quantized although dynamic excludes it"),
+    Code("GQ314", ERROR, "no quantized module found"),
     # GQ4xx: zero points
     Code("GQ401", ERROR, "declared zero-point convention contradicts the data"),
     Code("GQ402", INFO, "zero-point convention not decidable from the data"),

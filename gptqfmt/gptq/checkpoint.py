@@ -79,6 +79,14 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     modules, others = _group(store, config, findings)
     for m in modules:
         _infer(m, store, findings)
+        if m.declared is None and m.valid:
+            findings.append(Finding("GQ313", "config's dynamic rules leave this module "
+                                    "unquantized, but it has quantized tensors",
+                                    file=store.file_of(m.tensors["qweight"]),
+                                    tensor=m.tensors["qweight"]))
+    if not modules:
+        findings.append(Finding("GQ314", "no tensor named <module>.qweight: not a GPTQ "
+                                "checkpoint, or its quantized tensors are missing"))
     findings.sort(key=Finding.sort_key)
     return Checkpoint(store.root if Path(path).is_dir() else Path(path), store, config, modules,
                       others, findings)

@@ -108,7 +108,7 @@ def load_config(root: Path, st_metadata: dict[str, str] | None = None
     if not sources:
         findings.append(Finding("GQ206", "no quantize_config.json, config.json "
                                 "quantization_config or quant_config.json; values come from the "
-                                "tensor shapes alone", file=str(root.name) or None))
+                                "tensor shapes alone"))
         return None, findings
     for label, doc in sources:
         _refuse_non_gptq(label, doc)
@@ -191,6 +191,10 @@ def _reconcile(sources, usable, findings) -> QuantConfig:
             if isinstance(doc.get(key), str):
                 declared.append(Declaration(label, key, doc[key]))
         cf, f = doc.get("checkpoint_format"), doc.get("format")
+        if f == "gptq_v2" and cf is None:
+            findings.append(Finding("GQ209", "format is 'gptq_v2' but checkpoint_format is "
+                                    "missing: vLLM and transformers read the zero points as gptq",
+                                    file=label, hint="add \"checkpoint_format\": \"gptq_v2\""))
         if isinstance(cf, str) and isinstance(f, str) and cf != f:
             findings.append(Finding("GQ204", f"format is {f!r} but checkpoint_format is {cf!r}; "
                                     "GPTQModel follows format, vLLM and transformers "

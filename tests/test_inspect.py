@@ -1,0 +1,88 @@
+"""inspect on every fixture against the generator's parameters (never against earlier output)."""
+import json
+
+import jsonschema
+import pytest
+
+import gptqfmt
+from gptqfmt.resources import schema
+from tests.conftest import CKPT, MANIFEST, SPECS
+
+VALIDATOR = jsonschema.Draft202012Validator(schema("inspect"))
+SYM_DECIDABLE = {n for n, s in SPECS.items() if s.sym and s.writer != "gptqmodel603"}
+
+
+def test_manifest_covers_every_spec_and_directory():
+    assert sorted(MANIFEST) == sorted(SPECS) == sorted(p.name for p in CKPT.iterdir())
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_inspect_matches_generator(name):
+    spec, truth = SPECS[name], MANIFEST[name]
+    doc = gptqfmt.inspect(CKPT / name).to_json()
+    VALIDATOR.validate(doc)
+    q = doc["quantization"]
+    assert q["bits"] == spec.bits
+    assert q["group_size"] == spec.group_size
+    assert q["sym"] is spec.sym
+    assert q["desc_act"] is spec.act_order
+    assert q["pack_dtype"] == f"int{spec.word_bits}"
+    assert q["static_groups"] is spec.static_groups
+    assert doc["sharded"] is spec.sharded
+    assert len(doc["files"]) == (3 if spec.sharded else 1)
+    cf = doc["checkpoint_format"]
+    assert cf["declared"] == (None if spec.config_style == "autogptq" else truth["declared"])
+    mods = {m["name"]: m for m in doc["modules"]}
+    assert sorted(mods) == sorted(truth["modules"])
+    for mname, t in truth["modules"].items():
+        m = mods[mname]
+        assert (m["bits"], m["in_features"], m["out_features"], m["groups"]) == (
+            t["bits"], t["in_features"], t["out_features"], t["groups"])
+        assert m["desc_act"] is t["act_order"]
+        assert m["pack_dtype"] == f"int{spec.word_bits}"
+        assert m["scale_dtype"] == spec.scale_dtype
+        gs = spec.group_size if t["groups"] > 1 else -1
+        assert m["group_size"] == gs
+        assert m["has_bias"] is mname.endswith(("q_proj", "k_proj", "v_proj"))
+    if name in SYM_DECIDABLE:
+        assert cf["detected"] == spec.convention and cf["confidence"] == 1.0
+    else:
+        assert cf["detected"] == "ambiguous"
+
+
+@pytest.mark.parametrize("name", ["b4-asym-act-gptq-sharded", "int64-b4-asym-gptq_v2"])
+def test_module_tensors_split_across_shards_are_joined(name):
+    doc = gptqfmt.inspect(CKPT / name).to_json()
+    split = [m for m in doc["modules"] if len(m["files"]) > 1]
+    index = json.loads((CKPT / name / "model.safetensors.index.json").read_text())
+    expect = [m for m in MANIFEST[name]["modules"]
+              if len({index["weight_map"][f"{m}.{r}"] for r in ("qweight", "qzeros", "scales",
+                                                                 "g_idx")}) > 1]
+    assert sorted(m["name"] for m in split) == sorted(expect)
+
+
+def test_findings_of_valid_fixtures():
+    expected = {"lmhead-b4-sym-gptq_v2": {"GQ311"}, "formatonly-b4-asym-gptq_v2": {"GQ209"}}
+    for name in SPECS:
+        codes = {f["code"] for f in gptqfmt.inspect(CKPT / name).to_json()["findings"]}
+        assert codes == expected.get(name, set()), name
+
+
+def test_dynamic_overrides_and_exclusions():
+    doc = gptqfmt.inspect(CKPT / "dynamic-b4-asym-gptq_v2").to_json()
+    bits = {m["name"].split(".")[-1]: m["bits"] for m in doc["modules"]}
+    assert bits == {"q_proj": 4, "k_proj": 4, "v_proj": 4, "gate_proj": 8, "up_proj": 8,
+                    "down_proj": 8}
+    assert "model.layers.0.self_attn.o_proj.weight" in doc["other_tensors"]["names"]
+    assert doc["quantization"]["mixed"] is True
+
+
+def test_tgi_scalars_are_other_tensors():
+    doc = gptqfmt.inspect(CKPT / "tgi-b4-sym-gptq").to_json()
+    assert {"gptq_bits", "gptq_groupsize"} <= set(doc["other_tensors"]["names"])
+
+
+def test_single_file_path():
+    doc = gptqfmt.inspect(CKPT / "b4-sym-noact-gptq_v2-single" / "model.safetensors").to_json()
+    assert doc["checkpoint_format"]["declared"] == "gptq_v2"
+    assert len(doc["modules"]) == 7
