@@ -116,7 +116,9 @@ def _group(store: TensorStore, config: QuantConfig | None, findings) -> tuple[li
 def _infer(m: Module, store: TensorStore, findings: list[Finding]) -> None:
     def add(code, message, role="qweight", hint=None):
         t = m.tensors.get(role) or f"{m.name}.{role}"
-        findings.append(Finding(code, message, file=store.locations.get(t), tensor=t, hint=hint))
+        home = next(iter(m.tensors.values()))  # a missing tensor is reported beside its module
+        findings.append(Finding(code, message, file=store.locations.get(t, store.file_of(home)),
+                                tensor=t, hint=hint))
 
     missing = [r for r in REQUIRED if r not in m.tensors]
     if missing:

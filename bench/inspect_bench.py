@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""inspect on a 70B-Llama-shaped GPTQ checkpoint (80 layers x 7 linears, 4-bit, group 128).
+
+Built in a temporary directory as 16 shards whose qweight and scales are holes in sparse files
+(nothing reads them); qzeros (the symmetric gptq pattern) and g_idx are real data. Reports
+inspect's wall time, first run and warm (page cache), and the ratio to a baseline that does the
+least any reader must: the official safetensors library opening every shard and reading every
+qzeros and g_idx tensor, in the same process.
+
+    python bench/inspect_bench.py [--keep DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gptqfmt import inspect  # noqa: E402
+from gptqfmt.gptq.packing import constant_words  # noqa: E402
+from gptqfmt.safetensors_io.writer import Entry, layout  # noqa: E402
+
+HIDDEN, INTER, KV, LAYERS, VOCAB, BITS, GS = 8192, 28672, 1024, 80, 128256, 4, 128
+LINEARS = [("self_attn.q_proj", HIDDEN, HIDDEN), ("self_attn.k_proj", HIDDEN, KV),
+           ("self_attn.v_proj", HIDDEN, KV), ("self_attn.o_proj", HIDDEN, HIDDEN),
+           ("mlp.gate_proj", HIDDEN, INTER), ("mlp.up_proj", HIDDEN, INTER),
+           ("mlp.down_proj", INTER, HIDDEN)]
+SHARDS = 16
+
+
+def layer_tensors(i: int):
+    """(name, dtype, shape, data-or-None) for one decoder layer; None = a hole."""
+    out = []
+    for lin, k, n in LINEARS:
+        p = f"model.layers.{i}.{lin}"
+        g = k // GS
+        zeros = np.broadcast_to(constant_words(7, BITS, 32).view(np.int32),
+                                (g, n * BITS // 32))
+        out += [(f"{p}.qweight", "I32", (k * BITS // 32, n), None),
+                (f"{p}.qzeros", "I32", (g, n * BITS // 32), zeros),
+                (f"{p}.scales", "F16", (g, n), None),
+                (f"{p}.g_idx", "I32", (k,), (np.arange(k, dtype=np.int32) // GS))]
+    for ln in ("input_layernorm", "post_attention_layernorm"):
+        out.append((f"model.layers.{i}.{ln}.weight", "F16", (HIDDEN,), None))
+    return out
+
+
+def write_shard(path: Path, tensors) -> int:
+    itemsize = {"I32": 4, "F16": 2}
+    entries = [Entry(n, d, s, int(np.prod(s)) * itemsize[d]) for n, d, s, _ in tensors]
+    prefix, ordered = layout(entries, {"format": "pt"})
+    data = {n: a for n, _, _, a in tensors}
+    with open(path, "wb") as f:
+        f.write(prefix)
+        off = len(prefix)
+        for e in ordered:
+            if data[e.name] is not None:
+                f.seek(off)
+                f.write(np.ascontiguousarray(data[e.name]).tobytes())
+            off += e.nbytes
+        f.truncate(off)
+    return sum(e.nbytes for e in entries)
+
+
+def build(root: Path) -> None:
+    per = LAYERS // SHARDS
+    weight_map, total = {}, 0
+    for s in range(SHARDS):
+        name = f"model-{s + 1:05d}-of-{SHARDS:05d}.safetensors"
+        tensors = [t for i in range(s * per, (s + 1) * per) for t in layer_tensors(i)]
+        if s == 0:
+            tensors.append(("model.embed_tokens.weight", "F16", (VOCAB, HIDDEN), None))
+        if s == SHARDS - 1:
+            tensors += [("model.norm.weight", "F16", (HIDDEN,), None),
+                        ("lm_head.weight", "F16", (VOCAB, HIDDEN), None)]
+        total += write_shard(root / name, tensors)
+        weight_map.update({t[0]: name for t in tensors})
+    (root / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}))
+    q = {"bits": BITS, "group_size": GS, "desc_act": False, "sym": True, "quant_method": "gptq",
+         "checkpoint_format": "gptq"}
+    (root / "quantize_config.json").write_text(json.dumps(q))
+    (root / "config.json").write_text(json.dumps({"model_type": "llama",
+                                                  "quantization_config": q}))
+
+
+def baseline(root: Path) -> float:
+    from safetensors import safe_open
+    t = time.perf_counter()
+    for f in sorted(root.glob("*.safetensors")):
+        with safe_open(str(f), "np") as h:
+            for k in h.keys():
+                if k.endswith((".qzeros", ".g_idx")):
+                    h.get_tensor(k)
+    return time.perf_counter() - t
+
+
+def timed_inspect(root: Path):
+    t = time.perf_counter()
+    doc = inspect(root).to_json()
+    return time.perf_counter() - t, doc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--keep", type=Path, help="build here and keep it")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        t = time.perf_counter()
+        build(root)
+        t_build = time.perf_counter() - t
+        apparent = sum(f.stat().st_size for f in root.iterdir())
+        on_disk = sum(f.stat().st_blocks * 512 for f in root.iterdir())
+        first, doc = timed_inspect(root)
+        warm = min(timed_inspect(root)[0] for _ in range(3))
+        base = min(baseline(root) for _ in range(3))
+        assert len(doc["modules"]) == LAYERS * len(LINEARS), len(doc["modules"])
+        assert doc["checkpoint_format"]["detected"] == "gptq" and doc["status"] == "ok"
+        qz = sum(int(np.prod(s)) * 4 for i in range(1) for _, _, s, a in layer_tensors(i)
+                 if a is not None) * LAYERS
+        print(f"checkpoint: {SHARDS} shards, {LAYERS * len(LINEARS)} quantized modules, "
+              f"{apparent / 2**30:.1f} GiB apparent, {on_disk / 2**20:.0f} MiB on disk "
+              f"(qzeros + g_idx {qz / 2**20:.0f} MiB); built in {t_build:.1f} s")
+        print(f"inspect, first run:        {first:.3f} s")
+        print(f"inspect, warm (best of 3): {warm:.3f} s   goal < 1 s: "
+              f"{'met' if warm < 1 else 'NOT met'}")
+        print(f"baseline safetensors safe_open + read qzeros/g_idx (best of 3): {base:.3f} s")
+        print(f"ratio inspect / baseline: {warm / base:.2f}")
+        if args.keep:
+            os.sync()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The CLI: stdout carries only results, errors are one line with a stable exit code."""
+import json
+import subprocess
+import sys
+
+import jsonschema
+import numpy as np
+import pytest
+
+from gptqfmt.resources import schema
+from gptqfmt.safetensors_io import save_file
+from tests.conftest import CKPT, SPECS
+
+FIX = CKPT / "b4-sym-act-gptq-sharded"
+
+
+def test_text_report(run_cli):
+    r = run_cli("inspect", FIX)
+    assert r.exit_code == 0 and r.stderr == ""
+    out = r.stdout
+    assert "declared     gptq " in out and "detected     gptq (confidence 1.00" in out
+    assert "bits=4 group_size=32 sym=yes desc_act=yes pack_dtype=int32" in out
+    assert out.count("model.layers.0.") == 7 and out.rstrip().endswith("0 infos")
+
+
+def test_json_report_is_one_valid_document(run_cli):
+    r = run_cli("inspect", FIX, "--format", "json")
+    assert r.exit_code == 0 and r.stderr == ""
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, schema("inspect"))
+    assert doc["checkpoint_format"]["declared"] == "gptq"
+
+
+def test_missing_path_exit_2(run_cli, tmp_path):
+    r = run_cli("inspect", tmp_path / "nope")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "no such file" in r.stderr
+    r = run_cli("inspect", tmp_path / "nope", "--format", "json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 2 and doc["status"] == "error"
+    jsonschema.validate(doc, schema("inspect"))
+
+
+def test_corrupt_file_exit_1_with_finding_line(run_cli, tmp_path):
+    p = tmp_path / "model.safetensors"
+    p.write_bytes((FIX / "model-00001-of-00003.safetensors").read_bytes()[:50])
+    r = run_cli("inspect", p)
+    assert r.exit_code == 1 and "Traceback" not in r.stdout + r.stderr
+    assert r.stdout.startswith("model.safetensors: GQ103 header length")
+    r = run_cli("inspect", p, "--format", "json")
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "fail" and doc["findings"][0]["code"] == "GQ103"
+    jsonschema.validate(doc, schema("inspect"))
+
+
+def test_non_gptq_refused(run_cli, tmp_path):
+    d = tmp_path / "awq"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes((CKPT / SPECS["gsm1-b4-sym-gptq"].name /
+                                           "model.safetensors").read_bytes())
+    (d / "quant_config.json").write_text(json.dumps({"w_bit": 4, "q_group_size": 128,
+                                                     "zero_point": True, "version": "GEMM"}))
+    r = run_cli("inspect", d)
+    assert r.exit_code == 1 and "GQ203" in r.stdout and "AutoAWQ" in r.stdout
+
+
+def test_control_characters_in_names_are_escaped(run_cli, tmp_path):
+    name = "evil\x1b[31m\n.qweight"
+    save_file({name: np.zeros((4, 32), np.int32), "x\x07": np.zeros(1, np.float16)},
+              tmp_path / "model.safetensors")
+    r = run_cli("inspect", tmp_path)
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout
+    assert "evil\\x1b[31m\\x0a" in r.stdout
+    r = run_cli("inspect", tmp_path, "--format", "json")
+    assert "\x1b" not in r.stdout
+    doc = json.loads(r.stdout)
+    assert "x\x07" in doc["other_tensors"]["names"]  # exact name after JSON decoding
+
+
+def test_internal_error_exit_3_one_line(run_cli, monkeypatch):
+    import gptqfmt.cli.inspect_cmd as cmd
+
+    def boom(path):
+        raise RuntimeError("simulated")
+    monkeypatch.setattr(cmd, "inspect_checkpoint", boom)
+    r = run_cli("inspect", FIX)
+    assert r.exit_code == 3 and r.stdout == ""
+    assert r.stderr.startswith("gptqfmt: error: internal error: RuntimeError: simulated")
+    assert "Traceback" not in r.stderr
+
+
+def test_python_m_entry_point():
+    r = subprocess.run([sys.executable, "-m", "gptqfmt", "--version"], capture_output=True,
+                       text=True, check=True)
+    import gptqfmt
+    assert r.stdout.strip().endswith(gptqfmt.__version__)
+
+
+@pytest.mark.parametrize("name", ["b4-sym-noact-gptq_v2-single", "lmhead-b4-sym-gptq_v2"])
+def test_exit_codes_follow_error_findings(run_cli, name):
+    assert run_cli("inspect", CKPT / name).exit_code == 0
