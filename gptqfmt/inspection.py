@@ -7,7 +7,8 @@ from typing import Any
 
 from .findings import ERROR, Finding
 from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
-from .gptq.detect import Detection, combine, detect_module
+from .gptq.detect import Detection
+from .gptq.evidence import detect_checkpoint
 from .version import __version__
 
 
@@ -26,11 +27,10 @@ class InspectResult:
 
 
 def inspect_checkpoint(path: str | os.PathLike) -> InspectResult:
-    """Model the checkpoint at `path` and detect its convention from bounded reads (qzeros)."""
+    """Model the checkpoint at `path` and detect its convention from bounded reads (every
+    qzeros, a sample of qweight rows)."""
     ckpt = open_checkpoint(path)
-    verdicts = [detect_module(m.name, ckpt.view(m.tensors["qzeros"]), m.bits)
-                for m in ckpt.modules if m.valid]
-    return InspectResult(ckpt, combine(verdicts), list(ckpt.findings))
+    return InspectResult(ckpt, detect_checkpoint(ckpt, full=False), list(ckpt.findings))
 
 
 def quantization_summary(ckpt: Checkpoint) -> dict[str, Any]:
@@ -67,7 +67,8 @@ def module_json(m: Module, ckpt: Checkpoint, verdict) -> dict[str, Any]:
         "pack_dtype": m.pack_dtype, "groups": m.groups, "scale_dtype": m.scale_dtype,
         "has_g_idx": "g_idx" in m.tensors, "has_bias": "bias" in m.tensors,
         "excluded_by_config": m.declared is None, "valid": m.valid, "files": files,
-        "zero_point": ({"verdict": verdict.verdict, "confidence": verdict.confidence}
+        "zero_point": ({"verdict": verdict.verdict, "confidence": verdict.confidence,
+                        "evidence": verdict.evidence, "signatures": verdict.signatures}
                        if verdict else None),
     }
 

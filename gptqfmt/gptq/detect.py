@@ -1,19 +1,36 @@
-"""Evidence for the zero-point convention (gptq vs gptq_v2) from the data itself.
+"""Evidence for the zero-point convention (gptq vs gptq_v2) from the data, never a silent guess.
 
-Symmetric quantization sets Z = 2^(bits-1) in every group. A `gptq` file stores Z - 1 in every
-field (4-bit words 0x77777777), a `gptq_v2` file stores Z (0x88888888). Asymmetric quantization
-never yields one constant Z over every group and column of a real layer, so a whole module of one
-of these patterns decides it.
+Three kinds of evidence, strongest first:
+
+1. Symmetric patterns. Symmetric quantization sets Z = 2^(bits-1) in every group: `gptq` stores
+   2^(bits-1) - 1 in every field (4-bit words 0x77777777), `gptq_v2` stores 2^(bits-1)
+   (0x88888888). A whole module of one pattern decides it.
+2. Zero-point statistics. Weights in a group are close to zero-mean, so the mean code of a cell
+   (group x output column) sits near the true Z: mean(code) - stored is near 0 under `gptq_v2`
+   and near 1 under `gptq`. The median over cells with an interior stored value (0 < s < maxq)
+   is robust to the few clamped or corrupted cells; its standard error comes from the spread.
+3. Clamp and corruption signatures, which only `gptq` files have: stored maxq fields whose codes
+   say Z = 0 (a wrapped zero: no `gptq_v2` writer stores Z = 0 as maxq); AutoGPTQ 0.7.1 sign
+   extension (a wrapped field with every higher field of its word maxq although their codes say
+   otherwise); GPTQModel's borrow (the field after a wrapped one stored 2 below its Z); and
+   GPTQModel <= 6.0.3 3-bit constants (offsets that depend on the field position).
+
+Where it stays `ambiguous`: modules with too few cells for the statistic to separate 0 from 1
+(tiny layers at 8 bits, where a code step is small next to the spread of group means); files
+whose zero points match neither convention (corruption); checkpoints whose modules disagree.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .packing import block, constant_words, unsigned
+from .packing import block, constant_words, unpack, unsigned
 
 GPTQ, GPTQ_V2, AMBIGUOUS = "gptq", "gptq_v2", "ambiguous"
+MIN_Z = 4.0          # standard errors between the median and the 0.5 threshold to decide
+MAX_OFFSET = 0.35    # how far the median may sit from 0 or 1 and still count as that convention
 
 
 def sym_field(bits: int, convention: str) -> int:
@@ -37,15 +54,188 @@ def symmetric_pattern(qzeros: np.ndarray, bits: int) -> str | None:
 
 
 @dataclass
+class ZeroStats:
+    """What the codes say about one module's stored zero points."""
+    cells: int = 0                 # interior cells in the statistic
+    median: float = math.nan       # median of mean(code) - stored over interior cells
+    se: float = math.inf           # its standard error
+    stored_maxq: int = 0
+    stored_zero: int = 0
+    wrapped: int = 0               # stored maxq, codes say Z = 0
+    maxq_consistent: int = 0       # stored maxq, codes say Z = maxq
+    sign_extension: int = 0        # words with AutoGPTQ's sign-extension signature
+    borrow_offset: float = math.nan  # median offset of fields right after a wrapped one
+    borrow_cells: int = 0
+    borrow_se: float = math.inf
+    position_spread: float = 0.0   # spread of per-field-position medians
+
+    def to_json(self) -> dict:
+        out = {}
+        for k, v in self.__dict__.items():
+            out[k] = None if isinstance(v, float) and not math.isfinite(v) else (
+                round(v, 4) if isinstance(v, float) else v)
+        return out
+
+
+def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: int,
+               word_bits: int) -> ZeroStats:
+    """Summarise cells: `stored` [G, N] unpacked qzeros fields, `sums` [G, N] code sums over
+    `counts` [G] codes per cell (rows with count 0 are ignored)."""
+    maxq = (1 << bits) - 1
+    st = ZeroStats(stored_maxq=int((stored == maxq).sum()), stored_zero=int((stored == 0).sum()))
+    have = counts > 0
+    if not have.any():
+        return st
+    s = stored[have].astype(np.float64)
+    m = sums[have] / counts[have][:, None]
+    d = m - s
+    interior = (s > 0) & (s < maxq)
+    if interior.any():
+        di = d[interior]
+        st.cells = int(di.size)
+        st.median = float(np.median(di))
+        mad = float(np.median(np.abs(di - st.median))) * 1.4826
+        spread = mad if mad > 0 else float(di.std())
+        st.se = 1.2533 * max(spread, 1e-3) / math.sqrt(di.size)
+    at_max = s == maxq
+    low = m < maxq / 2
+    st.wrapped = int((at_max & low).sum())
+    st.maxq_consistent = int((at_max & ~low).sum())
+    if bits >= 4:  # at 2 bits a code step is too coarse to tell a wrapped zero from a neighbour
+        _word_signatures(st, s, m, d, at_max, low, bits, word_bits, maxq)
+    st.position_spread = _position_spread(d, interior, bits, word_bits)
+    return st
+
+
+def _word_signatures(st, s, m, d, at_max, low, bits, word_bits, maxq):
+    """AutoGPTQ sign extension and GPTQModel borrow, per qzeros word (2/4/8 bits)."""
+    fpw = word_bits // bits
+    if s.shape[1] % fpw:
+        return
+    shape = (s.shape[0], s.shape[1] // fpw, fpw)
+    at_max, low, m, d, s = (a.reshape(shape) for a in (at_max, low, m, d, s))
+    wrapped = at_max & low
+    # all fields from j to the top of the word are maxq
+    top_run = np.logical_and.accumulate(at_max[..., ::-1], axis=-1)[..., ::-1]
+    impossible = at_max & (m > 0.3 * maxq) & (m < 0.7 * maxq)  # neither Z = 0 nor Z = 2^bits
+    above = np.zeros_like(impossible)
+    above[..., :-1] = np.logical_or.accumulate(impossible[..., :0:-1], axis=-1)[..., ::-1]
+    st.sign_extension = int((wrapped & top_run & above).any(axis=-1).sum())
+    nxt = np.zeros_like(wrapped)
+    nxt[..., 1:] = wrapped[..., :-1]
+    nxt &= (s > 0) & (s < maxq)
+    if nxt.sum() >= 3:
+        st.borrow_cells = int(nxt.sum())
+        st.borrow_offset = float(np.median(d[nxt]))
+        st.borrow_se = 1.2533 * float(np.median(np.abs(d[nxt] - st.borrow_offset))) * 1.4826 \
+            / math.sqrt(st.borrow_cells)
+
+
+def _position_spread(d, interior, bits, word_bits) -> float:
+    """Max minus min of per-field-position medians (positions within one block of words)."""
+    vpb, _ = block(bits, word_bits)
+    if d.shape[1] % vpb or vpb < 2:
+        return 0.0
+    pos = np.broadcast_to(np.arange(d.shape[1]) % vpb, d.shape)
+    meds = [np.median(d[interior & (pos == p)]) for p in range(vpb)
+            if (interior & (pos == p)).sum() >= 8]
+    return float(max(meds) - min(meds)) if len(meds) >= 2 else 0.0
+
+
+@dataclass
 class ModuleVerdict:
     name: str
     verdict: str
     confidence: float
     evidence: list[str] = field(default_factory=list)
+    stats: ZeroStats | None = None
+    signatures: list[str] = field(default_factory=list)   # corruption kinds found
 
     def to_json(self):
         return {"name": self.name, "verdict": self.verdict, "confidence": self.confidence,
-                "evidence": self.evidence}
+                "evidence": self.evidence, "signatures": self.signatures,
+                "stats": self.stats.to_json() if self.stats else None}
+
+
+def _z_confidence(z: float) -> float:
+    return round(math.erf(z / math.sqrt(2)), 4)
+
+
+def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
+           quantizer: str | None = None) -> ModuleVerdict:
+    """One module's verdict from its evidence."""
+    if pattern is not None:
+        f = sym_field(bits, pattern)
+        return ModuleVerdict(name, pattern, 1.0, [
+            f"every zero-point field is {f}: the symmetric zero {1 << (bits - 1)} stored as "
+            f"{pattern}"], st)
+    if st is None:
+        return ModuleVerdict(name, AMBIGUOUS, 0.0, ["zero points are not one symmetric constant "
+                                                    "and no codes were read"])
+    ev, sigs = [], []
+    maxq = (1 << bits) - 1
+    if st.sign_extension:
+        sigs.append("autogptq_sign_extension")
+        ev.append(f"{st.sign_extension} qzeros words with AutoGPTQ 0.7.1 sign extension: a "
+                  f"wrapped Z = 0 with every higher field {maxq} although their codes disagree")
+    base = st.median if math.isfinite(st.median) else 1.0
+    if st.borrow_cells >= 3 and abs(st.borrow_offset - base - 1) < 0.3 and \
+            (st.borrow_offset - base) / max(st.borrow_se, st.se, 1e-3) >= MIN_Z:
+        sigs.append("gptqmodel_borrow")
+        ev.append(f"fields right after a wrapped zero sit {st.borrow_offset:.2f} below their "
+                  f"codes (GPTQModel's packed subtract borrowed from them)")
+    if bits == 3 and st.position_spread > 0.75 and quantizer_is_old_gptqmodel(quantizer):
+        sigs.append("gptqmodel_603_3bit")
+        ev.append(f"zero offsets vary by {st.position_spread:.2f} across field positions and "
+                  f"meta.quantizer is {quantizer}: GPTQModel <= 6.0.3 packed 3-bit constants "
+                  "with words 0 and 2 swapped")
+    if st.wrapped:
+        ev.append(f"{st.wrapped} stored {maxq} fields whose codes say Z = 0 (a wrapped zero; "
+                  f"only gptq writers store that)")
+    if st.maxq_consistent:
+        ev.append(f"{st.maxq_consistent} stored {maxq} fields whose codes say Z = {maxq} (gptq "
+                  f"would read them as Z = {maxq + 1} or 0)")
+    stat_verdict = None
+    if st.cells:
+        z = abs(st.median - 0.5) / st.se
+        nearest = GPTQ if st.median > 0.5 else GPTQ_V2
+        off = abs(st.median - (1.0 if nearest == GPTQ else 0.0))
+        ev.append(f"median of mean(code) - stored over {st.cells} cells is {st.median:.3f} "
+                  f"(+/- {st.se:.3f}): gptq predicts 1, gptq_v2 predicts 0")
+        if off > MAX_OFFSET:
+            ev.append(f"the codes sit {off:.2f} away from either convention's zero")
+        elif z >= MIN_Z:
+            stat_verdict = (nearest, _z_confidence(z))
+        else:
+            ev.append(f"too little evidence: {z:.1f} standard errors from the midpoint "
+                      f"(needs {MIN_Z:.0f})")
+    # Clamp evidence: a clean gptq file stores maxq only for Z = 0 (codes low); a gptq_v2 file
+    # stores maxq only for Z = maxq (codes high).
+    clamp = None
+    if sigs or st.wrapped > max(2, st.maxq_consistent):
+        clamp = (GPTQ, 0.99 if sigs else 0.95)
+    elif st.maxq_consistent > max(2, st.wrapped):
+        clamp = (GPTQ_V2, 0.95)
+    if stat_verdict and clamp and stat_verdict[0] != clamp[0]:
+        ev.append(f"the statistic says {stat_verdict[0]} but the stored {maxq} fields say "
+                  f"{clamp[0]}")
+        return ModuleVerdict(name, AMBIGUOUS, 0.0, ev, st, sigs)
+    if stat_verdict:
+        return ModuleVerdict(name, stat_verdict[0], stat_verdict[1], ev, st, sigs)
+    if clamp:
+        return ModuleVerdict(name, clamp[0], clamp[1], ev, st, sigs)
+    return ModuleVerdict(name, AMBIGUOUS, 0.0, ev, st, sigs)
+
+
+def quantizer_is_old_gptqmodel(quantizer: str | None) -> bool:
+    """True for meta.quantizer 'gptqmodel:X' with X <= 6.0.3."""
+    if not quantizer or not quantizer.lower().startswith("gptqmodel:"):
+        return False
+    try:
+        parts = tuple(int(p) for p in quantizer.split(":", 1)[1].split(".")[:3])
+    except ValueError:
+        return False
+    return parts <= (6, 0, 3)
 
 
 @dataclass
@@ -55,28 +245,42 @@ class Detection:
     modules: list[ModuleVerdict]
     evidence: list[str]
 
-
-def detect_module(name: str, qzeros: np.ndarray, bits: int) -> ModuleVerdict:
-    conv = symmetric_pattern(qzeros, bits)
-    if conv is not None:
-        f = sym_field(bits, conv)
-        return ModuleVerdict(name, conv, 1.0, [f"every zero-point field is {f}: the symmetric "
-                                               f"zero {1 << (bits - 1)} stored as {conv}"])
-    return ModuleVerdict(name, AMBIGUOUS, 0.0, ["zero points are not one symmetric constant"])
+    def to_json(self):
+        return {"detected": self.verdict, "confidence": self.confidence,
+                "evidence": self.evidence}
 
 
 def combine(verdicts: list[ModuleVerdict]) -> Detection:
-    """One verdict for the checkpoint: unanimous decided modules, else ambiguous."""
+    """One verdict for the checkpoint. Decided modules must agree; undecided ones are pooled
+    (inverse-variance weighted medians) when no module decided."""
     if not verdicts:
         return Detection(AMBIGUOUS, 0.0, [], ["no quantized module to look at"])
     counts = {c: sum(v.verdict == c for v in verdicts) for c in (GPTQ, GPTQ_V2, AMBIGUOUS)}
     n = len(verdicts)
-    summary = f"{counts[GPTQ]} gptq, {counts[GPTQ_V2]} gptq_v2, {counts[AMBIGUOUS]} ambiguous " \
-              f"of {n} modules"
+    summary = (f"{counts[GPTQ]} gptq, {counts[GPTQ_V2]} gptq_v2, {counts[AMBIGUOUS]} ambiguous "
+               f"of {n} modules")
     if counts[GPTQ] and counts[GPTQ_V2]:
         return Detection(AMBIGUOUS, 0.0, verdicts, [summary + ": modules disagree"])
     for conv in (GPTQ, GPTQ_V2):
-        if counts[conv] == n:
-            conf = min(v.confidence for v in verdicts)
+        if counts[conv]:
+            conf = max(v.confidence for v in verdicts if v.verdict == conv)
             return Detection(conv, conf, verdicts, [summary])
+    pooled = [v.stats for v in verdicts if v.stats and v.stats.cells and
+              math.isfinite(v.stats.se)]
+    if pooled:
+        w = np.array([1 / s.se**2 for s in pooled])
+        med = float(np.dot(w, [s.median for s in pooled]) / w.sum())
+        se = float(1 / math.sqrt(w.sum()))
+        pool = ZeroStats(cells=sum(s.cells for s in pooled), median=med, se=se)
+        v = decide("(all modules)", 4, None, pool)
+        if v.verdict != AMBIGUOUS:
+            return Detection(v.verdict, v.confidence, verdicts,
+                             [summary, "pooled over modules: " + v.evidence[-1]])
+        return Detection(AMBIGUOUS, 0.0, verdicts, [summary, "pooled over modules: "
+                                                    + "; ".join(v.evidence)])
     return Detection(AMBIGUOUS, 0.0, verdicts, [summary])
+
+
+def stored_fields(qzeros: np.ndarray, bits: int) -> np.ndarray:
+    """The stored zero-point fields [G, N] of a qzeros tensor."""
+    return unpack(qzeros, bits, axis=1)

@@ -1,0 +1,148 @@
+"""Per-cell code sums from packed qweight: the raw material of zero-point detection.
+
+A cell is (group g, output column n). For each cell we need the sum of its codes and how many
+codes were summed; mean(code) - stored zero then tells the convention (see detect.py).
+
+Two paths, both exact integer sums:
+- group-contiguous rows (no act-order, group_size a multiple of the values per word): the fields
+  of one word all belong to one group, so each word is reduced to the sum of its fields with
+  SWAR folds (a few whole-array integer ops), then rows are summed per group;
+- act-order (g_idx arbitrary): per field position j, the j-th field of every word is extracted and
+  its rows summed by group after sorting rows by g_idx.
+Work runs over chunks of rows so that temporaries stay small (and in cache).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .packing import block, unpack
+
+_U = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
+CHUNK_WORDS = 1 << 17  # words per chunk (512 KiB of int32: temporaries stay in cache)
+
+
+def word_field_sums(words: np.ndarray, bits: int) -> np.ndarray:
+    """Sum of the fields of each word (2/4/8 bits: fields never straddle words).
+
+    SWAR: fold neighbouring lanes together until each byte holds a partial sum, then add the
+    bytes with one multiply when the total fits in a byte (4-bit int32: 8 x 15 = 120).
+    """
+    w_bits = words.dtype.itemsize * 8
+    ut = _U[w_bits]
+    x = words.view(ut)
+    width = bits
+    while width < min(8, w_bits):
+        mask = ut(_lane_mask(width, w_bits))
+        x = (x & mask) + ((x >> ut(width)) & mask)
+        width *= 2
+    if w_bits > 8 and (w_bits // bits) * ((1 << bits) - 1) <= 255:
+        ones = ut(int("01" * (w_bits // 8), 16))         # 0x01010101 for int32
+        return (x * ones) >> ut(w_bits - 8)
+    while width < w_bits:
+        mask = ut(_lane_mask(width, w_bits))
+        x = (x & mask) + ((x >> ut(width)) & mask)
+        width *= 2
+    return x
+
+
+def _lane_mask(width: int, w_bits: int) -> int:
+    """Mask selecting the low `width` bits of every 2*width-bit lane."""
+    lane = (1 << width) - 1
+    m = 0
+    for start in range(0, w_bits, 2 * width):
+        m |= lane << start
+    return m
+
+
+def rows_per_group(bits: int, word_bits: int, group_size: int, in_features: int) -> int | None:
+    """Packed rows per group when every word holds fields of one group only, else None."""
+    vpw = word_bits // bits if bits != 3 else None
+    gs = in_features if group_size == -1 else group_size
+    if vpw is None or gs % vpw:
+        return None
+    return gs // vpw
+
+
+def cell_sums(qweight: np.ndarray, bits: int, g_idx: np.ndarray, groups: int,
+              row_blocks: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(sums [G, N] uint64, counts [G] int64) over the packed rows in `row_blocks` (all if None).
+
+    `row_blocks` are indices of blocks of packed rows (a block = the words holding whole values:
+    1 row, or 3 rows at 3 bits), so sampling never splits a value.
+    """
+    words_bits = qweight.dtype.itemsize * 8
+    vpb, wpb = block(bits, words_bits)
+    n = qweight.shape[1]
+    total_blocks = qweight.shape[0] // wpb
+    blocks = np.arange(total_blocks) if row_blocks is None else np.asarray(row_blocks)
+    sums = np.zeros((groups, n), dtype=np.uint64)
+    counts = np.zeros(groups, dtype=np.int64)
+    g_idx = np.asarray(g_idx, dtype=np.int64)
+    trivial_rpg = _trivial_rows_per_group(g_idx, bits, words_bits, groups)
+    step = max(1, CHUNK_WORDS // max(1, n * wpb))
+    for run in _runs(blocks):
+        for start in range(run[0], run[1], step):
+            stop = min(run[1], start + step)
+            words = qweight[start * wpb: stop * wpb]
+            chans = np.arange(start * vpb, stop * vpb)
+            if trivial_rpg:
+                _add_by_word(sums, counts, words, bits, start * wpb, trivial_rpg, vpb // wpb)
+            else:
+                _add_by_field(sums, counts, words, bits, g_idx[chans])
+    return sums, counts
+
+
+def _trivial_rows_per_group(g_idx, bits, word_bits, groups) -> int | None:
+    if bits == 3:
+        return None
+    vpw = word_bits // bits
+    k = len(g_idx)
+    if groups == 1:
+        return k // vpw
+    gs = int(np.count_nonzero(g_idx == 0))
+    if gs % vpw or not np.array_equal(g_idx, np.arange(k) // gs):
+        return None
+    return gs // vpw
+
+
+def _add_by_word(sums, counts, words, bits, row0, rpg, vpw):
+    s = word_field_sums(words, bits)                     # [rows, N]: sum of each word's fields
+    for g, a, b in _segments(np.arange(row0, row0 + len(words)) // rpg):
+        sums[g] += s[a:b].sum(axis=0, dtype=np.uint32)  # <= 2^32 / 255 rows per chunk
+        counts[g] += (b - a) * vpw
+
+
+def _add_by_field(sums, counts, words, bits, groups_of_chans):
+    codes = unpack(words, bits, axis=0)                  # [chans, N] uint8
+    order = np.argsort(groups_of_chans, kind="stable")
+    codes = codes[order]
+    for g, a, b in _segments(groups_of_chans[order]):
+        sums[g] += codes[a:b].sum(axis=0, dtype=np.uint64)
+        counts[g] += b - a
+
+
+def _segments(sorted_groups: np.ndarray):
+    """(group, begin, end) of each run of equal values in a sorted array."""
+    starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
+    ends = np.r_[starts[1:], len(sorted_groups)]
+    return zip(sorted_groups[starts].tolist(), starts.tolist(), ends.tolist())
+
+
+def _runs(blocks: np.ndarray):
+    """Consecutive runs [a, b) in a sorted array of block indices."""
+    if len(blocks) == 0:
+        return
+    breaks = np.flatnonzero(np.diff(blocks) != 1)
+    starts = np.r_[blocks[0], blocks[breaks + 1]]
+    ends = np.r_[blocks[breaks], blocks[-1]] + 1
+    yield from zip(starts.tolist(), ends.tolist())
+
+
+def sample_blocks(total_blocks: int, n_cols: int, wpb: int, budget_bytes: int,
+                  word_bytes: int) -> np.ndarray:
+    """Evenly spread block indices whose words fit in `budget_bytes` (at least one block)."""
+    per_block = n_cols * wpb * word_bytes
+    k = max(1, min(total_blocks, budget_bytes // max(1, per_block)))
+    if k >= total_blocks:
+        return np.arange(total_blocks)
+    return np.unique(np.linspace(0, total_blocks - 1, k).round().astype(np.int64))

@@ -1,0 +1,107 @@
+"""Convention detection against the generator's ground truth, and the decision rules."""
+import math
+
+import numpy as np
+import pytest
+
+import gptqfmt
+from gptqfmt.gptq.checkpoint import open_checkpoint
+from gptqfmt.gptq.codestats import cell_sums
+from gptqfmt.gptq.detect import AMBIGUOUS, GPTQ, GPTQ_V2, ZeroStats, decide, zero_stats
+from gptqfmt.gptq.evidence import detect_checkpoint
+from gptqfmt.gptq.packing import pack, unpack
+from tests.conftest import CKPT, GEN, MANIFEST, SPECS
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("full", [False, True], ids=["inspect", "verify"])
+def test_verdict_is_the_data_convention(name, full):
+    with open_checkpoint(CKPT / name) as ck:
+        det = detect_checkpoint(ck, full=full)
+    assert det.verdict == SPECS[name].convention, det.evidence
+    assert 0.9 <= det.confidence <= 1.0
+
+
+def signatures(name):
+    with open_checkpoint(CKPT / name) as ck:
+        return {s for v in detect_checkpoint(ck, full=True).modules for s in v.signatures}
+
+
+def test_no_corruption_signature_on_clean_writers():
+    for name, spec in SPECS.items():
+        if spec.writer == "exact":
+            assert signatures(name) == set(), name
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("autogptq-b4-asym-gptq", "autogptq_sign_extension"),
+    ("gptqmodel-b4-asym-gptq", "gptqmodel_borrow"),
+    ("gptqmodel603-b3-asym-gptq", "gptqmodel_603_3bit"),
+    ("gptqmodel603-b3-sym-gptq", "gptqmodel_603_3bit"),
+])
+def test_corruption_signatures_found(name, kind):
+    assert kind in signatures(name)
+
+
+def big_layer(bits, convention, seed, k=512, n=512, gs=64):
+    """A larger asymmetric layer quantized by the fixture generator's quantizer."""
+    rng = np.random.default_rng(seed)
+    w = GEN.realistic_weight(rng, n, k)
+    g_idx = GEN.assign_groups(k, gs, False, False, rng)
+    codes, z, _ = GEN.quantize(w, bits, False, g_idx)
+    maxq = 2**bits - 1
+    stored = z if convention == GPTQ_V2 else (z - 1) & maxq
+    return pack(codes, bits, 32, 0), stored.astype(np.uint8), g_idx, k // gs
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("convention", [GPTQ, GPTQ_V2])
+def test_statistic_alone_decides_a_real_sized_asymmetric_layer(bits, convention):
+    # at 8 bits a code step is small next to the spread of group means: it takes more cells
+    qw, stored, g_idx, groups = big_layer(bits, convention, seed=bits,
+                                          n=4096 if bits == 8 else 512)
+    sums, counts = cell_sums(qw, bits, g_idx, groups)
+    st = zero_stats(stored, sums, counts, bits, 32)
+    expect = 1.0 if convention == GPTQ else 0.0
+    assert abs(st.median - expect) < 0.35 and st.se < 0.125
+    st.stored_maxq = st.wrapped = st.maxq_consistent = 0  # statistic only
+    v = decide("m", bits, None, st)
+    assert v.verdict == convention and v.confidence > 0.999
+
+
+def test_weak_evidence_is_ambiguous_with_reason():
+    v = decide("m", 8, None, ZeroStats(cells=20, median=0.8, se=0.3))
+    assert v.verdict == AMBIGUOUS and v.confidence == 0.0
+    assert any("too little evidence" in e for e in v.evidence)
+
+
+def test_codes_at_neither_position_are_ambiguous():
+    v = decide("m", 4, None, ZeroStats(cells=5000, median=-3.0, se=0.01))
+    assert v.verdict == AMBIGUOUS and any("away from either" in e for e in v.evidence)
+
+
+def test_statistic_against_clamp_evidence_is_ambiguous():
+    st = ZeroStats(cells=5000, median=0.02, se=0.01, stored_maxq=10, wrapped=10)
+    v = decide("m", 4, None, st)
+    assert v.verdict == AMBIGUOUS and any("but the stored 15" in e for e in v.evidence)
+
+
+def test_symmetric_pattern_wins():
+    assert decide("m", 4, GPTQ_V2, None).verdict == GPTQ_V2
+
+
+def test_mislabelled_copies_are_detected_not_believed():
+    for name in [n for n in SPECS if n.startswith("mislabelled")]:
+        cf = gptqfmt.inspect(CKPT / name).to_json()["checkpoint_format"]
+        assert cf["declared"] == MANIFEST[name]["declared"] != SPECS[name].convention
+        assert cf["detected"] == SPECS[name].convention
+
+
+def test_to_json_has_no_nan():
+    st = ZeroStats()
+    assert all(not (isinstance(v, float) and math.isnan(v)) for v in st.to_json().values())
+
+
+def test_stored_fields_round_trip():
+    z = np.array([[0, 3, 15, 8, 8, 8, 8, 8]])
+    assert unpack(pack(z, 4, 32, 1), 4, 1).tolist() == z.tolist()
