@@ -74,9 +74,19 @@ _CATALOGUE = [
     Code("GQ312", WARNING, "in or out features not a multiple of 32"),
     Code("GQ313", WARNING, "module quantized although dynamic excludes it"),
     Code("GQ314", ERROR, "no quantized module found"),
+    Code("GQ315", WARNING, "desc_act is true but g_idx is trivial"),
+    Code("GQ316", INFO, "quantized router gate; many runtimes refuse it"),
     # GQ4xx: zero points
     Code("GQ401", ERROR, "declared zero-point convention contradicts the data"),
-    Code("GQ402", INFO, "zero-point convention not decidable from the data"),
+    Code("GQ402", WARNING, "zero-point convention not decidable from the data"),
+    Code("GQ403", ERROR, "sym is true but zero points are not the symmetric constant"),
+    Code("GQ404", ERROR, "modules disagree on the zero-point convention"),
+    Code("GQ405", ERROR, "zero points corrupted by a known writer bug"),
+    Code("GQ406", WARNING, "gptq zero-point fields at maxq: runtimes read them differently"),
+    Code("GQ407", INFO, "gptq_v2 zero points of 0: not representable in gptq"),
+    # GQ5xx: numerical
+    Code("GQ501", ERROR, "scales not finite or not positive"),
+    Code("GQ502", ERROR, "dequantized weights overflow float16"),
 ]
 
 CATALOGUE: dict[str, Code] = {c.code: c for c in _CATALOGUE}

@@ -3,11 +3,10 @@ import json
 import subprocess
 import sys
 
-import jsonschema
 import numpy as np
 import pytest
 
-from gptqfmt.resources import schema
+from gptqfmt.resources import validator
 from gptqfmt.safetensors_io import save_file
 from tests.conftest import CKPT, SPECS
 
@@ -27,7 +26,7 @@ def test_json_report_is_one_valid_document(run_cli):
     r = run_cli("inspect", FIX, "--format", "json")
     assert r.exit_code == 0 and r.stderr == ""
     doc = json.loads(r.stdout)
-    jsonschema.validate(doc, schema("inspect"))
+    validator("inspect").validate(doc)
     assert doc["checkpoint_format"]["declared"] == "gptq"
 
 
@@ -38,7 +37,7 @@ def test_missing_path_exit_2(run_cli, tmp_path):
     r = run_cli("inspect", tmp_path / "nope", "--format", "json")
     doc = json.loads(r.stdout)
     assert r.exit_code == 2 and doc["status"] == "error"
-    jsonschema.validate(doc, schema("inspect"))
+    validator("inspect").validate(doc)
 
 
 def test_corrupt_file_exit_1_with_finding_line(run_cli, tmp_path):
@@ -50,7 +49,7 @@ def test_corrupt_file_exit_1_with_finding_line(run_cli, tmp_path):
     r = run_cli("inspect", p, "--format", "json")
     doc = json.loads(r.stdout)
     assert doc["status"] == "fail" and doc["findings"][0]["code"] == "GQ103"
-    jsonschema.validate(doc, schema("inspect"))
+    validator("inspect").validate(doc)
 
 
 def test_non_gptq_refused(run_cli, tmp_path):

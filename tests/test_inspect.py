@@ -1,14 +1,13 @@
 """inspect on every fixture against the generator's parameters (never against earlier output)."""
 import json
 
-import jsonschema
 import pytest
 
 import gptqfmt
-from gptqfmt.resources import schema
+from gptqfmt.resources import validator
 from tests.conftest import CKPT, MANIFEST, SPECS
 
-VALIDATOR = jsonschema.Draft202012Validator(schema("inspect"))
+VALIDATOR = validator("inspect")
 SYM_DECIDABLE = {n for n, s in SPECS.items() if s.sym and s.writer != "gptqmodel603"}
 
 
@@ -44,10 +43,9 @@ def test_inspect_matches_generator(name):
         gs = spec.group_size if t["groups"] > 1 else -1
         assert m["group_size"] == gs
         assert m["has_bias"] is mname.endswith(("q_proj", "k_proj", "v_proj"))
+    assert cf["detected"] == spec.convention
     if name in SYM_DECIDABLE:
-        assert cf["detected"] == spec.convention and cf["confidence"] == 1.0
-    else:
-        assert cf["detected"] == "ambiguous"
+        assert cf["confidence"] == 1.0
 
 
 @pytest.mark.parametrize("name", ["b4-asym-act-gptq-sharded", "int64-b4-asym-gptq_v2"])

@@ -50,6 +50,8 @@ def _report_failure(fmt, status, exit_code, findings=(), message=None):
         return
     for f in findings:
         click.echo(finding_line(f))
+    if findings:
+        click.echo(f"FAIL: the checkpoint cannot be read ({len(findings)} findings)")
     if message:
         note(f"gptqfmt: error: {escape(message)}")
 
@@ -62,8 +64,10 @@ def main():
 
 def _register():
     from .inspect_cmd import inspect_cmd
+    from .verify_cmd import verify_cmd
 
     main.add_command(inspect_cmd)
+    main.add_command(verify_cmd)
 
 
 _register()

@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 
 from ..errors import FindingError
 from ..findings import Finding
-from ..resources import schema
+from ..resources import validator
 
 CONVENTIONS = ("gptq", "gptq_v2")
 # checkpoint_format / format values that are not GPTQ's own packing.
@@ -113,8 +112,7 @@ def load_config(root: Path, st_metadata: dict[str, str] | None = None
     for label, doc in sources:
         _refuse_non_gptq(label, doc)
     for label, doc in sources:
-        for err in sorted(jsonschema.Draft202012Validator(schema("quantize_config"))
-                          .iter_errors(doc), key=lambda e: list(e.path)):
+        for err in sorted(validator("quantize_config").iter_errors(doc), key=lambda e: list(e.path)):
             where = ".".join(str(p) for p in err.path) or "(top level)"
             findings.append(Finding("GQ202", f"{where}: {err.message}", file=label))
     bad = {label for f in findings if f.code == "GQ202" for label in [f.file]}

@@ -150,6 +150,7 @@ class ModuleVerdict:
     evidence: list[str] = field(default_factory=list)
     stats: ZeroStats | None = None
     signatures: list[str] = field(default_factory=list)   # corruption kinds found
+    pattern: str | None = None                            # symmetric pattern, if every field is
 
     def to_json(self):
         return {"name": self.name, "verdict": self.verdict, "confidence": self.confidence,
@@ -168,7 +169,7 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
         f = sym_field(bits, pattern)
         return ModuleVerdict(name, pattern, 1.0, [
             f"every zero-point field is {f}: the symmetric zero {1 << (bits - 1)} stored as "
-            f"{pattern}"], st)
+            f"{pattern}"], st, pattern=pattern)
     if st is None:
         return ModuleVerdict(name, AMBIGUOUS, 0.0, ["zero points are not one symmetric constant "
                                                     "and no codes were read"])

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import FindingError, UsageError
 from ..findings import Finding
-from ..resources import schema
+from ..resources import validator
 from .header import TensorInfo
 from .reader import SafetensorsFile
 
@@ -151,7 +151,7 @@ def _read_index(path: Path) -> tuple[dict[str, str], int | None]:
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise FindingError(Finding("GQ120", f"not valid JSON: {_reason(e)}", file=path.name))
     err = jsonschema.exceptions.best_match(
-        jsonschema.Draft202012Validator(schema("index")).iter_errors(doc))
+        validator("index").iter_errors(doc))
     if err is not None:
         where = ".".join(str(p) for p in err.path) or "(top level)"
         raise FindingError(Finding("GQ120", f"{where}: {err.message}; expected {{\"weight_map\": "

@@ -1,0 +1,181 @@
+"""`verify`: every check over all the data, collected into one Report (findings are data)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .findings import ERROR, WARNING, Finding
+from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
+from .gptq.detect import AMBIGUOUS, GPTQ, GPTQ_V2, Detection, ModuleVerdict, combine, \
+    stored_fields
+from .gptq.evidence import module_verdict
+from .inspection import summary_counts
+from .safetensors_io.dtypes import bf16_to_f32
+from .version import __version__
+
+FP16_MAX = 65504.0
+ROUTER_SUFFIXES = (".mlp.gate", ".router", ".block_sparse_moe.gate", ".mlp.router")
+
+
+@dataclass
+class Report:
+    path: str
+    checkpoint: Checkpoint
+    detection: Detection
+    findings: list[Finding]
+    qweight_bytes: int
+
+    def failed(self, strict: bool = False) -> bool:
+        bad = {ERROR, WARNING} if strict else {ERROR}
+        return any(f.severity in bad for f in self.findings)
+
+    def to_json(self, strict: bool = False) -> dict[str, Any]:
+        cfg = self.checkpoint.config
+        det = self.detection
+        return {
+            "tool": {"name": "gptqfmt", "version": __version__},
+            "path": self.path,
+            "status": "fail" if self.failed(strict) else "ok",
+            "strict": strict,
+            "checkpoint_format": {
+                "declared": cfg.convention if cfg else None,
+                "declared_in": [d.to_json() for d in cfg.declared_in] if cfg else [],
+                "effective": effective_declared(self.checkpoint),
+                "detected": det.verdict, "confidence": det.confidence,
+                "evidence": det.evidence},
+            "modules": [v.to_json() for v in det.modules],
+            "findings": [f.to_json() for f in self.findings],
+            "summary": {**summary_counts(self.findings, len(self.checkpoint.modules)),
+                        "qweight_bytes": self.qweight_bytes},
+        }
+
+
+def effective_declared(ckpt: Checkpoint) -> str:
+    """What runtimes take the convention to be: a missing label means gptq."""
+    return (ckpt.config.convention if ckpt.config else None) or GPTQ
+
+
+def validate(path: str | os.PathLike, progress=None) -> Report:
+    """Run every check on the checkpoint at `path`, reading all of its quantized data.
+
+    `progress(module, nbytes)` is called after each module (for progress bars)."""
+    ckpt = open_checkpoint(path)
+    findings = list(ckpt.findings)
+    verdicts, qbytes = [], 0
+    for m in ckpt.modules:
+        if not m.valid:
+            continue
+        v = module_verdict(ckpt, m, full=True)
+        verdicts.append(v)
+        findings += module_findings(ckpt, m, v)
+        nbytes = ckpt.store.info(m.tensors["qweight"]).nbytes
+        qbytes += nbytes
+        if progress:
+            progress(m, nbytes)
+    det = combine(verdicts)
+    findings += convention_findings(ckpt, det)
+    findings.sort(key=Finding.sort_key)
+    return Report(str(path), ckpt, det, findings, qbytes)
+
+
+def convention_findings(ckpt: Checkpoint, det: Detection) -> list[Finding]:
+    cfg = ckpt.config
+    where = cfg.declared_in[0].file if cfg and cfg.declared_in else (
+        cfg.sources[0] if cfg and cfg.sources else None)
+    declared = effective_declared(ckpt)
+    out = []
+    if not det.modules:
+        return out  # nothing to detect from (GQ314 or geometry findings say why)
+    if det.verdict == AMBIGUOUS:
+        if any(e.endswith("modules disagree") for e in det.evidence):
+            mix = {c: [v.name for v in det.modules if v.verdict == c] for c in (GPTQ, GPTQ_V2)}
+            out.append(Finding("GQ404", f"{len(mix[GPTQ])} modules read as gptq (e.g. "
+                               f"{mix[GPTQ][0]}), {len(mix[GPTQ_V2])} as gptq_v2 (e.g. "
+                               f"{mix[GPTQ_V2][0]}); one label cannot be right for both",
+                               file=where))
+        else:
+            out.append(Finding("GQ402", "the data do not decide between gptq and gptq_v2: "
+                               + "; ".join(det.evidence), file=where))
+    elif det.verdict != declared:
+        label = (f"declares {declared}" if cfg and cfg.convention else
+                 "declares no checkpoint_format, so runtimes read gptq")
+        out.append(Finding(
+            "GQ401", f"config {label} but the data are {det.verdict} (confidence "
+            f"{det.confidence:.4f}); every zero point will be read off by one",
+            file=where, hint=f"set checkpoint_format (and format) to \"{det.verdict}\", or "
+            f"convert the data with `gptqfmt convert --from {det.verdict}`",
+            details={"declared": declared, "detected": det.verdict,
+                     "confidence": det.confidence}))
+    return out
+
+
+def module_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Finding]:
+    qz_name, sc_name = m.tensors["qzeros"], m.tensors["scales"]
+    file_qz, file_sc = ckpt.store.file_of(qz_name), ckpt.store.file_of(sc_name)
+    out: list[Finding] = []
+    maxq = (1 << m.bits) - 1
+    decl = m.declared
+    pattern_sym = v.pattern is not None
+    if decl is not None and decl.sym is True and not pattern_sym:
+        out.append(Finding("GQ403", "config says sym=true, but the zero points are not the "
+                           f"constant {1 << (m.bits - 1)}: Marlin ignores qzeros and decodes "
+                           "with the constant, other kernels read these values",
+                           file=file_qz, tensor=qz_name, hint="set sym=false"))
+    if v.signatures:
+        out.append(Finding("GQ405", f"{', '.join(v.signatures)}: " + "; ".join(
+            e for e in v.evidence if any(k in e for k in ("AutoGPTQ", "GPTQModel", "borrow"))),
+            file=file_qz, tensor=qz_name, details={"signatures": v.signatures}))
+    st = v.stats
+    if st is not None and v.verdict in (GPTQ, AMBIGUOUS) and st.stored_maxq and not pattern_sym:
+        out.append(Finding(
+            "GQ406", f"{st.stored_maxq} fields store {maxq}: vLLM gptq_gemm and ExLlamaV2 read "
+            f"Z = {maxq + 1}, AutoGPTQ's exllama kernels and TGI read Z = 0 "
+            f"({st.wrapped} of them have codes that say Z = 0)", file=file_qz, tensor=qz_name,
+            details={"fields": st.stored_maxq, "wrapped": st.wrapped}))
+    if st is not None and v.verdict == GPTQ_V2 and st.stored_zero:
+        out.append(Finding("GQ407", f"{st.stored_zero} zero points are 0; gptq cannot store "
+                           "them (a conversion to gptq would change those groups)",
+                           file=file_qz, tensor=qz_name, details={"fields": st.stored_zero}))
+    scales = _scales_f32(ckpt, sc_name, ckpt.store.info(sc_name).dtype)
+    bad = ~np.isfinite(scales) | (scales <= 0)
+    if bad.any():
+        g, n = np.argwhere(bad)[0]
+        out.append(Finding("GQ501", f"{int(bad.sum())} of {scales.size} scales are not finite "
+                           f"and positive; first at group {g}, column {n}: {scales[g, n]!r}",
+                           file=file_sc, tensor=sc_name))
+    else:
+        zeros = _effective_zeros(ckpt, m, v.verdict)
+        reach = scales * np.maximum(zeros, maxq - zeros)
+        over = reach > FP16_MAX
+        if over.any():
+            g, n = np.unravel_index(int(np.argmax(reach)), reach.shape)
+            out.append(Finding("GQ502", f"{int(over.sum())} groups can dequantize beyond "
+                               f"float16's {FP16_MAX:g}; worst {float(reach[g, n]):.4g} at group "
+                               f"{g}, column {n}", file=file_sc, tensor=sc_name))
+    if m.act_order is False and decl is not None and decl.desc_act is True and \
+            not (ckpt.config and ckpt.config.static_groups) and m.groups > 1:
+        out.append(Finding("GQ315", "config says desc_act=true but g_idx is k // group_size "
+                           "(and static_groups is not set)", file=file_qz,
+                           tensor=m.tensors.get("g_idx", qz_name)))
+    if m.name.endswith(ROUTER_SUFFIXES):
+        out.append(Finding("GQ316", "a MoE router gate is quantized; vLLM and TGI expect it in "
+                           "full precision", file=file_qz, tensor=m.tensors["qweight"]))
+    return out
+
+
+def _scales_f32(ckpt: Checkpoint, name: str, dtype: str) -> np.ndarray:
+    raw = ckpt.view(name)
+    return bf16_to_f32(raw) if dtype == "BF16" else raw.astype(np.float32)
+
+
+def _effective_zeros(ckpt: Checkpoint, m: Module, convention: str) -> np.ndarray:
+    """Z per cell as vLLM reads it (gptq: stored + 1, no wrap); the declared convention decides
+    when the data do not."""
+    s = stored_fields(ckpt.view(m.tensors["qzeros"]), m.bits).astype(np.float32)
+    if convention == AMBIGUOUS:
+        convention = effective_declared(ckpt)
+    return s + 1 if convention == GPTQ else s
+
