@@ -2,6 +2,8 @@
 
 Library entry points:
     inspect(path)                       -> InspectResult (call .to_json() for the JSON document)
+    detect(path, full=False)            -> Detection: gptq / gptq_v2 / ambiguous, with evidence
+    validate(path)                      -> Report: every finding of `gptqfmt verify`
     open_checkpoint(path)               -> Checkpoint (modules, config, zero-copy tensor views)
     pack(codes, bits, word_bits, axis)  / unpack(words, bits, axis)
 """
@@ -9,9 +11,24 @@ from .errors import FindingError, GptqfmtError, UsageError
 from .findings import CATALOGUE, Finding
 from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from .gptq.packing import pack, unpack
+from .gptq.detect import Detection, ModuleVerdict
 from .inspection import InspectResult
 from .inspection import inspect_checkpoint as inspect
+from .validate import Report, validate
 from .version import __version__
 
-__all__ = ["CATALOGUE", "Checkpoint", "Finding", "FindingError", "GptqfmtError", "InspectResult",
-           "Module", "UsageError", "__version__", "inspect", "open_checkpoint", "pack", "unpack"]
+
+def detect(path, full: bool = False) -> Detection:
+    """The zero-point convention of the checkpoint at `path`, from its data.
+
+    `full=False` reads every qzeros and a sample of qweight (what inspect does); `full=True`
+    reads all of qweight (what verify does)."""
+    from .gptq.evidence import detect_checkpoint
+
+    with open_checkpoint(path) as ckpt:
+        return detect_checkpoint(ckpt, full=full)
+
+
+__all__ = ["CATALOGUE", "Checkpoint", "Detection", "Finding", "FindingError", "GptqfmtError",
+           "InspectResult", "Module", "ModuleVerdict", "Report", "UsageError", "__version__",
+           "detect", "inspect", "open_checkpoint", "pack", "unpack", "validate"]

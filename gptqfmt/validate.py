@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,23 +59,28 @@ def effective_declared(ckpt: Checkpoint) -> str:
     return (ckpt.config.convention if ckpt.config else None) or GPTQ
 
 
-def validate(path: str | os.PathLike, progress=None) -> Report:
+def validate(path: str | os.PathLike, progress=None, jobs: int | None = None) -> Report:
     """Run every check on the checkpoint at `path`, reading all of its quantized data.
 
-    `progress(module, nbytes)` is called after each module (for progress bars)."""
+    Modules are checked in `jobs` threads (default: one per CPU; numpy releases the GIL in its
+    loops). `progress(module, nbytes)` is called after each module (for progress bars)."""
     ckpt = open_checkpoint(path)
     findings = list(ckpt.findings)
-    verdicts, qbytes = [], 0
-    for m in ckpt.modules:
-        if not m.valid:
-            continue
+    modules = [m for m in ckpt.modules if m.valid]
+
+    def check(m: Module):
         v = module_verdict(ckpt, m, full=True)
-        verdicts.append(v)
-        findings += module_findings(ckpt, m, v)
-        nbytes = ckpt.store.info(m.tensors["qweight"]).nbytes
-        qbytes += nbytes
-        if progress:
-            progress(m, nbytes)
+        return v, module_findings(ckpt, m, v)
+
+    verdicts, qbytes = [], 0
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        for m, (v, found) in zip(modules, pool.map(check, modules)):
+            verdicts.append(v)
+            findings += found
+            nbytes = ckpt.store.info(m.tensors["qweight"]).nbytes
+            qbytes += nbytes
+            if progress:
+                progress(m, nbytes)
     det = combine(verdicts)
     findings += convention_findings(ckpt, det)
     findings.sort(key=Finding.sort_key)

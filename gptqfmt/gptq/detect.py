@@ -82,53 +82,69 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
     """Summarise cells: `stored` [G, N] unpacked qzeros fields, `sums` [G, N] code sums over
     `counts` [G] codes per cell (rows with count 0 are ignored)."""
     maxq = (1 << bits) - 1
-    st = ZeroStats(stored_maxq=int((stored == maxq).sum()), stored_zero=int((stored == 0).sum()))
+    st = ZeroStats(stored_maxq=int(np.count_nonzero(stored == maxq)),
+                   stored_zero=int(np.count_nonzero(stored == 0)))
     have = counts > 0
     if not have.any():
         return st
-    s = stored[have].astype(np.float64)
-    m = sums[have] / counts[have][:, None]
-    d = m - s
-    interior = (s > 0) & (s < maxq)
-    if interior.any():
-        di = d[interior]
-        st.cells = int(di.size)
-        st.median = float(np.median(di))
-        mad = float(np.median(np.abs(di - st.median))) * 1.4826
-        spread = mad if mad > 0 else float(di.std())
+    if not have.all():
+        stored, sums, counts = stored[have], sums[have], counts[have]
+    m = sums.astype(np.float32) / counts[:, None].astype(np.float32)
+    d = m - stored
+    interior = (stored > 0) & (stored < maxq)
+    di = d[interior]
+    if di.size:
+        q1, med, q3 = _quartiles(di)
+        st.cells, st.median = int(di.size), med
+        spread = (q3 - q1) / 1.349  # the IQR of a normal sample, as a robust sigma
         st.se = 1.2533 * max(spread, 1e-3) / math.sqrt(di.size)
-    at_max = s == maxq
-    low = m < maxq / 2
-    st.wrapped = int((at_max & low).sum())
-    st.maxq_consistent = int((at_max & ~low).sum())
-    if bits >= 4:  # at 2 bits a code step is too coarse to tell a wrapped zero from a neighbour
-        _word_signatures(st, s, m, d, at_max, low, bits, word_bits, maxq)
-    st.position_spread = _position_spread(d, interior, bits, word_bits)
+    at_max = stored == maxq
+    if st.stored_maxq:
+        low = m < maxq / 2
+        st.wrapped = int(np.count_nonzero(at_max & low))
+        st.maxq_consistent = st.stored_maxq - st.wrapped
+        if bits >= 4 and st.wrapped:  # at 2 bits a code step is too coarse to tell
+            _word_signatures(st, stored, m, d, at_max, low, bits, word_bits, maxq)
+    if bits == 3:
+        st.position_spread = _position_spread(d, interior, bits, word_bits)
     return st
 
 
+def _quartiles(x: np.ndarray) -> tuple[float, float, float]:
+    """Lower quartile, median, upper quartile (nearest rank) of a scratch array, in one
+    partition; `x` is reordered."""
+    n = x.size
+    ks = sorted({(n - 1) // 4, (n - 1) // 2, n // 2, (3 * (n - 1)) // 4})
+    x.partition(ks)
+    med = (float(x[(n - 1) // 2]) + float(x[n // 2])) / 2
+    return float(x[(n - 1) // 4]), med, float(x[(3 * (n - 1)) // 4])
+
+
 def _word_signatures(st, s, m, d, at_max, low, bits, word_bits, maxq):
-    """AutoGPTQ sign extension and GPTQModel borrow, per qzeros word (2/4/8 bits)."""
+    """AutoGPTQ sign extension and GPTQModel borrow, on the qzeros words that hold a wrapped
+    zero (2/4/8 bits: a word holds W/bits whole fields)."""
     fpw = word_bits // bits
     if s.shape[1] % fpw:
         return
-    shape = (s.shape[0], s.shape[1] // fpw, fpw)
+    shape = (-1, fpw)
     at_max, low, m, d, s = (a.reshape(shape) for a in (at_max, low, m, d, s))
     wrapped = at_max & low
+    words = np.flatnonzero(wrapped.any(axis=1))
+    at_max, low, m, d, s, wrapped = (a[words] for a in (at_max, low, m, d, s, wrapped))
     # all fields from j to the top of the word are maxq
-    top_run = np.logical_and.accumulate(at_max[..., ::-1], axis=-1)[..., ::-1]
+    top_run = np.logical_and.accumulate(at_max[:, ::-1], axis=1)[:, ::-1]
     impossible = at_max & (m > 0.3 * maxq) & (m < 0.7 * maxq)  # neither Z = 0 nor Z = 2^bits
     above = np.zeros_like(impossible)
-    above[..., :-1] = np.logical_or.accumulate(impossible[..., :0:-1], axis=-1)[..., ::-1]
-    st.sign_extension = int((wrapped & top_run & above).any(axis=-1).sum())
+    above[:, :-1] = np.logical_or.accumulate(impossible[:, :0:-1], axis=1)[:, ::-1]
+    st.sign_extension = int((wrapped & top_run & above).any(axis=1).sum())
     nxt = np.zeros_like(wrapped)
-    nxt[..., 1:] = wrapped[..., :-1]
+    nxt[:, 1:] = wrapped[:, :-1]
     nxt &= (s > 0) & (s < maxq)
     if nxt.sum() >= 3:
-        st.borrow_cells = int(nxt.sum())
-        st.borrow_offset = float(np.median(d[nxt]))
-        st.borrow_se = 1.2533 * float(np.median(np.abs(d[nxt] - st.borrow_offset))) * 1.4826 \
-            / math.sqrt(st.borrow_cells)
+        dn = d[nxt]
+        st.borrow_cells = int(dn.size)
+        q1, st.borrow_offset, q3 = _quartiles(dn)
+        st.borrow_se = 1.2533 * (q3 - q1) / 1.349 / math.sqrt(dn.size)
 
 
 def _position_spread(d, interior, bits, word_bits) -> float:
@@ -136,10 +152,14 @@ def _position_spread(d, interior, bits, word_bits) -> float:
     vpb, _ = block(bits, word_bits)
     if d.shape[1] % vpb or vpb < 2:
         return 0.0
-    pos = np.broadcast_to(np.arange(d.shape[1]) % vpb, d.shape)
-    meds = [np.median(d[interior & (pos == p)]) for p in range(vpb)
-            if (interior & (pos == p)).sum() >= 8]
-    return float(max(meds) - min(meds)) if len(meds) >= 2 else 0.0
+    d3 = d.reshape(d.shape[0], -1, vpb)
+    i3 = interior.reshape(d3.shape)
+    meds = []
+    for p in range(vpb):
+        sel = d3[..., p][i3[..., p]]
+        if sel.size >= 8:
+            meds.append(float(np.median(sel)))
+    return max(meds) - min(meds) if len(meds) >= 2 else 0.0
 
 
 @dataclass
@@ -185,7 +205,7 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
         sigs.append("gptqmodel_borrow")
         ev.append(f"fields right after a wrapped zero sit {st.borrow_offset:.2f} below their "
                   f"codes (GPTQModel's packed subtract borrowed from them)")
-    if bits == 3 and st.position_spread > 0.75 and quantizer_is_old_gptqmodel(quantizer):
+    if st.position_spread > 0.75 and quantizer_is_old_gptqmodel(quantizer):
         sigs.append("gptqmodel_603_3bit")
         ev.append(f"zero offsets vary by {st.position_spread:.2f} across field positions and "
                   f"meta.quantizer is {quantizer}: GPTQModel <= 6.0.3 packed 3-bit constants "
@@ -205,6 +225,9 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
                   f"(+/- {st.se:.3f}): gptq predicts 1, gptq_v2 predicts 0")
         if off > MAX_OFFSET:
             ev.append(f"the codes sit {off:.2f} away from either convention's zero")
+        elif st.position_spread > 0.75:
+            ev.append(f"the offset varies by {st.position_spread:.2f} across field positions: "
+                      "the zero points were not packed field by field")
         elif z >= MIN_Z:
             stat_verdict = (nearest, _z_confidence(z))
         else:
@@ -212,10 +235,12 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
                       f"(needs {MIN_Z:.0f})")
     # Clamp evidence: a clean gptq file stores maxq only for Z = 0 (codes low); a gptq_v2 file
     # stores maxq only for Z = maxq (codes high).
+    # Corruption in gptq files also leaves maxq fields with high codes, so a wrapped zero
+    # outweighs them; gptq_v2 needs maxq fields with high codes and not one wrapped zero.
     clamp = None
-    if sigs or st.wrapped > max(2, st.maxq_consistent):
+    if sigs or st.wrapped >= 3:
         clamp = (GPTQ, 0.99 if sigs else 0.95)
-    elif st.maxq_consistent > max(2, st.wrapped):
+    elif st.maxq_consistent >= 3 and st.wrapped == 0:
         clamp = (GPTQ_V2, 0.95)
     if stat_verdict and clamp and stat_verdict[0] != clamp[0]:
         ev.append(f"the statistic says {stat_verdict[0]} but the stored {maxq} fields say "

@@ -31,14 +31,18 @@ def module_g_idx(ckpt: Checkpoint, m: Module) -> np.ndarray:
 
 
 def module_cells(ckpt: Checkpoint, m: Module, full: bool):
-    """(stored fields [G, N], code sums [G, N], counts [G]) for one valid module."""
+    """(stored fields, code sums, counts) of the groups whose codes were read: all groups with
+    `full`, else those a sample of qweight rows reaches (only their qzeros rows are unpacked)."""
     qz = ckpt.view(m.tensors["qzeros"])
     qw = ckpt.view(m.tensors["qweight"])
     _, wpb = block(m.bits, m.word_bits)
     rows = None if full else codestats.sample_blocks(qw.shape[0] // wpb, qw.shape[1], wpb,
                                                      SAMPLE_BYTES, qw.dtype.itemsize)
     sums, counts = codestats.cell_sums(qw, m.bits, module_g_idx(ckpt, m), m.groups, rows)
-    return stored_fields(qz, m.bits), sums, counts
+    read = np.flatnonzero(counts > 0)
+    if len(read) == len(counts):
+        return stored_fields(qz, m.bits), sums, counts
+    return stored_fields(qz[read], m.bits), sums[read], counts[read]
 
 
 def module_verdict(ckpt: Checkpoint, m: Module, full: bool) -> ModuleVerdict:
