@@ -4,9 +4,12 @@ Library entry points:
     inspect(path)                       -> InspectResult (call .to_json() for the JSON document)
     detect(path, full=False)            -> Detection: gptq / gptq_v2 / ambiguous, with evidence
     validate(path)                      -> Report: every finding of `gptqfmt verify`
+    convert(src, dst, to="gptq_v2")     -> ConvertReport (streamed, verified, atomic)
+    convert_qzeros(qzeros, bits, src, dst)  numpy array or torch tensor in, same type out
     open_checkpoint(path)               -> Checkpoint (modules, config, zero-copy tensor views)
     pack(codes, bits, word_bits, axis)  / unpack(words, bits, axis)
 """
+from .conversion import ConvertReport, NotRepresentable, convert, convert_qzeros
 from .errors import FindingError, GptqfmtError, UsageError
 from .findings import CATALOGUE, Finding
 from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
@@ -29,6 +32,7 @@ def detect(path, full: bool = False) -> Detection:
         return detect_checkpoint(ckpt, full=full)
 
 
-__all__ = ["CATALOGUE", "Checkpoint", "Detection", "Finding", "FindingError", "GptqfmtError",
+__all__ = ["CATALOGUE", "Checkpoint", "ConvertReport", "Detection", "NotRepresentable",
+           "convert", "convert_qzeros", "Finding", "FindingError", "GptqfmtError",
            "InspectResult", "Module", "ModuleVerdict", "Report", "UsageError", "__version__",
            "detect", "inspect", "open_checkpoint", "pack", "unpack", "validate"]

@@ -84,9 +84,14 @@ _CATALOGUE = [
     Code("GQ405", ERROR, "zero points corrupted by a known writer bug"),
     Code("GQ406", WARNING, "gptq zero-point fields at maxq: runtimes read them differently"),
     Code("GQ407", INFO, "gptq_v2 zero points of 0: not representable in gptq"),
+    Code("GQ408", ERROR, "convert --from auto: the declared convention contradicts the data"),
+    Code("GQ409", ERROR, "gptq fields at maxq: no lossless gptq_v2 value (needs --allow-lossy)"),
+    Code("GQ410", ERROR, "gptq_v2 zero points of 0: no gptq encoding (needs --allow-lossy)"),
+    Code("GQ411", WARNING, "lossy conversion performed (--allow-lossy)"),
     # GQ5xx: numerical
     Code("GQ501", ERROR, "scales not finite or not positive"),
     Code("GQ502", ERROR, "dequantized weights overflow float16"),
+    Code("GQ503", ERROR, "converted output failed verification; nothing was written"),
 ]
 
 CATALOGUE: dict[str, Code] = {c.code: c for c in _CATALOGUE}

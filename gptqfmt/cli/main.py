@@ -51,7 +51,7 @@ def _report_failure(fmt, status, exit_code, findings=(), message=None):
     for f in findings:
         click.echo(finding_line(f))
     if findings:
-        click.echo(f"FAIL: the checkpoint cannot be read ({len(findings)} findings)")
+        click.echo(f"FAIL: stopped by {len(findings)} finding{'s' if len(findings) > 1 else ''}")
     if message:
         note(f"gptqfmt: error: {escape(message)}")
 
@@ -63,11 +63,13 @@ def main():
 
 
 def _register():
+    from .convert_cmd import convert_cmd
     from .inspect_cmd import inspect_cmd
     from .verify_cmd import verify_cmd
 
     main.add_command(inspect_cmd)
     main.add_command(verify_cmd)
+    main.add_command(convert_cmd)
 
 
 _register()

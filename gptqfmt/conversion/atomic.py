@@ -1,0 +1,100 @@
+"""Atomic output: build in a temporary directory beside DST, fsync, rename into place.
+
+A crash or SIGKILL leaves only the temporary directory, named `.<dst>.gptqfmt-tmp-<pid>-<rand>`;
+the next run removes those whose process is gone. DST never exists half-written.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import UsageError
+
+TMP_TAG = ".gptqfmt-tmp-"
+
+
+def _tmp_prefix(dst: Path) -> str:
+    return f".{dst.name}{TMP_TAG}"
+
+
+def remove_stale(dst: Path) -> list[Path]:
+    """Remove temporary directories of earlier runs for `dst` whose process no longer exists."""
+    removed = []
+    parent = dst.parent
+    if not parent.is_dir():
+        return removed
+    for p in parent.iterdir():
+        if not p.name.startswith(_tmp_prefix(dst)) or p.is_symlink() or not p.is_dir():
+            continue
+        pid = p.name[len(_tmp_prefix(dst)):].split("-")[0]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def staging(dst: Path, force: bool):
+    """Yield a fresh temporary directory; on success the caller calls commit(tmp, dst)."""
+    dst = Path(os.path.abspath(dst))
+    if dst.is_symlink():
+        raise UsageError(f"{dst}: is a symbolic link; refusing to write through it")
+    if dst.exists() and not force:
+        raise UsageError(f"{dst}: already exists (use --force to replace it)")
+    if not dst.parent.is_dir():
+        raise UsageError(f"{dst.parent}: no such directory")
+    remove_stale(dst)
+    tmp = dst.parent / f"{_tmp_prefix(dst)}{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        tmp.mkdir()
+    except OSError as e:
+        raise UsageError(f"{dst.parent}: cannot create a directory there: "
+                         f"{e.strerror or e}") from None
+    try:
+        yield tmp
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def commit(tmp: Path, dst: Path, force: bool) -> None:
+    """fsync everything in tmp, then make it DST in one rename (an old DST is moved aside first)."""
+    dst = Path(os.path.abspath(dst))
+    for f in tmp.iterdir():
+        fsync_path(f)
+    fsync_path(tmp)
+    old = None
+    if dst.exists() or dst.is_symlink():
+        if not force:
+            raise UsageError(f"{dst}: appeared while converting; not replaced")
+        old = dst.parent / f"{_tmp_prefix(dst)}{os.getpid()}-old"
+        os.rename(dst, old)
+    os.rename(tmp, dst)
+    fsync_path(dst.parent)
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink()

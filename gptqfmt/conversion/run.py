@@ -1,0 +1,255 @@
+"""convert: plan -> per-field rewrite -> streaming write -> verify gate -> atomic commit."""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import FindingError, UsageError
+from ..findings import ERROR, Finding
+from ..gptq.checkpoint import Checkpoint, open_checkpoint
+from ..gptq.detect import AMBIGUOUS, GPTQ, Detection, stored_fields
+from ..gptq.evidence import detect_checkpoint
+from ..safetensors_io.index import INDEX_NAME
+from ..validate import effective_declared
+from ..version import __version__
+from . import atomic
+from .configs import CONFIG_FILES, provenance, rewrite_configs
+from .fields import CONVENTIONS, convert_fields
+from .gate import GEMM_COLUMNS, GateResult, check_module, compare_bytes
+from .write import QzerosJob, copy_plain, write_shard
+
+RUNTIME_READINGS = ("vLLM gptq_gemm and ExLlamaV2 read Z = {top}; AutoGPTQ's exllama kernels "
+                    "and TGI read Z = 0")
+# Findings a conversion resolves (it writes both keys); every other error blocks it.
+RESOLVED_BY_CONVERT = {"GQ204", "GQ209"}
+
+
+@dataclass
+class ModulePlan:
+    name: str
+    bits: int
+    fields: int
+    changed: int
+    ambiguous: int
+    lossy: int
+    signatures: list[str]
+    max_weight_change: float = 0.0     # one scale step (or 2^bits steps) of the lossy cells
+
+    def to_json(self):
+        return dict(self.__dict__)
+
+
+@dataclass
+class ConvertReport:
+    src: str
+    dst: str
+    src_convention: str
+    dst_convention: str
+    dry_run: bool
+    modules: list[ModulePlan]
+    detection: Detection
+    findings: list[Finding] = field(default_factory=list)
+    gate: GateResult | None = None
+    written: bool = False
+    backend: str = "cpu"
+
+    @property
+    def totals(self) -> dict[str, int]:
+        return {k: sum(getattr(m, k) for m in self.modules)
+                for k in ("fields", "changed", "ambiguous", "lossy")}
+
+    def to_json(self) -> dict[str, Any]:
+        g = self.gate
+        return {
+            "tool": {"name": "gptqfmt", "version": __version__},
+            "status": "ok", "src": self.src, "dst": self.dst,
+            "from": self.src_convention, "to": self.dst_convention,
+            "dry_run": self.dry_run, "written": self.written, "backend": self.backend,
+            "detected": {"verdict": self.detection.verdict,
+                         "confidence": self.detection.confidence},
+            "totals": self.totals,
+            "modules": [m.to_json() for m in self.modules],
+            "verified": None if g is None else {
+                "method": g.method, "bytes_compared": g.bytes_compared,
+                "modules": [c.to_json() for c in g.modules]},
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+
+def resolve_from(requested: str, ckpt: Checkpoint, det: Detection) -> str:
+    declared = effective_declared(ckpt)
+    if requested != "auto":
+        return requested
+    if det.verdict not in (AMBIGUOUS, declared):
+        where = ckpt.config.declared_in[0].file if ckpt.config and ckpt.config.declared_in \
+            else None
+        raise FindingError(Finding(
+            "GQ408", f"the config says {declared} but the data are {det.verdict} (confidence "
+            f"{det.confidence:.4f}); not converting on a contradicted label", file=where,
+            hint=f"if the data are right, run again with --from {det.verdict}"))
+    return declared
+
+
+def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
+         allow_lossy: bool) -> tuple[list[ModulePlan], list[Finding]]:
+    """Count what changes per module; refusal findings where the target cannot hold a field."""
+    verdicts = {v.name: v for v in det.modules}
+    plans, findings = [], []
+    for m in ckpt.modules:
+        qz = m.tensors["qzeros"]
+        stored = stored_fields(ckpt.view(qz), m.bits)
+        _, c = convert_fields(stored, m.bits, src, dst, allow_lossy=True)
+        v = verdicts.get(m.name)
+        sigs = v.signatures if v else []
+        p = ModulePlan(m.name, m.bits, c.fields, c.changed, c.ambiguous, c.lossy, sigs)
+        plans.append(p)
+        file = ckpt.store.file_of(qz)
+        maxq = (1 << m.bits) - 1
+        if c.ambiguous:
+            steps = 1 << m.bits
+            p.max_weight_change = steps * _max_scale(ckpt, m, stored == maxq)
+            unrecoverable = (" Neighbouring fields are corrupted too (" + ", ".join(sigs) +
+                             "): their true zero points cannot be recovered." if sigs else "")
+            findings.append(Finding(
+                "GQ411" if allow_lossy else "GQ409",
+                f"{c.ambiguous} of {c.fields} fields store {maxq}: "
+                + RUNTIME_READINGS.format(top=steps)
+                + (". Written as Z = 0 (the wrap reading)" if allow_lossy else "")
+                + f".{unrecoverable}", file=file, tensor=qz,
+                hint=None if allow_lossy else "--allow-lossy writes Z = 0 for them",
+                details={"fields": c.ambiguous, "signatures": sigs}))
+        if c.lossy:
+            p.max_weight_change = _max_scale(ckpt, m, stored == 0)
+            findings.append(Finding(
+                "GQ411" if allow_lossy else "GQ410",
+                f"{c.lossy} of {c.fields} zero points are 0 "
+                f"({int((stored == 0).any(axis=1).sum())} of {m.groups} groups): gptq stores "
+                f"them as 1, moving each weight of those groups by one scale step (up to "
+                f"{p.max_weight_change:.4g})", file=file, tensor=qz,
+                hint=None if allow_lossy else "--allow-lossy writes Z = 1 for them",
+                details={"fields": c.lossy, "max_weight_change": p.max_weight_change}))
+    return plans, findings
+
+
+def _max_scale(ckpt: Checkpoint, m, mask: np.ndarray) -> float:
+    from ..safetensors_io.dtypes import bf16_to_f32
+    raw = ckpt.view(m.tensors["scales"])
+    sc = bf16_to_f32(raw) if ckpt.store.info(m.tensors["scales"]).dtype == "BF16" \
+        else raw.astype(np.float32)
+    return float(np.abs(sc[mask]).max(initial=0.0))
+
+
+def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
+            src_convention: str = "auto", allow_lossy: bool = False, dry_run: bool = False,
+            force: bool = False, jobs: int = 1, backend: str = "auto",
+            progress=None) -> ConvertReport:
+    """Convert the checkpoint directory `src` into `dst` (see the module docstring).
+
+    Raises FindingError (exit 1) when the input is invalid or the conversion is refused, and
+    UsageError (exit 2) for paths and options; nothing is written in either case."""
+    if to not in CONVENTIONS or src_convention not in CONVENTIONS + ("auto",):
+        raise UsageError(f"conventions are {CONVENTIONS}; got from={src_convention!r}, to={to!r}")
+    backend = _backend(backend)
+    src_path, dst_path = Path(src), Path(dst)
+    if not src_path.is_dir():
+        raise UsageError(f"{src}: not a checkpoint directory")
+    if os.path.abspath(src_path) == os.path.abspath(dst_path) or \
+            Path(os.path.abspath(dst_path)).is_relative_to(os.path.abspath(src_path)):
+        raise UsageError(f"{dst}: the output must lie outside the source directory")
+    if (dst_path.exists() or dst_path.is_symlink()) and not force and not dry_run:
+        raise UsageError(f"{dst}: already exists (use --force to replace it)")
+    ckpt = open_checkpoint(src_path)
+    blocking = [f for f in ckpt.findings if f.severity == ERROR
+                and f.code not in RESOLVED_BY_CONVERT]
+    if blocking:
+        raise FindingError(*blocking)
+    det = detect_checkpoint(ckpt, full=False)
+    from_conv = resolve_from(src_convention, ckpt, det)
+    plans, findings = plan(ckpt, det, from_conv, to, allow_lossy)
+    refusals = [f for f in findings if f.severity == ERROR]
+    if refusals:
+        raise FindingError(*refusals)
+    report = ConvertReport(str(src), str(dst), from_conv, to, dry_run, plans, det, findings,
+                           backend=backend)
+    if dry_run:
+        return report
+    shards = sorted(ckpt.store.files)
+    qz_jobs = {s: [] for s in shards}
+    for m in ckpt.modules:
+        qz_jobs[ckpt.store.file_of(m.tensors["qzeros"])].append(QzerosJob(m.tensors["qzeros"],
+                                                                           m.bits))
+    with atomic.staging(dst_path, force) as tmp:
+        args = [(ckpt.store.root / s, tmp / s, qz_jobs[s], from_conv, to, allow_lossy)
+                for s in shards]
+        if jobs > 1 and len(shards) > 1:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(shards))) as pool:
+                for n in pool.map(_write_shard_args, args):
+                    progress and progress(n)
+        else:
+            for a in args:
+                n = write_shard(*a)
+                progress and progress(n)
+        _copy_other_files(ckpt.store.root, tmp, set(shards))
+        rewrite_configs(ckpt.store.root, tmp, to, provenance(from_conv, to, report.totals))
+        report.gate = run_gate(ckpt, tmp, from_conv, to, plans)
+        if not report.gate.ok:
+            raise FindingError(*[Finding("GQ503", msg, file=str(dst))
+                                 for msg in report.gate.failures])
+        atomic.commit(tmp, dst_path, force)
+    report.written = True
+    return report
+
+
+def _write_shard_args(a):
+    return write_shard(*a)
+
+
+def _backend(requested: str) -> str:
+    if requested in ("auto", "cpu"):
+        return "cpu"
+    raise UsageError(f"backend {requested!r} is not available in this build; use cpu (the exact "
+                     "CPU path) or auto")
+
+
+def _copy_other_files(root: Path, tmp: Path, shards: set[str]) -> None:
+    """Tokenizer, generation config, README, index...: copied as they are (configs rewritten)."""
+    for p in sorted(root.iterdir()):
+        if p.name in shards or p.name in CONFIG_FILES or not p.is_file():
+            continue
+        if p.name.startswith(".") and atomic.TMP_TAG in p.name:
+            continue
+        copy_plain(p, tmp / p.name)
+
+
+def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str,
+             plans: list[ModulePlan]) -> GateResult:
+    result = GateResult(method=f"cpu exact: bytes outside qzeros compared, effective zeros per "
+                               f"cell compared, Y = X @ W bitwise on {GEMM_COLUMNS}+ columns "
+                               f"per module")
+    out = open_checkpoint(tmp)
+    try:
+        compare_bytes(src, out, result)
+        rng = np.random.default_rng(0)
+        for m in src.modules:
+            stored = stored_fields(src.view(m.tensors["qzeros"]), m.bits)
+            maxq = (1 << m.bits) - 1
+            lossy = None
+            if src_conv != dst_conv:
+                lossy = stored == maxq if src_conv == GPTQ else stored == 0
+            chk = check_module(src, out, m, src_conv, dst_conv, lossy, rng)
+            result.modules.append(chk)
+            exact = chk.lossy_cells == 0
+            if not chk.zeros_equal or (exact and not chk.gemm_equal):
+                result.failures.append(f"{m.name}: the converted module does not compute what "
+                                       "the source computed")
+    finally:
+        out.close()
+    return result
+
+
+_ = INDEX_NAME  # the index is copied unchanged by _copy_other_files

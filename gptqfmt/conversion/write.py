@@ -1,0 +1,87 @@
+"""Stream one shard to its converted copy: every byte as in SRC except the qzeros data ranges.
+
+The header is unchanged (shapes and dtypes do not move), so the copy is SRC's bytes with each
+qzeros range replaced by its converted words. Bytes between qzeros tensors are copied by the kernel
+(os.copy_file_range) where available; memory stays bounded by one qzeros tensor.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..gptq.packing import pack, unpack
+from ..safetensors_io.reader import SafetensorsFile
+from .fields import convert_fields
+
+COPY_CHUNK = 64 << 20
+
+
+@dataclass(frozen=True)
+class QzerosJob:
+    tensor: str
+    bits: int
+
+
+def converted_qzeros(words: np.ndarray, bits: int, src: str, dst: str,
+                     allow_lossy: bool) -> np.ndarray:
+    fields, _ = convert_fields(unpack(words, bits, axis=1), bits, src, dst, allow_lossy)
+    return pack(fields, bits, words.dtype.itemsize * 8, axis=1)
+
+
+def write_shard(src: Path, out: Path, jobs: list[QzerosJob], src_conv: str, dst_conv: str,
+                allow_lossy: bool) -> int:
+    """Write `out`; returns the number of bytes written."""
+    f = SafetensorsFile(src)
+    ranges = sorted((f.header.data_start + f.tensors[j.tensor].begin, j) for j in jobs)
+    with open(src, "rb") as fin, open(out, "wb") as fout:
+        pos = 0
+        for start, job in ranges:
+            _copy(fin, fout, pos, start - pos)
+            new = converted_qzeros(f.view(job.tensor), job.bits, src_conv, dst_conv, allow_lossy)
+            fout.write(new.tobytes())
+            pos = start + new.nbytes
+        _copy(fin, fout, pos, f.size - pos)
+        fout.flush()
+        os.fsync(fout.fileno())
+    return f.size
+
+
+def _copy(fin, fout, offset: int, length: int) -> None:
+    """Copy `length` bytes of fin from `offset` to fout's current position."""
+    if length <= 0:
+        return
+    fout.flush()
+    if hasattr(os, "copy_file_range"):
+        done = 0
+        while done < length:
+            try:
+                n = os.copy_file_range(fin.fileno(), fout.fileno(), length - done,
+                                       offset + done)
+            except OSError:
+                break  # e.g. across filesystems on old kernels: fall back below
+            if n == 0:
+                break
+            done += n
+        if done == length:
+            fout.seek(0, os.SEEK_END)
+            return
+        offset, length = offset + done, length - done
+        fout.seek(0, os.SEEK_END)
+    fin.seek(offset)
+    while length > 0:
+        buf = fin.read(min(COPY_CHUNK, length))
+        if not buf:
+            raise OSError(f"{fin.name}: ended while copying")
+        fout.write(buf)
+        length -= len(buf)
+
+
+def copy_plain(src: Path, out: Path) -> None:
+    """Copy a non-tensor file (reading through symbolic links), then fsync it."""
+    shutil.copyfile(src, out)
+    with open(out, "rb") as fh:
+        os.fsync(fh.fileno())
