@@ -12,60 +12,17 @@ qweight tensors with the official safetensors library and sums them.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gptqfmt.gptq.packing import pack  # noqa: E402
-from gptqfmt.safetensors_io.writer import save_file  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from gptqfmt.validate import validate  # noqa: E402
-
-HIDDEN, INTER, KV, BITS, GS = 8192, 28672, 1024, 4, 128
-LINEARS = [("self_attn.q_proj", HIDDEN, HIDDEN), ("self_attn.k_proj", HIDDEN, KV),
-           ("self_attn.v_proj", HIDDEN, KV), ("self_attn.o_proj", HIDDEN, HIDDEN),
-           ("mlp.gate_proj", HIDDEN, INTER), ("mlp.up_proj", HIDDEN, INTER),
-           ("mlp.down_proj", INTER, HIDDEN)]
-POOL_ROWS = 256  # input channels generated per output width, then tiled
-
-
-def module(rng, k, n, act_order):
-    zero = rng.integers(3, 13, n)                      # per column, the same in every group
-    codes = np.clip(zero + np.round(rng.standard_t(4, (POOL_ROWS, n)) * 2.0), 0, 15)
-    tile = pack(codes.astype(np.uint8), BITS, 32, axis=0)
-    qweight = np.tile(tile, (k // POOL_ROWS, 1))
-    g = k // GS
-    qzeros = pack(np.broadcast_to(zero, (g, n)).astype(np.uint8), BITS, 32, axis=1)
-    scales = (rng.random((g, n), np.float32) * 0.01 + 0.001).astype(np.float16)
-    g_idx = (np.arange(k) // GS).astype(np.int32)
-    if act_order:  # permute whole tiles' worth of channels so codes stay consistent per group
-        g_idx = g_idx.reshape(-1, GS)[rng.permutation(k // GS)].reshape(-1)
-    return {"qweight": qweight, "qzeros": qzeros, "scales": scales, "g_idx": g_idx}
-
-
-def build(root: Path, layers: int, act_order: bool) -> int:
-    rng = np.random.default_rng(0)
-    weight_map, qbytes = {}, 0
-    for i in range(layers):
-        tensors = {}
-        for lin, k, n in LINEARS:
-            for role, arr in module(rng, k, n, act_order).items():
-                tensors[f"model.layers.{i}.{lin}.{role}"] = arr
-            qbytes += tensors[f"model.layers.{i}.{lin}.qweight"].nbytes
-        name = f"model-{i + 1:05d}-of-{layers:05d}.safetensors"
-        save_file(tensors, root / name, {"format": "pt"})
-        weight_map.update({t: name for t in tensors})
-    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    q = {"bits": BITS, "group_size": GS, "desc_act": act_order, "sym": False,
-         "quant_method": "gptq", "format": "gptq_v2", "checkpoint_format": "gptq_v2"}
-    (root / "quantize_config.json").write_text(json.dumps(q))
-    return qbytes
-
+from synth import build  # noqa: E402
 
 def baseline(root: Path) -> float:
     from safetensors import safe_open
@@ -85,7 +42,7 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        qbytes = build(root, args.layers, args.act_order)
+        qbytes = build(root, args.layers, act_order=args.act_order)
         validate(root)  # warm the page cache
         runs = []
         for _ in range(2):

@@ -70,7 +70,9 @@ def validate(path: str | os.PathLike, progress=None, jobs: int | None = None) ->
 
     def check(m: Module):
         v = module_verdict(ckpt, m, full=True)
-        return v, module_findings(ckpt, m, v)
+        found = module_findings(ckpt, m, v)
+        ckpt.store.release(m.tensors.values())  # resident memory: one module at a time
+        return v, found
 
     verdicts, qbytes = [], 0
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:

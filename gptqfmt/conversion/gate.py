@@ -11,6 +11,8 @@ Exact CPU path:
 """
 from __future__ import annotations
 
+import mmap
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +25,7 @@ from ..safetensors_io.dtypes import bf16_to_f32
 
 GEMM_COLUMNS = 16
 GEMM_ROWS = 4
-CMP_CHUNK = 16 << 20
+CMP_CHUNK = 4 << 20
 
 
 def effective_zeros(stored: np.ndarray, convention: str) -> np.ndarray:
@@ -57,7 +59,8 @@ class GateResult:
 
 
 def compare_bytes(src: Checkpoint, dst: Checkpoint, result: GateResult) -> None:
-    """Headers and all non-qzeros bytes identical, file by file."""
+    """Headers and all non-qzeros bytes identical, file by file: compared in chunks through the
+    mappings, each chunk's pages dropped again so resident memory stays one chunk."""
     for name, fs in src.store.files.items():
         fd = dst.store.files.get(name)
         if fd is None or fd.size != fs.size:
@@ -65,16 +68,27 @@ def compare_bytes(src: Checkpoint, dst: Checkpoint, result: GateResult) -> None:
             continue
         skip = sorted((fs.header.data_start + i.begin, fs.header.data_start + i.end)
                       for t, i in fs.tensors.items() if t.endswith(".qzeros"))
-        a, b = np.frombuffer(fs._map(), np.uint8), np.frombuffer(fd._map(), np.uint8)
+        ma, mb = fs._map(), fd._map()
+        a, b = np.frombuffer(ma, np.uint8), np.frombuffer(mb, np.uint8)
         pos = 0
         for lo, hi in skip + [(fs.size, fs.size)]:
             for start in range(pos, lo, CMP_CHUNK):
                 stop = min(lo, start + CMP_CHUNK)
-                if not np.array_equal(a[start:stop], b[start:stop]):
+                same = np.array_equal(a[start:stop], b[start:stop])
+                _drop(ma, start, stop)
+                _drop(mb, start, stop)
+                if not same:
                     result.failures.append(f"{name}: bytes {start}..{stop} differ outside qzeros")
                     break
             result.bytes_compared += lo - pos
             pos = hi
+
+
+def _drop(mm, start: int, stop: int) -> None:
+    page = mmap.PAGESIZE
+    lo = start - start % page
+    if hasattr(mmap, "MADV_DONTNEED") and stop > lo:
+        mm.madvise(mmap.MADV_DONTNEED, lo, stop - lo)
 
 
 def check_module(src: Checkpoint, dst: Checkpoint, m: Module, src_conv: str, dst_conv: str,
@@ -97,16 +111,38 @@ def check_module(src: Checkpoint, dst: Checkpoint, m: Module, src_conv: str, dst
 
 
 def _columns(n: int, must: np.ndarray, rng) -> np.ndarray:
-    picked = set(must[:GEMM_COLUMNS // 2].tolist())
-    picked |= set(rng.choice(n, size=min(n, GEMM_COLUMNS), replace=False).tolist())
+    """A contiguous block of columns (few pages per qweight row), plus up to half as many
+    columns holding lossy cells."""
+    start = int(rng.integers(0, max(1, n - GEMM_COLUMNS + 1)))
+    picked = set(range(start, min(n, start + GEMM_COLUMNS)))
+    picked |= set(must[:GEMM_COLUMNS // 2].tolist())
     return np.array(sorted(picked))
+
+
+def read_columns(ckpt: Checkpoint, tensor: str, cols: np.ndarray) -> np.ndarray:
+    """tensor[:, cols] of a 2-D tensor, read row by row (pread of the span of `cols`), not mapped:
+    through a mapping, fault-around would make most of the tensor resident."""
+    f = ckpt.store.files[ckpt.store.file_of(tensor)]
+    info = f.tensors[tensor]
+    arr = f.view(tensor)  # for dtype and shape only; no page of it is touched
+    rows, n = info.shape
+    item = arr.dtype.itemsize
+    lo, hi = int(cols.min()), int(cols.max()) + 1
+    base = f.header.data_start + info.begin
+    out = np.empty((rows, hi - lo), dtype=arr.dtype)
+    with open(f.path, "rb") as fh:
+        fd = fh.fileno()
+        for r in range(rows):
+            out[r] = np.frombuffer(os.pread(fd, (hi - lo) * item, base + (r * n + lo) * item),
+                                   dtype=arr.dtype)
+    return out[:, cols - lo]
 
 
 def dequant_columns(ckpt: Checkpoint, m: Module, zeros: np.ndarray,
                     cols: np.ndarray) -> np.ndarray:
     """W[:, cols] in fp32 from the file's qweight, scales and g_idx: scale * (q - Z)."""
-    qw = ckpt.view(m.tensors["qweight"])[:, cols]
-    q = unpack(np.ascontiguousarray(qw), m.bits, axis=0).astype(np.float32)
+    qw = read_columns(ckpt, m.tensors["qweight"], cols)
+    q = unpack(qw, m.bits, axis=0).astype(np.float32)
     sc_raw = ckpt.view(m.tensors["scales"])[:, cols]
     sc = bf16_to_f32(sc_raw) if ckpt.store.info(m.tensors["scales"]).dtype == "BF16" \
         else sc_raw.astype(np.float32)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,7 @@ def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
         sigs = v.signatures if v else []
         p = ModulePlan(m.name, m.bits, c.fields, c.changed, c.ambiguous, c.lossy, sigs)
         plans.append(p)
+        ckpt.store.release([qz])
         file = ckpt.store.file_of(qz)
         maxq = (1 << m.bits) - 1
         if c.ambiguous:
@@ -183,20 +184,26 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
     for m in ckpt.modules:
         qz_jobs[ckpt.store.file_of(m.tensors["qzeros"])].append(QzerosJob(m.tensors["qzeros"],
                                                                            m.bits))
-    with atomic.staging(dst_path, force) as tmp:
+    with atomic.staging(dst_path, force) as tmp, ThreadPoolExecutor(1) as flusher:
+        # each shard is flushed to disk in the background while the next one is written
         args = [(ckpt.store.root / s, tmp / s, qz_jobs[s], from_conv, to, allow_lossy)
                 for s in shards]
+        flushes = []
         if jobs > 1 and len(shards) > 1:
             with ProcessPoolExecutor(max_workers=min(jobs, len(shards))) as pool:
-                for n in pool.map(_write_shard_args, args):
+                for a, n in zip(args, pool.map(_write_shard_args, args)):
+                    flushes.append(flusher.submit(atomic.fsync_path, a[1]))
                     progress and progress(n)
         else:
             for a in args:
                 n = write_shard(*a)
+                flushes.append(flusher.submit(atomic.fsync_path, a[1]))
                 progress and progress(n)
         _copy_other_files(ckpt.store.root, tmp, set(shards))
         rewrite_configs(ckpt.store.root, tmp, to, provenance(from_conv, to, report.totals))
         report.gate = run_gate(ckpt, tmp, from_conv, to, plans)
+        for f in flushes:
+            f.result()
         if not report.gate.ok:
             raise FindingError(*[Finding("GQ503", msg, file=str(dst))
                                  for msg in report.gate.failures])
@@ -233,20 +240,23 @@ def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str,
                                f"per module")
     out = open_checkpoint(tmp)
     try:
-        compare_bytes(src, out, result)
-        rng = np.random.default_rng(0)
-        for m in src.modules:
-            stored = stored_fields(src.view(m.tensors["qzeros"]), m.bits)
-            maxq = (1 << m.bits) - 1
-            lossy = None
-            if src_conv != dst_conv:
-                lossy = stored == maxq if src_conv == GPTQ else stored == 0
-            chk = check_module(src, out, m, src_conv, dst_conv, lossy, rng)
-            result.modules.append(chk)
-            exact = chk.lossy_cells == 0
-            if not chk.zeros_equal or (exact and not chk.gemm_equal):
-                result.failures.append(f"{m.name}: the converted module does not compute what "
-                                       "the source computed")
+        with ThreadPoolExecutor(1) as pool:  # byte comparison beside the module checks
+            compared = pool.submit(compare_bytes, src, out, result)
+            rng = np.random.default_rng(0)
+            for m in src.modules:
+                stored = stored_fields(src.view(m.tensors["qzeros"]), m.bits)
+                maxq = (1 << m.bits) - 1
+                lossy = None
+                if src_conv != dst_conv:
+                    lossy = stored == maxq if src_conv == GPTQ else stored == 0
+                chk = check_module(src, out, m, src_conv, dst_conv, lossy, rng)
+                src.store.release(m.tensors.values())
+                out.store.release(m.tensors.values())
+                result.modules.append(chk)
+                if not chk.zeros_equal or (chk.lossy_cells == 0 and not chk.gemm_equal):
+                    result.failures.append(f"{m.name}: the converted module does not compute "
+                                           "what the source computed")
+            compared.result()
     finally:
         out.close()
     return result

@@ -42,12 +42,11 @@ def write_shard(src: Path, out: Path, jobs: list[QzerosJob], src_conv: str, dst_
         for start, job in ranges:
             _copy(fin, fout, pos, start - pos)
             new = converted_qzeros(f.view(job.tensor), job.bits, src_conv, dst_conv, allow_lossy)
+            f.release()
             fout.write(new.tobytes())
             pos = start + new.nbytes
         _copy(fin, fout, pos, f.size - pos)
-        fout.flush()
-        os.fsync(fout.fileno())
-    return f.size
+    return f.size  # durability: atomic.commit fsyncs every file before the rename
 
 
 def _copy(fin, fout, offset: int, length: int) -> None:
@@ -81,7 +80,5 @@ def _copy(fin, fout, offset: int, length: int) -> None:
 
 
 def copy_plain(src: Path, out: Path) -> None:
-    """Copy a non-tensor file (reading through symbolic links), then fsync it."""
+    """Copy a non-tensor file, reading through symbolic links (the HF cache is made of them)."""
     shutil.copyfile(src, out)
-    with open(out, "rb") as fh:
-        os.fsync(fh.fileno())

@@ -55,4 +55,9 @@ def module_verdict(ckpt: Checkpoint, m: Module, full: bool) -> ModuleVerdict:
 
 
 def detect_checkpoint(ckpt: Checkpoint, full: bool = False) -> Detection:
-    return combine([module_verdict(ckpt, m, full) for m in ckpt.modules if m.valid])
+    verdicts = []
+    for m in ckpt.modules:
+        if m.valid:
+            verdicts.append(module_verdict(ckpt, m, full))
+            ckpt.store.release(m.tensors.values())
+    return combine(verdicts)

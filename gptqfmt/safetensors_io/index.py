@@ -41,6 +41,12 @@ class TensorStore:
     def file_of(self, tensor: str) -> str:
         return self.locations[tensor]
 
+    def release(self, tensors=()):
+        """Drop mapped pages of the files holding `tensors` (all files when empty)."""
+        names = {self.locations[t] for t in tensors} if tensors else set(self.files)
+        for n in names:
+            self.files[n].release()
+
     def close(self):
         for f in self.files.values():
             f.close()

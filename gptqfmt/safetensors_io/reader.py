@@ -66,6 +66,17 @@ class SafetensorsFile:
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         return self._mm
 
+    def release(self):
+        """Drop this process's mapped pages (they stay in the page cache): keeps resident memory
+        bounded when many tensors are read one after another. Views stay valid."""
+        if self._mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self._mm.madvise(mmap.MADV_DONTNEED)
+
+    def read_range(self, start: int, length: int) -> bytes:
+        """`length` bytes at file offset `start`, read (not mapped)."""
+        with open(self.path, "rb") as f:
+            return os.pread(f.fileno(), length, start)
+
     def close(self):
         # Views keep the mapping alive through their base; dropping our reference is enough.
         self._mm = None

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""convert on a >= 2 GB checkpoint of real data, against `cp -r` and a plain safetensors script.
+
+Builds 5 layers of a 70B Llama (4-bit, group 128, gptq, asymmetric, 2.1 GB of qweight) in a
+temporary directory, then times, each in its own process with its peak RSS:
+  - `cp -r SRC DST` alone, and followed by `sync` (convert fsyncs what it writes);
+  - `gptqfmt convert SRC DST` (gptq -> gptq_v2: stream, verify gate, fsync, atomic rename);
+  - a plain script: safetensors load_file, convert qzeros, save_file, per shard.
+Each is run twice, best time kept (the page cache is warm for all).
+
+    python bench/convert_bench.py [--layers 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from synth import build  # noqa: E402
+
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent across exec.
+RSS = ("import runpy, sys, time\n"
+       "t = time.perf_counter()\n"
+       "sys.argv = {argv!r}\n"
+       "try:\n    runpy.run_module({mod!r}, run_name='__main__')\n"
+       "except SystemExit as e:\n    assert not e.code, e.code\n"
+       "hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
+       "print(time.perf_counter() - t, hwm)\n")
+
+PLAIN = '''
+import shutil, sys
+from pathlib import Path
+from safetensors.numpy import load_file, save_file
+from gptqfmt import convert_qzeros
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+dst.mkdir()
+for p in sorted(src.iterdir()):
+    if p.suffix != ".safetensors":
+        shutil.copyfile(p, dst / p.name)
+        continue
+    t = load_file(str(p))
+    for k in t:
+        if k.endswith(".qzeros"):
+            t[k] = convert_qzeros(t[k], 4, "gptq", "gptq_v2")
+    save_file(t, str(dst / p.name), metadata={"format": "pt"})
+'''
+
+
+def timed(cmd, cwd=None) -> tuple[float, int]:
+    """(seconds, peak RSS in KiB) of a child process."""
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=cwd,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    secs, rss = out.strip().splitlines()[-1].split()
+    return float(secs), int(rss)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=5)
+    args = ap.parse_args()
+    py = sys.executable
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        src = tmp / "src"
+        src.mkdir()
+        qbytes = build(src, args.layers, convention="gptq")
+        size = sum(p.stat().st_size for p in src.iterdir())
+        subprocess.run(["sync"], check=True)
+        res = {}
+        for name in ("cp", "cp+sync", "convert", "plain"):
+            best = None
+            for run in range(2):
+                dst = tmp / f"{name}-{run}"
+                if name == "cp":
+                    t = time.perf_counter()
+                    subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
+                    r = (time.perf_counter() - t, 0)
+                elif name == "cp+sync":
+                    t = time.perf_counter()
+                    subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
+                    subprocess.run(["sync"], check=True)
+                    r = (time.perf_counter() - t, 0)
+                elif name == "convert":
+                    argv = ["gptqfmt", "convert", str(src), str(dst), "--quiet"]
+                    r = timed([py, "-c", RSS.format(argv=argv, mod="gptqfmt")])
+                else:
+                    script = tmp / "plain.py"
+                    script.write_text(PLAIN)
+                    argv = [str(script), str(src), str(dst)]
+                    r = timed([py, "-c", RSS.format(argv=argv, mod="runpy").replace(
+                        "runpy.run_module('runpy', run_name='__main__')",
+                        f"runpy.run_path({str(script)!r}, run_name='__main__')")])
+                best = r if best is None or r[0] < best[0] else best
+                shutil.rmtree(dst)
+                subprocess.run(["sync"], check=True)
+            res[name] = best
+        print(f"checkpoint: {args.layers} shards, {size / 1e9:.2f} GB ({qbytes / 1e9:.2f} GB of "
+              "qweight), gptq -> gptq_v2, warm page cache, best of 2")
+        for name, (secs, rss) in res.items():
+            rss_s = f", peak RSS {rss / 1024:.0f} MiB" if rss else ""
+            print(f"  {name:8s} {secs:6.2f} s{rss_s}")
+        c, p = res["convert"], res["plain"]
+        print(f"convert / cp -r:        {c[0] / res['cp'][0]:.2f}   (goal <= 1.1)")
+        print(f"convert / (cp -r; sync): {c[0] / res['cp+sync'][0]:.2f}   (convert fsyncs its "
+              "output)")
+        print(f"convert vs plain safetensors script: {p[0] / c[0]:.2f}x faster, "
+              f"{p[1] / c[1]:.1f}x less peak memory   (goal: faster, >= 10x less)")
+        print(f"convert peak RSS: {c[1] / 1024:.0f} MiB   (goal < 512 MiB)")
+        print(json.dumps({k: {"seconds": round(v[0], 3), "peak_rss_kib": v[1]}
+                          for k, v in res.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Synthetic real-data layers of a 70B Llama for the benches (not a test fixture).
+
+Codes are spread around each column's zero point the way real weights are (student-t), so the
+detector and the converter see realistic data; a pool of rows is packed once and tiled.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from gptqfmt.gptq.packing import pack
+from gptqfmt.safetensors_io.writer import save_file
+
+HIDDEN, INTER, KV, BITS, GS = 8192, 28672, 1024, 4, 128
+LINEARS = [("self_attn.q_proj", HIDDEN, HIDDEN), ("self_attn.k_proj", HIDDEN, KV),
+           ("self_attn.v_proj", HIDDEN, KV), ("self_attn.o_proj", HIDDEN, HIDDEN),
+           ("mlp.gate_proj", HIDDEN, INTER), ("mlp.up_proj", HIDDEN, INTER),
+           ("mlp.down_proj", INTER, HIDDEN)]
+POOL_ROWS = 256
+
+
+def module(rng, k, n, convention="gptq_v2", act_order=False):
+    zero = rng.integers(3, 13, n)                      # per column, the same in every group
+    codes = np.clip(zero + np.round(rng.standard_t(4, (POOL_ROWS, n)) * 2.0), 0, 15)
+    qweight = np.tile(pack(codes.astype(np.uint8), BITS, 32, axis=0), (k // POOL_ROWS, 1))
+    g = k // GS
+    stored = zero - (1 if convention == "gptq" else 0)
+    qzeros = pack(np.broadcast_to(stored, (g, n)).astype(np.uint8), BITS, 32, axis=1)
+    scales = (rng.random((g, n), np.float32) * 0.01 + 0.001).astype(np.float16)
+    g_idx = (np.arange(k) // GS).astype(np.int32)
+    if act_order:  # permute whole groups' worth of channels so codes stay consistent per group
+        g_idx = g_idx.reshape(-1, GS)[rng.permutation(k // GS)].reshape(-1)
+    return {"qweight": qweight, "qzeros": qzeros, "scales": scales, "g_idx": g_idx}
+
+
+def build(root: Path, layers: int, convention: str = "gptq_v2", act_order: bool = False) -> int:
+    """Write `layers` layers, one shard each, with configs; returns the qweight bytes."""
+    rng = np.random.default_rng(0)
+    weight_map, qbytes = {}, 0
+    for i in range(layers):
+        tensors = {}
+        for lin, k, n in LINEARS:
+            for role, arr in module(rng, k, n, convention, act_order).items():
+                tensors[f"model.layers.{i}.{lin}.{role}"] = arr
+            qbytes += tensors[f"model.layers.{i}.{lin}.qweight"].nbytes
+        tensors[f"model.layers.{i}.input_layernorm.weight"] = np.ones(HIDDEN, np.float16)
+        name = f"model-{i + 1:05d}-of-{layers:05d}.safetensors"
+        save_file(tensors, root / name, {"format": "pt"})
+        weight_map.update({t: name for t in tensors})
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    q = {"bits": BITS, "group_size": GS, "desc_act": act_order, "sym": False,
+         "quant_method": "gptq", "format": convention, "checkpoint_format": convention}
+    (root / "quantize_config.json").write_text(json.dumps(q, indent=2))
+    (root / "config.json").write_text(json.dumps({"model_type": "llama",
+                                                  "quantization_config": q}, indent=2))
+    (root / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {}}}))
+    return qbytes
