@@ -88,6 +88,7 @@ _CATALOGUE = [
     Code("GQ409", ERROR, "gptq fields at maxq: no lossless gptq_v2 value (needs --allow-lossy)"),
     Code("GQ410", ERROR, "gptq_v2 zero points of 0: no gptq encoding (needs --allow-lossy)"),
     Code("GQ411", WARNING, "lossy conversion performed (--allow-lossy)"),
+    Code("GQ412", ERROR, "a module's zero points match neither convention"),
     # GQ5xx: numerical
     Code("GQ501", ERROR, "scales not finite or not positive"),
     Code("GQ502", ERROR, "dequantized weights overflow float16"),

@@ -9,6 +9,7 @@ from .findings import ERROR, Finding
 from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from .gptq.detect import Detection
 from .gptq.evidence import detect_checkpoint
+from .gptq.labels import convention_findings
 from .version import __version__
 
 
@@ -30,7 +31,9 @@ def inspect_checkpoint(path: str | os.PathLike) -> InspectResult:
     """Model the checkpoint at `path` and detect its convention from bounded reads (every
     qzeros, a sample of qweight rows)."""
     ckpt = open_checkpoint(path)
-    return InspectResult(ckpt, detect_checkpoint(ckpt, full=False), list(ckpt.findings))
+    det = detect_checkpoint(ckpt, full=False)
+    findings = sorted(ckpt.findings + convention_findings(ckpt, det), key=Finding.sort_key)
+    return InspectResult(ckpt, det, findings)
 
 
 def quantization_summary(ckpt: Checkpoint) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from .gptq.detect import AMBIGUOUS, GPTQ, GPTQ_V2, Detection, ModuleVerdict, combine, \
     stored_fields
 from .gptq.evidence import module_verdict
+from .gptq.labels import convention_findings, effective_declared
 from .inspection import summary_counts
 from .safetensors_io.dtypes import bf16_to_f32
 from .version import __version__
@@ -54,11 +55,6 @@ class Report:
         }
 
 
-def effective_declared(ckpt: Checkpoint) -> str:
-    """What runtimes take the convention to be: a missing label means gptq."""
-    return (ckpt.config.convention if ckpt.config else None) or GPTQ
-
-
 def validate(path: str | os.PathLike, progress=None, jobs: int | None = None) -> Report:
     """Run every check on the checkpoint at `path`, reading all of its quantized data.
 
@@ -89,37 +85,6 @@ def validate(path: str | os.PathLike, progress=None, jobs: int | None = None) ->
     return Report(str(path), ckpt, det, findings, qbytes)
 
 
-def convention_findings(ckpt: Checkpoint, det: Detection) -> list[Finding]:
-    cfg = ckpt.config
-    where = cfg.declared_in[0].file if cfg and cfg.declared_in else (
-        cfg.sources[0] if cfg and cfg.sources else None)
-    declared = effective_declared(ckpt)
-    out = []
-    if not det.modules:
-        return out  # nothing to detect from (GQ314 or geometry findings say why)
-    if det.verdict == AMBIGUOUS:
-        if any(e.endswith("modules disagree") for e in det.evidence):
-            mix = {c: [v.name for v in det.modules if v.verdict == c] for c in (GPTQ, GPTQ_V2)}
-            out.append(Finding("GQ404", f"{len(mix[GPTQ])} modules read as gptq (e.g. "
-                               f"{mix[GPTQ][0]}), {len(mix[GPTQ_V2])} as gptq_v2 (e.g. "
-                               f"{mix[GPTQ_V2][0]}); one label cannot be right for both",
-                               file=where))
-        else:
-            out.append(Finding("GQ402", "the data do not decide between gptq and gptq_v2: "
-                               + "; ".join(det.evidence), file=where))
-    elif det.verdict != declared:
-        label = (f"declares {declared}" if cfg and cfg.convention else
-                 "declares no checkpoint_format, so runtimes read gptq")
-        out.append(Finding(
-            "GQ401", f"config {label} but the data are {det.verdict} (confidence "
-            f"{det.confidence:.4f}); every zero point will be read off by one",
-            file=where, hint=f"set checkpoint_format (and format) to \"{det.verdict}\", or "
-            f"convert the data with `gptqfmt convert --from {det.verdict}`",
-            details={"declared": declared, "detected": det.verdict,
-                     "confidence": det.confidence}))
-    return out
-
-
 def module_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Finding]:
     qz_name, sc_name = m.tensors["qzeros"], m.tensors["scales"]
     file_qz, file_sc = ckpt.store.file_of(qz_name), ckpt.store.file_of(sc_name)
@@ -132,6 +97,9 @@ def module_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Findi
                            f"constant {1 << (m.bits - 1)}: Marlin ignores qzeros and decodes "
                            "with the constant, other kernels read these values",
                            file=file_qz, tensor=qz_name, hint="set sym=false"))
+    if v.inconsistent:
+        out.append(Finding("GQ412", "the zero points fit neither gptq nor gptq_v2: "
+                           + "; ".join(v.evidence), file=file_qz, tensor=qz_name))
     if v.signatures:
         out.append(Finding("GQ405", f"{', '.join(v.signatures)}: " + "; ".join(
             e for e in v.evidence if any(k in e for k in ("AutoGPTQ", "GPTQModel", "borrow"))),

@@ -107,3 +107,28 @@ def test_group_size_minus_one_and_128():
         assert ck.findings == []
         assert {m.groups for m in ck.modules} == groups
         assert {m.group_size for m in ck.modules if m.groups > 1} <= {gs}
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (lambda t: (t.pop(f"{Q}.g_idx"), t.__setitem__(f"{Q}.scales", np.zeros((0, 64), np.float16)),
+                t.__setitem__(f"{Q}.qzeros", np.zeros((0, 8), np.int32))), "0 groups"),
+    (lambda t: (t.__setitem__(f"{Q}.scales", np.zeros((10**4, 64), np.float16)),
+                t.__setitem__(f"{Q}.qzeros", np.zeros((10**4, 8), np.int32))), "10000 groups"),
+    (lambda t: (t.pop(f"{Q}.g_idx"), t.__setitem__(f"{Q}.scales", np.ones((3, 64), np.float16)),
+                t.__setitem__(f"{Q}.qzeros", np.zeros((3, 8), np.int32))), "fit no group size"),
+    (lambda t: (t.pop(f"{Q}.g_idx"), t.__setitem__(f"{Q}.qweight", np.zeros((0, 64), np.int32))),
+     "in_features=0"),
+])
+def test_impossible_geometry_is_a_finding_not_a_crash(tmp_path, edit, needle):
+    d = clone(tmp_path, "b4-asym-noact-gptq_v2-single", edit=edit)
+    f = findings(d, "GQ303")
+    assert len(f) == 1 and needle in f[0].message
+
+
+def test_3bit_rows_must_hold_whole_values(tmp_path):
+    def edit(t):
+        t[f"{Q}.qweight"] = np.zeros((4, 64), np.int32)
+        t[f"{Q}.qzeros"] = np.zeros((2, 6), np.int32)
+        t.pop(f"{Q}.g_idx")
+    d = clone(tmp_path, "b4-asym-noact-gptq_v2-single", edit=edit)
+    assert "do not hold whole 3-bit values" in findings(d, "GQ303")[0].message

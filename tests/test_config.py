@@ -21,12 +21,34 @@ BASE = {"bits": 4, "group_size": 128, "desc_act": False, "sym": True, "quant_met
         "checkpoint_format": "gptq_v2"}
 
 
-def test_synonyms_and_case(tmp_path):
-    write(tmp_path, "quantize_config.json", {"W_BIT": 4, "q_group_size": 64, "zero_point": True,
-                                             "desc_act": False, "CHECKPOINT_FORMAT": "GPTQ_V2"})
+def test_synonyms(tmp_path):
+    write(tmp_path, "quantize_config.json", {"w_bit": 4, "q_group_size": 64, "zero_point": True,
+                                             "desc_act": False, "checkpoint_format": "gptq_v2"})
     cfg, f = load_config(tmp_path)
     assert cfg.base == ModuleConfig(bits=4, group_size=64, sym=False, desc_act=False)
-    assert cfg.convention == "gptq_v2" and codes(f) == []
+    assert cfg.convention == cfg.runtime_convention == "gptq_v2" and codes(f) == []
+
+
+def test_label_case_matters_like_in_vllm(tmp_path):
+    write(tmp_path, "quantize_config.json", {**BASE, "checkpoint_format": "GPTQ_V2",
+                                             "format": "GPTQ_V2"})
+    cfg, f = load_config(tmp_path)
+    assert cfg.runtime_convention == "gptq" and cfg.convention is None
+    assert codes(f) == ["GQ202", "GQ202"] and "reads 'GPTQ_V2' as gptq" in f[0].message
+
+
+def test_format_only_is_read_as_gptq_by_runtimes(tmp_path):
+    doc = {k: v for k, v in BASE.items() if k != "checkpoint_format"}
+    write(tmp_path, "quantize_config.json", {**doc, "format": "gptq_v2"})
+    cfg, f = load_config(tmp_path)
+    assert cfg.convention == "gptq_v2" and cfg.runtime_convention == "gptq"
+    assert codes(f) == ["GQ209"]
+
+
+def test_float_bits_are_not_integers(tmp_path):
+    write(tmp_path, "quantize_config.json", {**BASE, "bits": 4.0})
+    _, f = load_config(tmp_path)
+    assert codes(f) == ["GQ202"] and "must be an integer" in f[0].message
 
 
 def test_no_label_means_none_declared(tmp_path):
@@ -112,14 +134,15 @@ def test_dynamic_semantics(tmp_path):
     assert cfg.for_module("model.layers.0.mlp.up_proj").group_size == 32
     # re.match anchors only at the start: layers.1 also matches layers.10
     assert cfg.for_module("model.layers.10.self_attn.q_proj").bits == 2
-    # first positive match wins, no merging
+    # first match in file order wins, no merging (vLLM; GPTQModel writes exclusions first)
     assert cfg.for_module("model.layers.1.mlp.up_proj").bits == 8
-    # exclusions win wherever they are written (GPTQModel moves them first)
-    assert cfg.for_module("model.layers.1.self_attn.o_proj") is None
+    assert cfg.for_module("model.layers.1.self_attn.o_proj").bits == 2
+    assert cfg.for_module("model.layers.0.self_attn.o_proj") is None
 
 
-def test_invalid_dynamic_regex(tmp_path):
-    write(tmp_path, "quantize_config.json", {**BASE, "dynamic": {"+:model.(": {"bits": 8}}})
+@pytest.mark.parametrize("key", ["+:model.(", "a{99999999999}"])
+def test_invalid_dynamic_regex(tmp_path, key):
+    write(tmp_path, "quantize_config.json", {**BASE, "dynamic": {key: {"bits": 8}}})
     _, f = load_config(tmp_path)
     assert codes(f) == ["GQ207"]
 

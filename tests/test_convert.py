@@ -215,7 +215,11 @@ def test_auto_refuses_a_contradicted_label(tmp_path):
 
 
 def test_already_in_target_is_a_verified_normalised_copy(tmp_path):
-    rep = convert(CKPT / "formatonly-b4-asym-gptq_v2", tmp_path / "o")
+    # only `format` says gptq_v2: runtimes read gptq, so auto refuses; the user names the source
+    with pytest.raises(FindingError) as e:
+        convert(CKPT / "formatonly-b4-asym-gptq_v2", tmp_path / "o")
+    assert e.value.finding.code == "GQ408"
+    rep = convert(CKPT / "formatonly-b4-asym-gptq_v2", tmp_path / "o", src_convention="gptq_v2")
     assert rep.totals["changed"] == 0 and rep.gate.ok
     assert gptqfmt.validate(tmp_path / "o").findings == [
         f for f in gptqfmt.validate(tmp_path / "o").findings if f.code == "GQ407"]

@@ -3,10 +3,12 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 from gptqfmt.errors import FindingError, UsageError
 from gptqfmt.gptq.checkpoint import open_checkpoint
+from gptqfmt.safetensors_io import save_file
 from gptqfmt.safetensors_io.index import INDEX_NAME, open_store
 from tests.conftest import CKPT
 
@@ -126,3 +128,20 @@ def test_reads_through_symbolic_links_like_the_hf_cache(tmp_path):
         os.symlink(os.path.relpath(blobs / f"blob{i}", snap), snap / f.name)
     ck = open_checkpoint(snap)
     assert ck.findings == [] and len(ck.modules) == 7
+
+
+def test_without_index_only_model_safetensors_is_loaded(tmp_path):
+    single = CKPT / "b4-sym-noact-gptq_v2-single" / "model.safetensors"
+    shutil.copy(single, tmp_path / "model.safetensors")
+    save_file({"x": np.zeros(2, np.float16)}, tmp_path / "consolidated.safetensors")
+    store = open_store(tmp_path)
+    assert list(store.files) == ["model.safetensors"] and "x" not in store.locations
+    assert [(f.code, f.file) for f in store.findings] == [("GQ125", "consolidated.safetensors")]
+
+
+def test_shard_that_is_a_directory(ckpt):
+    p = ckpt / "model-00002-of-00003.safetensors"
+    p.unlink()
+    p.mkdir()
+    f = [x for x in open_store(ckpt).findings if x.code == "GQ122"]
+    assert len(f) == 1 and "not a regular file" in f[0].message

@@ -8,7 +8,7 @@ from gptqfmt.resources import validator
 from tests.conftest import CKPT, SPECS
 
 CLEAN_FAIL = {  # clean-data fixtures whose labels or writers are wrong on purpose
-    "formatonly-b4-asym-gptq_v2": {"GQ209"},
+    "formatonly-b4-asym-gptq_v2": {"GQ209", "GQ401"},
     "autogptq-b4-asym-gptq": {"GQ405"},
     "gptqmodel-b4-asym-gptq": {"GQ405"},
     "gptqmodel603-b3-asym-gptq": {"GQ405"},
@@ -43,8 +43,8 @@ def test_gptq_maxq_fields_are_warned_and_strict_fails(run_cli):
 def test_text_report_shape(run_cli):
     r = run_cli("verify", CKPT / "mislabelled-b4-sym-v2-as-gptq")
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("config.json:quantization_config: GQ401 config declares gptq but "
-                               "the data are gptq_v2")
+    assert lines[0].startswith("config.json:quantization_config: GQ401 config declares gptq, "
+                               "but the data are gptq_v2")
     assert lines[-1].startswith("FAIL: 7 modules, 1 errors, 0 warnings, 0 infos; declared gptq")
     assert r.stderr == ""
 
@@ -62,3 +62,22 @@ def test_jobs_do_not_change_the_report():
     a = gptqfmt.validate(CKPT / "autogptq-b4-asym-gptq", jobs=1).to_json()
     b = gptqfmt.validate(CKPT / "autogptq-b4-asym-gptq", jobs=4).to_json()
     assert a == b
+
+
+def test_module_fitting_neither_convention_fails(tmp_path):
+    import shutil
+
+    import numpy as np
+
+    from gptqfmt.gptq.packing import pack, unpack
+    from gptqfmt.safetensors_io import SafetensorsFile, save_file
+    name = "b4-asym-noact-gptq_v2-single"
+    shutil.copytree(CKPT / name, tmp_path / "c")
+    f = SafetensorsFile(CKPT / name / "model.safetensors")
+    t = {k: np.array(f.view(k)) for k in f.tensors}
+    key = "model.layers.0.mlp.down_proj.qzeros"
+    z = unpack(t[key], 4, axis=1).astype(np.int64)
+    t[key] = pack(np.clip(z + 3, 0, 15), 4, 32, axis=1)  # every zero point 3 too high
+    save_file(t, tmp_path / "c" / "model.safetensors", f.metadata)
+    rep = gptqfmt.validate(tmp_path / "c")
+    assert rep.failed() and [x.tensor for x in rep.findings if x.code == "GQ412"] == [key]

@@ -31,6 +31,7 @@ def test_bytes_equal_reference_writer_for_every_numpy_dtype(tmp_path, meta):
                for dt in ("int8", "uint8", "int16", "uint16", "float16", "int32", "uint32",
                           "float32", "float64", "int64", "uint64", "bool")}
     tensors["z.empty"] = np.zeros((0, 4), np.float32)
+    tensors["z.scalar"] = np.array(7, np.int32)  # 0-d stays 0-d
     tensors["name with \u00e9 and \x1b[31m"] = np.ones(2, np.float16)
     save_file(tensors, tmp_path / "x", meta)
     assert (tmp_path / "x").read_bytes() == st_np.save(tensors, metadata=meta)

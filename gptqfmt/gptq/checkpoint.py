@@ -17,6 +17,7 @@ from ..findings import Finding
 from ..safetensors_io.dtypes import PACK_DTYPE_NAMES, WORD_DTYPES
 from ..safetensors_io.index import TensorStore, open_store
 from . import layout
+from .packing import block
 from .config import ModuleConfig, QuantConfig, load_config
 
 ROLES = ("qweight", "qzeros", "scales", "g_idx", "bias")
@@ -135,7 +136,7 @@ def _infer(m: Module, store: TensorStore, findings: list[Finding]) -> None:
         add("GQ302", f"dtype {qz.dtype}; expected {qw.dtype} like qweight", "qzeros")
         return
     if sc.dtype not in SCALE_DTYPES:
-        add("GQ302", f"dtype {sc.dtype}; scales must be F16 or BF16", "scales")
+        add("GQ302", f"dtype {sc.dtype}; scales must be F16, BF16 or F32", "scales")
         return
     for role, ndim in (("qweight", 2), ("qzeros", 2), ("scales", 2), ("g_idx", 1), ("bias", 1)):
         if role in info and len(info[role].shape) != ndim:
@@ -165,7 +166,15 @@ def _infer(m: Module, store: TensorStore, findings: list[Finding]) -> None:
         add("GQ303", f"shape {list(qz.shape)}: expected {groups} rows like scales "
             f"{list(sc.shape)}", "qzeros")
         return
+    if (qw.shape[0] * w) % bits or qw.shape[0] % block(bits, w)[1]:
+        add("GQ303", f"shape {list(qw.shape)}: {qw.shape[0]} rows of int{w} do not hold whole "
+            f"{bits}-bit values")
+        return
     k = qw.shape[0] * w // bits
+    if k == 0 or n == 0 or groups == 0 or groups > k:
+        add("GQ303", f"in_features={k}, out_features={n}, {groups} groups: a quantized module "
+            "needs at least one input channel per group and one output channel", "scales")
+        return
     if "g_idx" in info and info["g_idx"].shape[0] != k:
         add("GQ303", f"length {info['g_idx'].shape[0]}: qweight {list(qw.shape)} holds "
             f"{k} input channels at bits={bits}, int{w}", "g_idx")
@@ -191,6 +200,9 @@ def _infer(m: Module, store: TensorStore, findings: list[Finding]) -> None:
         gs = decl.group_size if decl.group_size and layout.n_groups(k, decl.group_size) == groups \
             else (-1 if groups == 1 else (k // groups if k % groups == 0 else None))
         m.act_order = False
+        if gs is None:
+            add("GQ303", f"{groups} groups for in_features={k} fit no group size", "scales")
+            return
     if gs is not None and layout.n_groups(k, gs) != groups:
         add("GQ303", f"{groups} groups for in_features={k} fit no group size", "scales")
         return

@@ -60,6 +60,7 @@ class Declaration:
 class QuantConfig:
     base: ModuleConfig
     convention: str | None             # declared gptq / gptq_v2; None when no file says
+    runtime_convention: str            # what vLLM and transformers read (checkpoint_format)
     declared_in: list[Declaration]
     sources: list[str]                 # where the values came from, in precedence order
     dynamic: list[DynamicRule] = field(default_factory=list)
@@ -71,8 +72,9 @@ class QuantConfig:
     def for_module(self, name: str) -> ModuleConfig | None:
         """The module's declared config, or None when a `-:` rule leaves it unquantized.
 
-        GPTQModel's semantics: exclusions first, then the first matching positive rule; patterns
-        use re.match (anchored at the start only) on the full module name.
+        The first matching rule in file order decides (vLLM's get_dynamic_override; GPTQModel
+        writes exclusions first); patterns use re.match (anchored at the start only) on the full
+        module name.
         """
         for rule in self.dynamic:
             if rule.pattern.match(name):
@@ -135,15 +137,14 @@ def _read_json(path: Path, label: str, findings: list[Finding]):
 
 
 def _normalise(doc: dict) -> dict:
+    """Apply key synonyms (w_bit, q_group_size, zero_point). Keys and values keep their case:
+    vLLM compares checkpoint_format == "gptq_v2" exactly, so "GPTQ_V2" must stay visible."""
     out: dict[str, Any] = {}
     for k, v in doc.items():
-        key = SYNONYMS.get(k.lower(), k.lower())
+        key = SYNONYMS.get(k, k)
         if key == "zero_point" and isinstance(v, bool):
             out.setdefault("sym", not v)
         out.setdefault(key, v)
-    for k in ("checkpoint_format", "format", "quant_method", "pack_dtype"):
-        if isinstance(out.get(k), str):
-            out[k] = out[k].lower()
     return out
 
 
@@ -163,8 +164,9 @@ def _from_st_metadata(md: dict[str, str]) -> dict:
 
 def _refuse_non_gptq(label: str, doc: dict) -> None:
     method = doc.get("quant_method")
+    method = method.lower() if isinstance(method, str) else method
     fmt = next((doc[k] for k in ("checkpoint_format", "format")
-                if isinstance(doc.get(k), str) and doc[k] in NOT_GPTQ_FORMATS), None)
+                if isinstance(doc.get(k), str) and doc[k].lower() in NOT_GPTQ_FORMATS), None)
     why = None
     if isinstance(method, str) and method not in ("gptq", "auto_round"):
         why = f"quant_method is {method!r}"
@@ -200,9 +202,19 @@ def _reconcile(sources, usable, findings) -> QuantConfig:
                                     hint="set both to the convention the data has"))
     for d in declared:
         if d.value not in CONVENTIONS:
+            extra = (f"; vLLM compares it exactly and reads {d.value!r} as gptq"
+                     if d.value.lower() in CONVENTIONS else "")
             findings.append(Finding("GQ202", f"{d.key}: {d.value!r} is not one of "
-                                    f"{list(CONVENTIONS)}", file=d.file))
-    # vLLM reads checkpoint_format only; GPTQModel falls back to format.
+                                    f"{list(CONVENTIONS)}{extra}", file=d.file))
+    for label, doc in usable:
+        for key in ("bits", "group_size"):
+            if isinstance(doc.get(key), float):
+                findings.append(Finding("GQ202", f"{key}: {doc[key]!r} must be an integer",
+                                        file=label))
+    # vLLM, transformers and ExLlamaV2 read checkpoint_format only (config.json first);
+    # GPTQModel falls back to format.
+    runtime = next((d.value for d in declared if d.key == "checkpoint_format"), None)
+    runtime = runtime if runtime in CONVENTIONS else "gptq"
     conv = next((d.value for d in declared if d.key == "checkpoint_format"
                  and d.value in CONVENTIONS), None)
     conv = conv or next((d.value for d in declared if d.value in CONVENTIONS), None)
@@ -228,7 +240,8 @@ def _reconcile(sources, usable, findings) -> QuantConfig:
     meta = primary.get("meta") if isinstance(primary.get("meta"), dict) else {}
     return QuantConfig(
         base=ModuleConfig(**{k: values.get(k) for k in COMPARED_KEYS}),
-        convention=conv, declared_in=declared, sources=[label for label, _ in sources],
+        convention=conv, runtime_convention=runtime, declared_in=declared,
+        sources=[label for label, _ in sources],
         dynamic=dynamic, lm_head=primary.get("lm_head") is True,
         static_groups=bool(primary.get("static_groups") or meta.get("static_groups")),
         meta=meta, raw={label: doc for label, doc in sources})
@@ -243,9 +256,9 @@ def _dynamic_rules(dynamic, label, findings) -> list[DynamicRule]:
         text = key[2:] if exclude or key.startswith("+:") else key
         try:
             pattern = re.compile(text)
-        except re.error as e:
+        except (re.error, OverflowError, RecursionError, ValueError) as e:
             findings.append(Finding("GQ207", f"dynamic key {key!r}: {e}", file=label))
             continue
         rules.append(DynamicRule(key, exclude, pattern, overrides if isinstance(overrides, dict)
                                  else {}))
-    return [r for r in rules if r.exclude] + [r for r in rules if not r.exclude]
+    return rules

@@ -22,6 +22,7 @@ whose zero points match neither convention (corruption); checkpoints whose modul
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -171,6 +172,7 @@ class ModuleVerdict:
     stats: ZeroStats | None = None
     signatures: list[str] = field(default_factory=list)   # corruption kinds found
     pattern: str | None = None                            # symmetric pattern, if every field is
+    inconsistent: bool = False      # the data contradict both conventions (corruption)
 
     def to_json(self):
         return {"name": self.name, "verdict": self.verdict, "confidence": self.confidence,
@@ -194,6 +196,7 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
         return ModuleVerdict(name, AMBIGUOUS, 0.0, ["zero points are not one symmetric constant "
                                                     "and no codes were read"])
     ev, sigs = [], []
+    inconsistent = False
     maxq = (1 << bits) - 1
     if st.sign_extension:
         sigs.append("autogptq_sign_extension")
@@ -223,8 +226,11 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
         off = abs(st.median - (1.0 if nearest == GPTQ else 0.0))
         ev.append(f"median of mean(code) - stored over {st.cells} cells is {st.median:.3f} "
                   f"(+/- {st.se:.3f}): gptq predicts 1, gptq_v2 predicts 0")
-        if off > MAX_OFFSET:
+        if off > MAX_OFFSET and z >= MIN_Z:
             ev.append(f"the codes sit {off:.2f} away from either convention's zero")
+            inconsistent = True
+        elif off > MAX_OFFSET:
+            ev.append(f"too little evidence: the median sits {off:.2f} from either zero")
         elif st.position_spread > 0.75:
             ev.append(f"the offset varies by {st.position_spread:.2f} across field positions: "
                       "the zero points were not packed field by field")
@@ -233,6 +239,7 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
         else:
             ev.append(f"too little evidence: {z:.1f} standard errors from the midpoint "
                       f"(needs {MIN_Z:.0f})")
+    inconsistent = inconsistent and not sigs  # a known writer bug explains the misfit
     # Clamp evidence: a clean gptq file stores maxq only for Z = 0 (codes low); a gptq_v2 file
     # stores maxq only for Z = maxq (codes high).
     # Corruption in gptq files also leaves maxq fields with high codes, so a wrapped zero
@@ -245,23 +252,21 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
     if stat_verdict and clamp and stat_verdict[0] != clamp[0]:
         ev.append(f"the statistic says {stat_verdict[0]} but the stored {maxq} fields say "
                   f"{clamp[0]}")
-        return ModuleVerdict(name, AMBIGUOUS, 0.0, ev, st, sigs)
+        return ModuleVerdict(name, AMBIGUOUS, 0.0, ev, st, sigs, inconsistent=True)
     if stat_verdict:
         return ModuleVerdict(name, stat_verdict[0], stat_verdict[1], ev, st, sigs)
-    if clamp:
+    if clamp and not inconsistent:
         return ModuleVerdict(name, clamp[0], clamp[1], ev, st, sigs)
-    return ModuleVerdict(name, AMBIGUOUS, 0.0, ev, st, sigs)
+    return ModuleVerdict(name, AMBIGUOUS, 0.0, ev, st, sigs, inconsistent=inconsistent)
 
 
 def quantizer_is_old_gptqmodel(quantizer: str | None) -> bool:
-    """True for meta.quantizer 'gptqmodel:X' with X <= 6.0.3."""
-    if not quantizer or not quantizer.lower().startswith("gptqmodel:"):
+    """True for meta.quantizer 'gptqmodel:X' with X <= 6.0.3 ('v6.0.0', '6.0.3-rc1' and '6'
+    included)."""
+    m = re.match(r"gptqmodel:v?(\d+)(?:\.(\d+))?(?:\.(\d+))?", (quantizer or "").lower())
+    if not m:
         return False
-    try:
-        parts = tuple(int(p) for p in quantizer.split(":", 1)[1].split(".")[:3])
-    except ValueError:
-        return False
-    return parts <= (6, 0, 3)
+    return tuple(int(p or 0) for p in m.groups()) <= (6, 0, 3)
 
 
 @dataclass
@@ -289,7 +294,7 @@ def combine(verdicts: list[ModuleVerdict]) -> Detection:
         return Detection(AMBIGUOUS, 0.0, verdicts, [summary + ": modules disagree"])
     for conv in (GPTQ, GPTQ_V2):
         if counts[conv]:
-            conf = max(v.confidence for v in verdicts if v.verdict == conv)
+            conf = min(v.confidence for v in verdicts if v.verdict == conv)
             return Detection(conv, conf, verdicts, [summary])
     pooled = [v.stats for v in verdicts if v.stats and v.stats.cells and
               math.isfinite(v.stats.se)]

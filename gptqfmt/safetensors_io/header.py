@@ -76,7 +76,8 @@ def parse_header(raw: bytes, file_size: int, path: str) -> Header:
     except UnicodeDecodeError as e:
         _fail("GQ104", path, None, f"header is not UTF-8: byte {e.start} ({raw[e.start]:#04x})")
     try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                         parse_int=_strict_int)
     except _Duplicate as e:
         _fail("GQ107", path, e.key, "key appears more than once in the header")
     except (ValueError, RecursionError) as e:
@@ -85,6 +86,8 @@ def parse_header(raw: bytes, file_size: int, path: str) -> Header:
     if not isinstance(doc, dict):
         _fail("GQ106", path, None, f"header must be a JSON object; got {_json_type(doc)}")
 
+    for key in doc:
+        _check_text(key, path)
     metadata = doc.pop(METADATA_KEY, None)
     if metadata is not None and not (
         isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
@@ -92,6 +95,9 @@ def parse_header(raw: bytes, file_size: int, path: str) -> Header:
         _fail("GQ116", path, None, "__metadata__ must map strings to strings; got "
               + _json_type(metadata if not isinstance(metadata, dict) else
                            next(v for v in metadata.values() if not isinstance(v, str))))
+    for k, v in (metadata or {}).items():
+        _check_text(k, path)
+        _check_text(v, path)
 
     infos = [_tensor_info(name, entry, path) for name, entry in doc.items()]
     infos.sort(key=lambda t: (t.begin, t.end))
@@ -126,7 +132,7 @@ def _tensor_info(name: str, entry, path: str) -> TensorInfo:
     if dtype not in DTYPES:
         _fail("GQ108", path, name, f"unknown dtype {dtype!r}; expected one of "
               + ", ".join(DTYPES))
-    if not all(_is_uint(d) for d in shape):
+    if not all(_is_uint(d) and d <= _U64_MAX for d in shape):
         _fail("GQ109", path, name, f"shape {_short(shape)}: dimensions must be non-negative "
               "integers")
     if len(offsets) != 2 or not all(_is_uint(o) for o in offsets):
@@ -165,6 +171,17 @@ def _no_duplicates(pairs):
 
 def _no_constant(name):
     raise ValueError(f"{name} is not JSON")
+
+
+def _strict_int(text: str) -> int:
+    return -1 if text == "-0" else int(text)  # the reference refuses -0 where it wants usize
+
+
+def _check_text(s: str, path: str) -> None:
+    """Lone surrogates (\\ud800 escapes) are not Unicode text; the reference refuses them."""
+    if any("\ud800" <= ch <= "\udfff" for ch in s):
+        _fail("GQ105", path, None, "header is not valid JSON: a string holds a lone surrogate "
+              "escape")
 
 
 def _is_uint(x) -> bool:

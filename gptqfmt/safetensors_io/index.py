@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from .header import TensorInfo
 from .reader import SafetensorsFile
 
 INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
 SUFFIX = ".safetensors"
 
 
@@ -52,6 +54,13 @@ class TensorStore:
             f.close()
 
 
+def _listdir(p: Path) -> list[Path]:
+    try:
+        return sorted(p.iterdir())
+    except OSError as e:
+        raise UsageError(f"{p}: cannot list the directory: {e.strerror or e}") from None
+
+
 def safe_shard_name(name) -> bool:
     """A shard name an index may use: a plain file name in the checkpoint directory."""
     return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
@@ -72,11 +81,17 @@ def open_store(path: str | os.PathLike) -> TensorStore:
         raise UsageError(f"{path}: not a file or directory")
     if (p / INDEX_NAME).is_file():
         return _open_indexed(p)
-    shards = sorted(f.name for f in p.iterdir() if f.name.endswith(SUFFIX) and f.is_file())
+    shards = sorted(f.name for f in _listdir(p) if f.name.endswith(SUFFIX) and f.is_file())
     if not shards:
         raise FindingError(Finding("GQ128", f"no *{SUFFIX} file and no {INDEX_NAME} in this "
                                    "directory", file=str(p)))
     store = TensorStore(p, {}, {})
+    if SINGLE_NAME in shards:  # what transformers loads without an index; others are ignored
+        for name in shards:
+            if name != SINGLE_NAME:
+                store.findings.append(Finding("GQ125", f"not loaded: without {INDEX_NAME}, "
+                                              f"loaders read {SINGLE_NAME} only", file=name))
+        shards = [SINGLE_NAME]
     for name in shards:
         _open_into(store, name)
     if not store.files:
@@ -110,10 +125,12 @@ def _open_indexed(root: Path) -> TensorStore:
             "GQ121", f"shard name {s!r} is not a plain file name in the checkpoint directory",
             file=INDEX_NAME, hint="shard names may not contain '/', '\\' or '..'"))
     shard_names = sorted({s for s in weight_map.values() if safe_shard_name(s)})
+    per_shard = Counter(weight_map.values())
     for s in shard_names:
         if not (root / s).is_file():
-            n = sum(1 for v in weight_map.values() if v == s)
-            store.findings.append(Finding("GQ122", f"shard {s!r} ({n} tensors) does not exist",
+            what = "is not a regular file" if (root / s).exists() or (root / s).is_symlink() \
+                else "does not exist"
+            store.findings.append(Finding("GQ122", f"shard {s!r} ({per_shard[s]} tensors) {what}",
                                           file=INDEX_NAME))
         else:
             _open_into(store, s)
@@ -133,7 +150,7 @@ def _open_indexed(root: Path) -> TensorStore:
                                               "loaders that follow the index never see it",
                                               file=name, tensor=t))
     referenced = set(weight_map.values())
-    for f in sorted(root.iterdir()):
+    for f in _listdir(root):
         if f.name.endswith(SUFFIX) and f.name not in referenced:
             store.findings.append(Finding("GQ125", "not referenced by the index; ignored",
                                           file=f.name))
@@ -144,8 +161,8 @@ def _open_indexed(root: Path) -> TensorStore:
                 "GQ127", f"metadata.total_size is {declared_total}; tensors take {actual_total} "
                 "bytes", file=INDEX_NAME))
     if not store.files:
-        raise FindingError(*(store.findings or [Finding(
-            "GQ128", "index lists no shard", file=INDEX_NAME)]))
+        raise FindingError(*store.findings, Finding("GQ128", "no shard of the index could be "
+                                                    "read", file=INDEX_NAME))
     return store
 
 

@@ -45,7 +45,7 @@ def _as_entry(name: str, value) -> tuple[Entry, np.ndarray]:
     else:
         arr = np.asarray(value)
         dtype = from_numpy(arr.dtype)
-    arr = np.ascontiguousarray(arr, dtype=DTYPES[dtype].numpy)
+    arr = np.require(arr, dtype=DTYPES[dtype].numpy, requirements="C")  # keeps 0-d shapes
     size = nbytes(dtype, int(np.prod(arr.shape, dtype=np.int64)))
     if size != arr.nbytes:
         raise ValueError(f"{name}: {arr.nbytes} bytes of data for {dtype}{list(arr.shape)}")
