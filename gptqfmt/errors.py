@@ -18,6 +18,12 @@ class UsageError(GptqfmtError):
     exit_code = 2
 
 
+class OutputError(GptqfmtError):
+    """The output cannot be written (disk full, read-only, ...): exit 2; nothing was committed."""
+
+    exit_code = 2
+
+
 class FindingError(GptqfmtError):
     """The input is invalid in a way that stops reading it: exit 1, carries the finding."""
 

@@ -2,6 +2,7 @@
 import hashlib
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -133,3 +134,87 @@ def test_read_only_destination(tmp_path):
     r = subprocess.run(cmd(src, parent / "dst"), capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2 and "cannot create" in r.stderr
+
+
+def test_disk_full_leaves_nothing(tmp_path):
+    """RLIMIT_FSIZE stands in for a full disk: every write past 1 MB fails with EFBIG."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    build(src, shards=2, k=1024, n=2048)  # shards of ~1 MB each
+    before = digest(src)
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+    r = subprocess.run(cmd(src, dst), capture_output=True, text=True, preexec_fn=small_files,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2, r.stderr
+    assert "cannot write the output: File too large; nothing was written" in r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert digest(src) == before and sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_read_only_destination_filesystem(tmp_path, monkeypatch, run_cli):
+    import errno
+    from pathlib import Path
+
+    src = tmp_path / "src"
+    build(src, shards=1, k=256, n=256)
+    real_mkdir = Path.mkdir
+
+    def erofs(self, *a, **k):
+        if self.parent == tmp_path / "ro":
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return real_mkdir(self, *a, **k)
+    (tmp_path / "ro").mkdir()
+    monkeypatch.setattr(Path, "mkdir", erofs)
+    r = run_cli("convert", src, tmp_path / "ro" / "dst")
+    assert r.exit_code == 2 and "Read-only file system" in r.stderr
+    assert list((tmp_path / "ro").iterdir()) == []
+
+
+def test_source_changing_while_read_is_detected(tmp_path, monkeypatch):
+    from gptqfmt.conversion import run as convert_run
+    from gptqfmt.errors import FindingError
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    build(src, shards=2, k=256, n=256)
+    real = convert_run.write_shard
+
+    def write_then_touch(*a):
+        n = real(*a)
+        with open(src / "tokenizer.json", "a") as f:  # someone edits SRC meanwhile
+            f.write(" ")
+        return n
+    monkeypatch.setattr(convert_run, "write_shard", write_then_touch)
+    with pytest.raises(FindingError) as e:
+        convert_run.convert(src, dst)
+    assert e.value.finding.code == "GQ118" and e.value.finding.file == "tokenizer.json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_outputs_never_follow_symbolic_links(tmp_path):
+    from gptqfmt.conversion.atomic import create
+    from gptqfmt.errors import UsageError
+    from gptqfmt.conversion import convert
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    os.symlink(victim, tmp_path / "planted")
+    with pytest.raises(OSError):
+        create(tmp_path / "planted")
+    assert victim.read_text() == "keep"
+    src = tmp_path / "src"
+    build(src, shards=1, k=256, n=256)
+    os.symlink(victim, tmp_path / "dst")
+    with pytest.raises(UsageError):
+        convert(src, tmp_path / "dst", force=True)
+    assert victim.read_text() == "keep"
+
+
+def test_no_pickle_or_torch_load_anywhere():
+    import re
+    pkg = ROOT / "gptqfmt"
+    bad = re.compile(r"\bpickle\b|torch\.load|allow_pickle\s*=\s*True|np\.load\(|\beval\(")
+    hits = [f"{p}:{i}" for p in pkg.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if bad.search(line)]
+    assert hits == []

@@ -6,10 +6,11 @@ import sys
 from tests.conftest import FIXTURES, GEN, MANIFEST
 
 
-def load_invalid_generator():
-    spec = importlib.util.spec_from_file_location("make_invalid", FIXTURES / "make_invalid.py")
+def load_generator(name):
+    sys.path.insert(0, str(FIXTURES))
+    spec = importlib.util.spec_from_file_location(name, FIXTURES / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["make_invalid"] = mod
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
@@ -20,8 +21,9 @@ def tree(root):
 
 def test_regenerated_fixtures_are_byte_identical(tmp_path):
     GEN.generate(tmp_path)
-    load_invalid_generator().generate_invalid(tmp_path)
-    for sub in ("ckpt", "invalid"):
+    load_generator("make_invalid").generate_invalid(tmp_path)
+    load_generator("make_hostile").generate_hostile(tmp_path)
+    for sub in ("ckpt", "invalid", "hostile"):
         new, old = tmp_path / sub, FIXTURES / sub
         assert tree(new) == tree(old), sub
         files = [p for p in tree(new) if (new / p).is_file()]

@@ -47,6 +47,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def create(path: Path):
+    """A new file for writing in the staging directory: never an existing file, never through a
+    symbolic link (O_EXCL | O_NOFOLLOW)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    return os.fdopen(os.open(path, flags, 0o644), "wb")
+
+
 def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from ..version import __version__
+from .atomic import create
 
 CONFIG_FILES = ("quantize_config.json", "config.json")
 
@@ -39,7 +40,7 @@ def rewrite_configs(src_dir: Path, out_dir: Path, to: str, prov: dict) -> list[s
             doc["quantization_config"] = set_convention(doc["quantization_config"], to, prov)
         else:
             doc = set_convention(doc, to, prov)
-        (out_dir / name).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n",
-                                    encoding="utf-8")
+        with create(out_dir / name) as f:
+            f.write((json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
         written.append(name)
     return written

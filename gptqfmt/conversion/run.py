@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FindingError, UsageError
+from ..errors import FindingError, OutputError, UsageError
 from ..findings import ERROR, Finding
 from ..gptq.checkpoint import Checkpoint, open_checkpoint
 from ..gptq.detect import AMBIGUOUS, GPTQ, Detection, stored_fields
@@ -184,6 +184,30 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
     for m in ckpt.modules:
         qz_jobs[ckpt.store.file_of(m.tensors["qzeros"])].append(QzerosJob(m.tensors["qzeros"],
                                                                            m.bits))
+    before = _snapshot(ckpt)
+    try:
+        _write_verify_commit(ckpt, dst_path, shards, qz_jobs, from_conv, to, allow_lossy, jobs,
+                             force, plans, report, progress, before)
+    except OSError as e:
+        where = e.filename or dst_path
+        raise OutputError(f"{where}: cannot write the output: {e.strerror or e}; nothing was "
+                          "written") from None
+    report.written = True
+    return report
+
+
+def _snapshot(ckpt: Checkpoint) -> dict[str, tuple[int, int, int]]:
+    """(size, mtime_ns, inode) of every source file, to notice a source that changes mid-way."""
+    out = {}
+    for p in sorted(ckpt.store.root.iterdir()):
+        if p.is_file():
+            st = p.stat()
+            out[p.name] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def _write_verify_commit(ckpt, dst_path, shards, qz_jobs, from_conv, to, allow_lossy, jobs,
+                         force, plans, report, progress, before):
     with atomic.staging(dst_path, force) as tmp, ThreadPoolExecutor(1) as flusher:
         # each shard is flushed to disk in the background while the next one is written
         args = [(ckpt.store.root / s, tmp / s, qz_jobs[s], from_conv, to, allow_lossy)
@@ -205,11 +229,14 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
         for f in flushes:
             f.result()
         if not report.gate.ok:
-            raise FindingError(*[Finding("GQ503", msg, file=str(dst))
+            raise FindingError(*[Finding("GQ503", msg, file=str(dst_path))
                                  for msg in report.gate.failures])
+        changed = sorted(n for n, s in _snapshot(ckpt).items() if before.get(n) != s)
+        changed += sorted(set(before) - set(_snapshot(ckpt)))
+        if changed:
+            raise FindingError(*[Finding("GQ118", "changed while being converted; nothing was "
+                                         "written", file=n) for n in changed])
         atomic.commit(tmp, dst_path, force)
-    report.written = True
-    return report
 
 
 def _write_shard_args(a):

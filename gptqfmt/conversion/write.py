@@ -6,6 +6,7 @@ qzeros range replaced by its converted words. Bytes between qzeros tensors are c
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import numpy as np
 
 from ..gptq.packing import pack, unpack
 from ..safetensors_io.reader import SafetensorsFile
+from .atomic import create
 from .fields import convert_fields
 
 COPY_CHUNK = 64 << 20
@@ -37,7 +39,7 @@ def write_shard(src: Path, out: Path, jobs: list[QzerosJob], src_conv: str, dst_
     """Write `out`; returns the number of bytes written."""
     f = SafetensorsFile(src)
     ranges = sorted((f.header.data_start + f.tensors[j.tensor].begin, j) for j in jobs)
-    with open(src, "rb") as fin, open(out, "wb") as fout:
+    with open(src, "rb") as fin, create(out) as fout:
         pos = 0
         for start, job in ranges:
             _copy(fin, fout, pos, start - pos)
@@ -60,7 +62,9 @@ def _copy(fin, fout, offset: int, length: int) -> None:
             try:
                 n = os.copy_file_range(fin.fileno(), fout.fileno(), length - done,
                                        offset + done)
-            except OSError:
+            except OSError as e:
+                if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise  # a full disk or a file-size limit is an error, not a fallback
                 break  # e.g. across filesystems on old kernels: fall back below
             if n == 0:
                 break
@@ -81,4 +85,5 @@ def _copy(fin, fout, offset: int, length: int) -> None:
 
 def copy_plain(src: Path, out: Path) -> None:
     """Copy a non-tensor file, reading through symbolic links (the HF cache is made of them)."""
-    shutil.copyfile(src, out)
+    with open(src, "rb") as fin, create(out) as fout:
+        shutil.copyfileobj(fin, fout, COPY_CHUNK)

@@ -202,9 +202,9 @@ def _reconcile(sources, usable, findings) -> QuantConfig:
                                     hint="set both to the convention the data has"))
     for d in declared:
         if d.value not in CONVENTIONS:
-            extra = (f"; vLLM compares it exactly and reads {d.value!r} as gptq"
+            extra = (f"; vLLM compares it exactly and reads '{d.value}' as gptq"
                      if d.value.lower() in CONVENTIONS else "")
-            findings.append(Finding("GQ202", f"{d.key}: {d.value!r} is not one of "
+            findings.append(Finding("GQ202", f"{d.key}: '{d.value}' is not one of "
                                     f"{list(CONVENTIONS)}{extra}", file=d.file))
     for label, doc in usable:
         for key in ("bits", "group_size"):
