@@ -1,4 +1,5 @@
-// Per-element GPTQ arithmetic shared by the CUDA kernels and the host (g++) build used in CI.
+// Per-element GPTQ arithmetic shared by the CUDA kernel (gptq_gemm.cu) and the host build used in
+// CI (host_shim.c through g++), so the GPU and the CPU twin compute the same bits.
 //
 // Codes form one little-endian bit stream cut into 32-bit words: value k sits at stream bit
 // k*bits (word k*bits/32, bit k*bits%32), least significant first; 3-bit values 10 and 21 of
@@ -6,7 +7,8 @@
 //   GQ_ZERO_V2        Z = s                       (gptq_v2)
 //   GQ_ZERO_V1_NOWRAP Z = s + 1                   (gptq: vLLM gptq_gemm, ExLlamaV2)
 //   GQ_ZERO_V1_WRAP   Z = (s + 1) & maxq          (gptq: AutoGPTQ exllama paths, TGI)
-// and w = scale * (q - Z), computed in fp32 in this order.
+// and w = scale * (float)(q - Z), one fp32 multiply. Scales arrive as fp16 or bf16 bits and are
+// widened exactly by the functions below (no device intrinsics, so the host agrees bit for bit).
 #pragma once
 #include <stdint.h>
 
@@ -17,6 +19,7 @@
 #endif
 
 enum { GQ_ZERO_V2 = 0, GQ_ZERO_V1_NOWRAP = 1, GQ_ZERO_V1_WRAP = 2 };
+enum { GQ_F32 = 0, GQ_F16 = 1, GQ_BF16 = 2 };
 
 // Value k of the bit stream held in `words` (unsigned 32-bit words).
 GQ_HD uint32_t gq_field(const uint32_t* words, int64_t k, int bits) {
@@ -36,6 +39,62 @@ GQ_HD int32_t gq_zero(uint32_t stored, int bits, int rule) {
     return ((int32_t)stored + 1) & maxq;
 }
 
-GQ_HD float gq_dequant(uint32_t q, int32_t zero, float scale) {
-    return scale * (float)((int32_t)q - zero);
+GQ_HD float gq_bits_to_float(uint32_t u) {
+    union { uint32_t u; float f; } c;
+    c.u = u;
+    return c.f;
+}
+
+// IEEE binary16 -> binary32, exact (subnormals, infinities and NaN included).
+GQ_HD float gq_half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu;
+    uint32_t man = h & 0x3FFu;
+    if (exp == 0x1Fu) return gq_bits_to_float(sign | 0x7F800000u | (man << 13));
+    if (exp == 0) {
+        if (man == 0) return gq_bits_to_float(sign);
+        exp = 113;  // normalise the subnormal: 127 - 15 + 1
+        while ((man & 0x400u) == 0) { man <<= 1; --exp; }
+        man &= 0x3FFu;
+        return gq_bits_to_float(sign | (exp << 23) | (man << 13));
+    }
+    return gq_bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+// One step of the fp32 accumulation, rounded after the multiply and after the add (never fused):
+// the CUDA build uses the _rn intrinsics, the host build is compiled with -ffp-contract=off.
+GQ_HD float gq_mac(float acc, float x, float w) {
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(acc, __fmul_rn(x, w));
+#else
+    const float p = x * w;
+    return acc + p;
+#endif
+}
+
+GQ_HD float gq_bf16_to_float(uint16_t h) { return gq_bits_to_float((uint32_t)h << 16); }
+
+// A value of dtype `kind` (GQ_F32 / GQ_F16 / GQ_BF16) at index i of raw storage `p`.
+GQ_HD float gq_load(const void* p, int64_t i, int kind) {
+    if (kind == GQ_F16) return gq_half_to_float(((const uint16_t*)p)[i]);
+    if (kind == GQ_BF16) return gq_bf16_to_float(((const uint16_t*)p)[i]);
+    return ((const float*)p)[i];
+}
+
+// W[k, n] of a GPTQ Linear: qweight [K*bits/32, N] packed along k, qzeros [G, N*bits/32] packed
+// along n, scales [G, N], g_idx [K].
+GQ_HD float gq_weight(const uint32_t* qweight, const uint32_t* qzeros, const void* scales,
+                      int scale_kind, const int32_t* g_idx, int64_t k, int64_t n, int64_t N,
+                      int bits, int rule) {
+    const int64_t g = g_idx[k];
+    // column n of qweight is its own bit stream down the rows: its words sit N apart
+    const int64_t bit = k * bits;
+    const int64_t w = bit >> 5;
+    const int off = (int)(bit & 31);
+    uint32_t q = qweight[w * N + n] >> off;
+    if (off + bits > 32) q |= qweight[(w + 1) * N + n] << (32 - off);
+    q &= (1u << bits) - 1u;
+    const uint32_t s = gq_field(qzeros + g * ((N * bits) >> 5), n, bits);
+    const int32_t z = gq_zero(s, bits, rule);
+    return gq_load(scales, g * N + n, scale_kind) * (float)((int32_t)q - z);
 }

@@ -49,11 +49,8 @@ def gpu_available() -> bool:
 def pytest_collection_modifyitems(config, items):
     if gpu_available():
         return
-    require = os.environ.get("GPTQFMT_REQUIRE_GPU") == "1"
+    if os.environ.get("GPTQFMT_REQUIRE_GPU") == "1":
+        return  # run them anyway: without a usable GPU they fail, they do not hide as skips
     for item in items:
         if "gpu" in item.keywords:
-            if require:
-                item.add_marker(pytest.mark.xfail(reason="GPTQFMT_REQUIRE_GPU=1 but no GPU",
-                                                  strict=True, run=False))
-            else:
-                item.add_marker(pytest.mark.skip(reason="no CUDA device / CuPy"))
+            item.add_marker(pytest.mark.skip(reason="no CUDA device / CuPy"))

@@ -19,8 +19,8 @@ def lib(tmp_path_factory):
     src = data_dir("kernels") / "host_shim.c"
     out = tmp_path_factory.mktemp("k") / "libgq.so"
     lang = ["-x", "c++"] if CC.endswith("g++") else []
-    subprocess.run([CC, *lang, "-O2", "-shared", "-fPIC", "-I", str(src.parent), str(src), "-o",
-                    str(out)], check=True)
+    subprocess.run([CC, *lang, "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-I",
+                    str(src.parent), str(src), "-o", str(out)], check=True)
     return ctypes.CDLL(str(out))
 
 
@@ -52,3 +52,59 @@ def test_zero_rules(lib, bits, rule, expect):
         assert out[-1] == 2**bits  # "no-wrap": stored maxq reads as 2^bits
     if rule == 2:
         assert out[-1] == 0  # "wrap": stored maxq reads as 0
+
+
+def test_half_and_bfloat16_widening_is_exact_for_every_value(lib):
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    for kind, want in ((1, bits.view(np.float16).astype(np.float32)),
+                       (2, (bits.astype(np.uint32) << 16).view(np.float32))):
+        out = np.zeros(bits.size, np.float32)
+        lib.gq_host_load(ptr(bits), ctypes.c_int64(bits.size), ctypes.c_int(kind), ptr(out))
+        assert np.array_equal(out.view(np.uint32)[~np.isnan(want)],
+                              want.view(np.uint32)[~np.isnan(want)])
+        assert np.isnan(out[np.isnan(want)]).all()
+
+
+def random_module(rng, bits, k=96, n=64, groups=3, act=True):
+    from gptqfmt.gptq.packing import pack
+    codes = rng.integers(0, 2**bits, (k, n))
+    zeros = rng.integers(0, 2**bits, (groups, n))
+    g = np.repeat(np.arange(groups), k // groups).astype(np.int32)
+    if act:
+        g = rng.permutation(g).astype(np.int32)
+    return (pack(codes, bits, 32, 0), pack(zeros, bits, 32, 1),
+            (rng.random((groups, n)) * 0.1).astype(np.float32), g)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("rule", [0, 1, 2])
+@pytest.mark.parametrize(("scale_kind", "x_kind"), [(0, 0), (1, 1), (2, 2), (1, 0)])
+def test_kernel_gemm_body_equals_cpu_twin_bitwise(lib, bits, rule, scale_kind, x_kind):
+    from gptqfmt.verify.cpu import CpuBackend
+    rng = np.random.default_rng(bits * 10 + rule)
+    qw, qz, sc, g = random_module(rng, bits)
+    to_raw = {0: lambda a: a.astype(np.float32),
+              1: lambda a: a.astype(np.float16).view(np.uint16),
+              2: lambda a: (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)}
+    scales = np.ascontiguousarray(to_raw[scale_kind](sc))
+    x = np.ascontiguousarray(to_raw[x_kind](rng.standard_normal((3, qw.shape[0] * 32 // bits))))
+    k, n = x.shape[1], qw.shape[1]
+    y = np.zeros((3, n), np.float32)
+    qwu, qzu = np.ascontiguousarray(qw.view(np.uint32)), np.ascontiguousarray(qz.view(np.uint32))
+    lib.gq_host_gemm(ptr(x), ctypes.c_int(x_kind), ptr(qwu), ptr(qzu), ptr(scales),
+                     ctypes.c_int(scale_kind), ptr(g), ptr(y), ctypes.c_int(3), ctypes.c_int64(k),
+                     ctypes.c_int64(n), ctypes.c_int(bits), ctypes.c_int(rule))
+    twin = CpuBackend().gemm(x, x_kind, qw, qz, scales, scale_kind, g, bits, rule)
+    assert np.array_equal(y.view(np.uint32), twin.view(np.uint32))
+    # and the twin against a slow, obviously right float64 reference (rounding only)
+    from gptqfmt.gptq.packing import unpack
+    zz = unpack(qz, bits, 1).astype(np.int64)
+    zz = {0: zz, 1: zz + 1, 2: (zz + 1) & (2**bits - 1)}[rule]
+    w = np.zeros((k, n))
+    q = unpack(qw, bits, 0)
+    from gptqfmt.verify.cpu import to_f32
+    s = to_f32(scales, scale_kind).astype(np.float64)
+    for kk in range(k):
+        w[kk] = s[g[kk]] * (q[kk].astype(np.int64) - zz[g[kk]])
+    ref = to_f32(x, x_kind).astype(np.float64) @ w
+    assert np.allclose(twin, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())

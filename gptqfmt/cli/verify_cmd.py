@@ -4,8 +4,9 @@ from __future__ import annotations
 import click
 
 from ..validate import validate
+from ..verify.equivalence import check_usage, compare, reference_fp32
 from .main import guarded
-from .output import emit_json, finding_line
+from .output import emit_json, escape, finding_line
 from .progress import Progress
 
 
@@ -15,13 +16,24 @@ from .progress import Progress
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Threads checking modules in parallel (default: one per CPU).")
+@click.option("--against", "against", type=click.Path(), default=None,
+              help="Check that PATH and this checkpoint compute the same Y = X @ W.")
+@click.option("--reference", type=click.Choice(["fp32"]), default=None,
+              help="Compare runtime output with an fp32 dequant and classify the difference.")
+@click.option("--backend", type=click.Choice(["auto", "cpu", "cupy"]), default="auto",
+              show_default=True, help="Backend of --against and --reference.")
 @guarded
-def verify_cmd(path, fmt, strict, quiet, jobs):
+def verify_cmd(path, fmt, strict, quiet, jobs, against, reference, backend):
     """Validate the checkpoint at PATH: container, index, configs, shapes, values, and the
     declared zero-point convention against the one the data show.
 
     Exit 0 when it passes, 1 when findings of severity error exist (with --strict, warnings
-    too), 2 when PATH cannot be read, 3 on an internal error."""
+    too), 2 when PATH cannot be read, 3 on an internal error. With --against: exit 0 when
+    both compute the same outputs for every runtime, 1 when not."""
+    if against or reference:
+        check_usage(against, reference)
+        return (_against(path, against, backend, fmt) if against
+                else _reference(path, backend, fmt))
     with Progress(enabled=fmt == "text" and not quiet, unit="B", desc="verify") as bar:
         report = validate(path, progress=lambda m, nbytes: bar.update(nbytes), jobs=jobs)
     if fmt == "json":
@@ -37,3 +49,38 @@ def verify_cmd(path, fmt, strict, quiet, jobs):
                    f"(runtimes read {cf['effective']}), detected {cf['detected']} "
                    f"(confidence {cf['confidence']:.4f})")
     return 1 if report.failed(strict) else 0
+
+
+def _against(src, dst, backend, fmt) -> int:
+    rep = compare(src, dst, backend)
+    if fmt == "json":
+        emit_json(rep.to_json())
+        return 0 if rep.equivalent else 1
+    for m in rep.modules:
+        if m.equal:
+            click.echo(f"{escape(m.name)}: equal (bitwise, every runtime)")
+            continue
+        cells = ", ".join(f"{g}: {n} zero cells" for g, n in m.cells_differ.items())
+        click.echo(f"{escape(m.name)}: DIFFERS for {'; '.join(m.runtimes_differ) or '-'} "
+                   f"(max abs {m.max_abs:.4g}, relative {m.max_rel:.3g}; {cells})"
+                   + (f" {m.note}" if m.note else ""))
+    n_eq = sum(m.equal for m in rep.modules)
+    click.echo(f"{'OK' if rep.equivalent else 'FAIL'}: {n_eq} of {len(rep.modules)} modules "
+               f"compute the same Y = X @ W ({rep.src_convention} vs {rep.dst_convention}, "
+               f"backend {rep.backend}, {rep.columns} columns per module)")
+    return 0 if rep.equivalent else 1
+
+
+def _reference(path, backend, fmt) -> int:
+    declared, detected, diags = reference_fp32(path, backend)
+    bad = [d for d in diags if d.verdict != "consistent"]
+    if fmt == "json":
+        emit_json({"status": "fail" if bad else "ok", "mode": "reference",
+                   "exit_code": 1 if bad else 0, "findings": [], "declared": declared,
+                   "detected": detected, "modules": [d.to_json() for d in diags]})
+        return 1 if bad else 0
+    for d in diags:
+        click.echo(f"{escape(d.name)}: {d.verdict}" + (f" ({d.detail})" if d.detail else ""))
+    click.echo(f"{'FAIL' if bad else 'OK'}: {len(diags) - len(bad)} of {len(diags)} modules "
+               f"consistent (runtimes read {declared}, the data are {detected})")
+    return 1 if bad else 0

@@ -1,0 +1,36 @@
+"""Numerical equivalence: dequant + GEMM with the runtimes' zero-point semantics.
+
+Backends: `cpu` (numpy, exact twin of the kernel's arithmetic and order) and `cupy` (the
+RawKernel in kernels/gptq_gemm.cu). CuPy is imported only when asked for; everything works
+without it.
+"""
+from __future__ import annotations
+
+from ..errors import UsageError
+
+ZERO_V2, ZERO_V1_NOWRAP, ZERO_V1_WRAP = 0, 1, 2
+F32, F16, BF16 = 0, 1, 2
+DTYPE_KIND = {"F32": F32, "F16": F16, "BF16": BF16}
+# Which zero rule each group of runtimes applies to a file of each convention.
+RUNTIMES = {
+    "vLLM gptq_gemm, ExLlamaV2": {"gptq": ZERO_V1_NOWRAP, "gptq_v2": ZERO_V2},
+    "AutoGPTQ exllama, TGI": {"gptq": ZERO_V1_WRAP, "gptq_v2": ZERO_V2},
+}
+
+
+def get_backend(name: str = "auto"):
+    """The backend object for `name` (auto: cupy when a CUDA device is usable, else cpu)."""
+    from . import cpu
+
+    if name == "cpu":
+        return cpu.CpuBackend()
+    if name in ("cupy", "auto"):
+        try:
+            from .cupy_backend import CupyBackend
+
+            return CupyBackend()
+        except Exception as e:  # noqa: BLE001 - no CuPy, no driver, no device: all "unavailable"
+            if name == "cupy":
+                raise UsageError(f"backend cupy is unavailable: {type(e).__name__}: {e}") from None
+            return cpu.CpuBackend()
+    raise UsageError(f"unknown backend {name!r}; expected auto, cpu or cupy")

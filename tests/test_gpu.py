@@ -1,0 +1,60 @@
+"""The CuPy backend on a GPU: the same bits as the CPU twin on every fixture.
+
+Marked `gpu`: skipped without a CUDA device and CuPy, and failed instead when
+GPTQFMT_REQUIRE_GPU=1 (scripts/gpu-check.sh sets it, so a broken CuPy cannot hide as skips).
+"""
+import numpy as np
+import pytest
+
+from gptqfmt.gptq.checkpoint import open_checkpoint
+from gptqfmt.verify import F16, F32, RUNTIMES
+from gptqfmt.verify.cpu import CpuBackend
+from gptqfmt.verify.equivalence import _tensors
+from tests.conftest import CKPT, SPECS
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from gptqfmt.verify.cupy_backend import CupyBackend
+    return CupyBackend()
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_gpu_equals_cpu_on_every_fixture(gpu, name):
+    cpu = CpuBackend()
+    rng = np.random.default_rng(0)
+    with open_checkpoint(CKPT / name) as ck:
+        for m in ck.modules:
+            qw, qz, sc, kind, g = _tensors(ck, m)
+            for x_kind in (F32, F16):
+                x = rng.standard_normal((4, m.in_features)).astype(np.float32)
+                if x_kind == F16:
+                    x = x.astype(np.float16).view(np.uint16)
+                for rule in sorted({r for rules in RUNTIMES.values() for r in rules.values()}):
+                    a = gpu.gemm(x, x_kind, qw, qz, sc, kind, g, m.bits, rule)
+                    b = cpu.gemm(x, x_kind, qw, qz, sc, kind, g, m.bits, rule)
+                    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), (m.name, rule)
+                    wa = gpu.dequant(qw, qz, sc, kind, g, m.bits, rule)
+                    wb = cpu.dequant(qw, qz, sc, kind, g, m.bits, rule)
+                    assert np.array_equal(wa.view(np.uint32), wb.view(np.uint32))
+
+
+def test_gpu_backend_checks_arguments(gpu):
+    from gptqfmt.errors import UsageError
+    with open_checkpoint(CKPT / "b4-sym-act-gptq-sharded") as ck:
+        m = ck.modules[0]
+        qw, qz, sc, kind, g = _tensors(ck, m)
+        with pytest.raises(UsageError):
+            gpu.gemm(np.zeros((17, m.in_features), np.float32), F32, qw, qz, sc, kind, g, 4, 0)
+        with pytest.raises(UsageError):
+            gpu.gemm(np.zeros((2, m.in_features + 1), np.float32), F32, qw, qz, sc, kind, g, 4, 0)
+
+
+def test_verify_against_on_gpu(run_cli, tmp_path):
+    from gptqfmt.conversion import convert
+    convert(CKPT / "b4-sym-act-gptq-sharded", tmp_path / "o")
+    r = run_cli("verify", CKPT / "b4-sym-act-gptq-sharded", "--against", tmp_path / "o",
+                "--backend", "cupy")
+    assert r.exit_code == 0 and "backend cupy" in r.stdout
