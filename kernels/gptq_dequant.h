@@ -10,7 +10,14 @@
 // and w = scale * (float)(q - Z), one fp32 multiply. Scales arrive as fp16 or bf16 bits and are
 // widened exactly by the functions below (no device intrinsics, so the host agrees bit for bit).
 #pragma once
+#if defined(__CUDACC_RTC__)  // NVRTC (CuPy's RawModule) has no system headers
+typedef unsigned int uint32_t;
+typedef int int32_t;
+typedef unsigned short uint16_t;
+typedef long long int64_t;
+#else
 #include <stdint.h>
+#endif
 
 #if defined(__CUDACC__)
 #define GQ_HD __host__ __device__ __forceinline__

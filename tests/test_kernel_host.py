@@ -108,3 +108,15 @@ def test_kernel_gemm_body_equals_cpu_twin_bitwise(lib, bits, rule, scale_kind, x
         w[kk] = s[g[kk]] * (q[kk].astype(np.int64) - zz[g[kk]])
     ref = to_f32(x, x_kind).astype(np.float64) @ w
     assert np.allclose(twin, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+def test_cuda_kernel_compiles_without_fused_multiply_add(tmp_path):
+    """The GPU build must round like the CPU twin: no FMA in the PTX of gptq_gemm.cu."""
+    kdir = data_dir("kernels")
+    ptx = tmp_path / "k.ptx"
+    subprocess.run(["nvcc", "-std=c++14", "--fmad=false", "-I", str(kdir), "--ptx",
+                    str(kdir / "gptq_gemm.cu"), "-o", str(ptx)], check=True, timeout=600)
+    text = ptx.read_text()
+    assert ".entry gptq_dequant_gemm" in text and ".entry gptq_dequant" in text
+    assert "fma." not in text and "mul.rn.f32" in text and "add.rn.f32" in text
