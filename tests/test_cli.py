@@ -98,3 +98,53 @@ def test_python_m_entry_point():
 @pytest.mark.parametrize("name", ["b4-sym-noact-gptq_v2-single", "lmhead-b4-sym-gptq_v2"])
 def test_exit_codes_follow_error_findings(run_cli, name):
     assert run_cli("inspect", CKPT / name).exit_code == 0
+
+
+def test_click_usage_errors_still_give_one_json_document(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gptqfmt", "verify", str(FIX), "--format", "json",
+                        "--jobs", "0"], capture_output=True, text=True)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 2 and doc["status"] == "error" and "--jobs" in doc["error"]
+    r = subprocess.run([sys.executable, "-m", "gptqfmt", "verify", "--jobs", "0", str(FIX)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == "" and "Invalid value for '--jobs'" in r.stderr
+
+
+def run_on_a_terminal(args):
+    """Run gptqfmt with stderr on a pseudo-terminal; returns (exit code, stdout, stderr)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a real screen
+    p = subprocess.Popen([sys.executable, "-m", "gptqfmt", *map(str, args)],
+                         stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        err += chunk
+    out = p.stdout.read()
+    p.wait()
+    os.close(master)
+    return p.returncode, out.decode(), err.decode(errors="replace")
+
+
+def test_progress_bars_only_for_a_person(tmp_path):
+    code, out, err = run_on_a_terminal(["convert", FIX, tmp_path / "a"])
+    assert code == 0 and "write" in err and "verify" in err and "module" in err
+    assert "write" not in out
+    code, out, err = run_on_a_terminal(["convert", FIX, tmp_path / "b", "--format", "json"])
+    assert code == 0 and err == "" and json.loads(out)["written"] is True
+    code, out, err = run_on_a_terminal(["convert", FIX, tmp_path / "c", "--quiet"])
+    assert code == 0 and err == ""
+    r = subprocess.run([sys.executable, "-m", "gptqfmt", "convert", str(FIX), str(tmp_path / "d")],
+                       capture_output=True, text=True)  # stderr not a terminal
+    assert r.returncode == 0 and r.stderr == ""

@@ -36,10 +36,12 @@ def convert_cmd(src, dst, fmt, to, src_convention, allow_lossy, dry_run, force, 
 
     Exit 0 converted (or planned, with --dry-run), 1 refused or invalid input (nothing
     written), 2 usage error or DST exists, 3 internal error."""
-    with Progress(enabled=fmt == "text" and not quiet, unit="B", desc="convert") as bar:
+    show = fmt == "text" and not quiet
+    with Progress(enabled=show, unit="B", desc="write") as bar, \
+            Progress(enabled=show, unit="module", desc="verify", position=1) as mods:
         report = convert(src, dst, to=to, src_convention=src_convention,
                          allow_lossy=allow_lossy, dry_run=dry_run, force=force, jobs=jobs,
-                         backend=backend, progress=bar.update)
+                         backend=backend, progress=bar.update, on_module=mods.update)
     doc = report.to_json()
     if fmt == "json":
         emit_json(doc)

@@ -73,3 +73,29 @@ def _register():
 
 
 _register()
+
+
+def run(argv: list[str] | None = None) -> None:
+    """Console entry point: like main(), but a usage error that click itself finds (a bad
+    option value, a missing argument) still prints one JSON document under --format json."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = main.main(args=args, prog_name="gptqfmt", standalone_mode=False)
+    except click.ClickException as e:
+        if _wants_json(args):
+            emit_json({"status": "error", "exit_code": e.exit_code, "findings": [],
+                       "error": e.format_message()})
+        else:
+            e.show()
+        code = e.exit_code
+    except click.Abort:
+        note("gptqfmt: aborted")
+        code = 130
+    raise SystemExit(code or 0)
+
+
+def _wants_json(args: list[str]) -> bool:
+    return "--format=json" in args or any(a == "--format" and b == "json"
+                                          for a, b in zip(args, args[1:]))

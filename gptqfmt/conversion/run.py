@@ -148,7 +148,7 @@ def _max_scale(ckpt: Checkpoint, m, mask: np.ndarray) -> float:
 def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
             src_convention: str = "auto", allow_lossy: bool = False, dry_run: bool = False,
             force: bool = False, jobs: int = 1, backend: str = "auto",
-            progress=None) -> ConvertReport:
+            progress=None, on_module=None) -> ConvertReport:
     """Convert the checkpoint directory `src` into `dst` (see the module docstring).
 
     Raises FindingError (exit 1) when the input is invalid or the conversion is refused, and
@@ -187,7 +187,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
     before = _snapshot(ckpt)
     try:
         _write_verify_commit(ckpt, dst_path, shards, qz_jobs, from_conv, to, allow_lossy, jobs,
-                             force, plans, report, progress, before)
+                             force, plans, report, progress, before, on_module)
     except OSError as e:
         where = e.filename or dst_path
         raise OutputError(f"{where}: cannot write the output: {e.strerror or e}; nothing was "
@@ -207,7 +207,7 @@ def _snapshot(ckpt: Checkpoint) -> dict[str, tuple[int, int, int]]:
 
 
 def _write_verify_commit(ckpt, dst_path, shards, qz_jobs, from_conv, to, allow_lossy, jobs,
-                         force, plans, report, progress, before):
+                         force, plans, report, progress, before, on_module):
     with atomic.staging(dst_path, force) as tmp, ThreadPoolExecutor(1) as flusher:
         # each shard is flushed to disk in the background while the next one is written
         args = [(ckpt.store.root / s, tmp / s, qz_jobs[s], from_conv, to, allow_lossy)
@@ -225,7 +225,7 @@ def _write_verify_commit(ckpt, dst_path, shards, qz_jobs, from_conv, to, allow_l
                 progress and progress(n)
         _copy_other_files(ckpt.store.root, tmp, set(shards))
         rewrite_configs(ckpt.store.root, tmp, to, provenance(from_conv, to, report.totals))
-        report.gate = run_gate(ckpt, tmp, from_conv, to, plans)
+        report.gate = run_gate(ckpt, tmp, from_conv, to, plans, on_module)
         for f in flushes:
             f.result()
         if not report.gate.ok:
@@ -261,7 +261,7 @@ def _copy_other_files(root: Path, tmp: Path, shards: set[str]) -> None:
 
 
 def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str,
-             plans: list[ModulePlan]) -> GateResult:
+             plans: list[ModulePlan], on_module=None) -> GateResult:
     result = GateResult(method=f"cpu exact: bytes outside qzeros compared, effective zeros per "
                                f"cell compared, Y = X @ W bitwise on {GEMM_COLUMNS}+ columns "
                                f"per module")
@@ -280,6 +280,7 @@ def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str,
                 src.store.release(m.tensors.values())
                 out.store.release(m.tensors.values())
                 result.modules.append(chk)
+                on_module and on_module(1)
                 if not chk.zeros_equal or (chk.lossy_cells == 0 and not chk.gemm_equal):
                     result.failures.append(f"{m.name}: the converted module does not compute "
                                            "what the source computed")

@@ -142,6 +142,9 @@ def _infer(m: Module, store: TensorStore, findings: list[Finding]) -> None:
         if role in info and len(info[role].shape) != ndim:
             add("GQ303", f"shape {list(info[role].shape)}: expected {ndim} dimensions", role)
             return
+    if "bias" in info and info["bias"].dtype not in SCALE_DTYPES:
+        add("GQ302", f"dtype {info['bias'].dtype}; bias must be F16, BF16 or F32", "bias")
+        return
     if "g_idx" in info and info["g_idx"].dtype not in ("I32", "I64"):
         add("GQ302", f"dtype {info['g_idx'].dtype}; g_idx must be I32", "g_idx")
         return
