@@ -154,3 +154,16 @@ def test_autogptq_safetensors_metadata_as_last_resort(tmp_path):
     cfg, f = load_config(tmp_path, md)
     assert cfg.sources == ["__metadata__"]
     assert cfg.base.bits == 4 and cfg.base.group_size == 32 and cfg.base.desc_act is False
+
+
+@pytest.mark.parametrize("doc", ["[1, 2]", "5"])
+def test_config_json_not_an_object(tmp_path, doc):
+    write(tmp_path, "config.json", doc)
+    _, f = load_config(tmp_path)
+    assert codes(f) == ["GQ202", "GQ206"]
+
+
+def test_config_that_is_a_directory(tmp_path):
+    (tmp_path / "quantize_config.json").mkdir()
+    _, f = load_config(tmp_path)
+    assert codes(f) == ["GQ201", "GQ206"]

@@ -145,3 +145,11 @@ def test_shard_that_is_a_directory(ckpt):
     p.mkdir()
     f = [x for x in open_store(ckpt).findings if x.code == "GQ122"]
     assert len(f) == 1 and "not a regular file" in f[0].message
+
+
+@pytest.mark.parametrize("meta", [None, {"total_size": "12"}, []])
+def test_odd_metadata_is_a_warning_and_reading_goes_on(ckpt, meta):
+    edit_index(ckpt, lambda d: d.__setitem__("metadata", meta))
+    store = open_store(ckpt)
+    assert len(store.files) == 3
+    assert [f.code for f in store.findings] == (["GQ127"] if meta == {"total_size": "12"} else [])

@@ -96,7 +96,11 @@ def load_config(root: Path, st_metadata: dict[str, str] | None = None
             continue
         label = f"{fname}:{subkey}" if subkey else fname
         if subkey:
-            doc = doc.get(subkey) if isinstance(doc, dict) else None
+            if not isinstance(doc, dict):
+                findings.append(Finding("GQ202", f"expected a JSON object; got "
+                                        f"{type(doc).__name__}", file=fname))
+                continue
+            doc = doc.get(subkey)
             if doc is None:
                 continue
         if not isinstance(doc, dict):
@@ -124,7 +128,10 @@ def load_config(root: Path, st_metadata: dict[str, str] | None = None
 
 
 def _read_json(path: Path, label: str, findings: list[Finding]):
+    if not path.exists():
+        return None
     if not path.is_file():
+        findings.append(Finding("GQ201", "is not a regular file", file=label))
         return None
     try:
         return json.loads(path.read_bytes().decode("utf-8"))

@@ -154,7 +154,11 @@ def _open_indexed(root: Path) -> TensorStore:
         if f.name.endswith(SUFFIX) and f.name not in referenced:
             store.findings.append(Finding("GQ125", "not referenced by the index; ignored",
                                           file=f.name))
-    if declared_total is not None and len(store.files) == len(shard_names) and not bad_names:
+    if declared_total is not None and not (isinstance(declared_total, int)
+                                           and not isinstance(declared_total, bool)):
+        store.findings.append(Finding("GQ127", f"metadata.total_size is {declared_total!r}, "
+                                      "not an integer", file=INDEX_NAME))
+    elif declared_total is not None and len(store.files) == len(shard_names) and not bad_names:
         actual_total = sum(i.nbytes for f in store.files.values() for i in f.tensors.values())
         if actual_total != declared_total:
             store.findings.append(Finding(
@@ -179,7 +183,8 @@ def _read_index(path: Path) -> tuple[dict[str, str], int | None]:
         where = ".".join(str(p) for p in err.path) or "(top level)"
         raise FindingError(Finding("GQ120", f"{where}: {err.message}; expected {{\"weight_map\": "
                                    "{tensor: shard file name}}", file=path.name))
-    total = doc.get("metadata", {}).get("total_size")
+    meta = doc.get("metadata")
+    total = meta.get("total_size") if isinstance(meta, dict) else None
     return doc["weight_map"], total
 
 
