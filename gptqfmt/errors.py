@@ -33,3 +33,6 @@ class FindingError(GptqfmtError):
         super().__init__(findings[0].one_line())
         self.findings = list(findings)
         self.finding = findings[0]
+
+    def __reduce__(self):  # crosses process boundaries (convert --jobs)
+        return (type(self), tuple(self.findings))

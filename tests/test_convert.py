@@ -1,5 +1,6 @@
 """convert: every fixture, both directions, against a slow independent reference."""
 import json
+import os
 import shutil
 import struct
 
@@ -124,10 +125,23 @@ def stored_maxq_count(path, tensor, bits):
     return sum(v == 2**bits - 1 for row in words for v in ref_fields(row, bits, w))
 
 
+# writer bugs the detector finds (tests/test_detect.py): convert refuses them (GQ405, and GQ403
+# for sym files whose constants were corrupted) before it plans anything
+CORRUPTED = {"autogptq-b2-asym-gptq", "autogptq-b4-asym-gptq", "gptqmodel-b4-asym-gptq",
+             "gptqmodel603-b3-asym-gptq", "gptqmodel603-b3-sym-gptq"}
+
+
 @pytest.mark.parametrize("to", ["gptq_v2", "gptq"])
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_fixture_converts_or_is_refused_exactly(tmp_path, name, to):
     spec = SPECS[name]
+    if name in CORRUPTED:
+        with pytest.raises(FindingError) as e:
+            convert(CKPT / name, tmp_path / "out", to=to, src_convention=spec.convention)
+        assert {f.code for f in e.value.findings} <= {"GQ405", "GQ403"}
+        assert "GQ405" in {f.code for f in e.value.findings}
+        assert not list(tmp_path.iterdir())
+        return
     src_conv, counts = expected_outcome(name, to)
     src_dir = CKPT / name
     index = src_dir / "model.safetensors.index.json"
@@ -293,3 +307,84 @@ def test_header_length_prefix_is_preserved(tmp_path):
     a = (CKPT / "b4-sym-noact-gptq-single" / "model.safetensors").read_bytes()
     b = (tmp_path / "o" / "model.safetensors").read_bytes()
     assert struct.unpack("<Q", a[:8]) == struct.unpack("<Q", b[:8]) and len(a) == len(b)
+
+
+def test_force_never_deletes_the_source(tmp_path):
+    parent = tmp_path / "parent"
+    src = parent / "src"
+    shutil.copytree(CKPT / "b4-sym-noact-gptq-single", src)
+    (parent / "sibling.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    for dst in (parent, src, tmp_path / "link"):
+        if dst.name == "link":
+            os.symlink(src, dst)
+        with pytest.raises(UsageError):
+            convert(src, dst, force=True)
+    # an HF-cache layout: DST is the blobs folder the snapshot links into
+    blobs, snap = tmp_path / "blobs", tmp_path / "snap"
+    blobs.mkdir()
+    snap.mkdir()
+    for p in src.iterdir():
+        shutil.copy(p, blobs / p.name)
+        os.symlink(blobs / p.name, snap / p.name)
+    with pytest.raises(UsageError):
+        convert(snap, blobs, force=True)
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+    assert (parent / "sibling.txt").read_text() == "mine" and len(list(blobs.iterdir())) == len(before)
+
+
+def test_config_json_without_quantization_config_is_kept(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(CKPT / "b4-sym-noact-gptq-single", src)
+    (src / "config.json").write_text('{"model_type": "llama"}\n')
+    (src / "original").mkdir()
+    (src / "original" / "params.json").write_text("{}")
+    convert(src, tmp_path / "o")
+    assert (tmp_path / "o" / "config.json").read_text() == '{"model_type": "llama"}\n'
+    assert (tmp_path / "o" / "original" / "params.json").read_text() == "{}"
+
+
+def test_bad_values_are_refused_before_writing(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(CKPT / "b4-sym-noact-gptq-single", src)
+    f = SafetensorsFile(src / "model.safetensors")
+    t = {k: np.array(f.view(k)) for k in f.tensors}
+    key = "model.layers.0.self_attn.q_proj.scales"
+    t[key][0, 0] = np.nan
+    from gptqfmt.safetensors_io import save_file
+    save_file(t, src / "model.safetensors", f.metadata)
+    with pytest.raises(FindingError) as e:
+        convert(src, tmp_path / "o")
+    assert [x.code for x in e.value.findings] == ["GQ501"] and not (tmp_path / "o").exists()
+
+
+def test_lossy_totals_count_resolved_ambiguous_fields(tmp_path):
+    name = "b4-asym-noact-gptq-single"
+    rep = convert(CKPT / name, tmp_path / "o", allow_lossy=True)
+    truth = MANIFEST[name]["modules"]
+    assert rep.totals["ambiguous"] == rep.totals["lossy"] == sum(t["zero_fields"]
+                                                                 for t in truth.values())
+    meta = json.loads((tmp_path / "o" / "quantize_config.json").read_text())["meta"]["gptqfmt"]
+    assert meta["lossy"] == rep.totals["lossy"] > 0
+
+
+def test_exceptions_cross_process_boundaries():
+    import pickle
+    from gptqfmt.findings import Finding
+    e = FindingError(Finding("GQ118", "gone", file="a"), Finding("GQ122", "x"))
+    back = pickle.loads(pickle.dumps(e))
+    assert [f.code for f in back.findings] == ["GQ118", "GQ122"]
+    n = pickle.loads(pickle.dumps(NotRepresentable("3 fields", 3)))
+    assert n.count == 3 and str(n) == "3 fields"
+
+
+def test_json_report_validates_and_dry_run_checks_dst(run_cli, tmp_path):
+    from gptqfmt.resources import validator
+    r = run_cli("convert", CKPT / "b4-sym-noact-gptq-single", tmp_path / "o", "--format", "json")
+    doc = json.loads(r.stdout)
+    validator("convert").validate(doc)
+    assert doc["exit_code"] == 0 and doc["written"] is True
+    r = run_cli("convert", CKPT / "b4-asym-act-gptq-single", tmp_path / "p", "--format", "json")
+    validator("convert").validate(json.loads(r.stdout))
+    r = run_cli("convert", CKPT / "b4-sym-noact-gptq-single", tmp_path / "o", "--dry-run")
+    assert r.exit_code == 2 and "already exists" in r.stderr

@@ -35,6 +35,7 @@ def test_no_corruption_signature_on_clean_writers():
 
 @pytest.mark.parametrize(("name", "kind"), [
     ("autogptq-b4-asym-gptq", "autogptq_sign_extension"),
+    ("autogptq-b2-asym-gptq", "autogptq_sign_extension"),  # structural: runs to the word top
     ("gptqmodel-b4-asym-gptq", "gptqmodel_borrow"),
     ("gptqmodel603-b3-asym-gptq", "gptqmodel_603_3bit"),
     ("gptqmodel603-b3-sym-gptq", "gptqmodel_603_3bit"),

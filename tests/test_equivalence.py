@@ -8,6 +8,7 @@ import pytest
 from gptqfmt.conversion import convert
 from gptqfmt.gptq.packing import pack, unpack
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
+from gptqfmt.resources import validator
 from gptqfmt.verify.equivalence import compare
 from tests.conftest import CKPT, MANIFEST
 
@@ -30,6 +31,7 @@ def test_lossless_pairs_are_bitwise_equal(tmp_path, run_cli, name, to):
     r = run_cli("verify", CKPT / name, "--against", tmp_path / "o", "--backend", "cpu",
                 "--format", "json")
     doc = json.loads(r.stdout)
+    validator("equivalence").validate(doc)
     assert r.exit_code == 0 and doc["status"] == "ok" and doc["backend"] == "cpu"
     assert doc["summary"]["equal"] == len(MANIFEST[name]["modules"])
 
@@ -69,6 +71,7 @@ def test_reference_tells_a_wrong_label_from_corruption(tmp_path, run_cli):
     r = run_cli("verify", CKPT / "mislabelled-b4-sym-v2-as-gptq", "--reference", "fp32",
                 "--backend", "cpu", "--format", "json")
     doc = json.loads(r.stdout)
+    validator("equivalence").validate(doc)
     assert r.exit_code == 1 and {m["verdict"] for m in doc["modules"]} == {
         "one-step zero offset"}
     r = run_cli("verify", CKPT / "b4-asym-act-gptq_v2-sharded", "--reference", "fp32",
@@ -111,3 +114,29 @@ def test_against_and_reference_are_exclusive(run_cli):
     r = run_cli("verify", CKPT / "b4-sym-act-gptq-sharded", "--against", CKPT /
                 "b4-sym-act-gptq-sharded", "--reference", "fp32")
     assert r.exit_code == 2
+
+
+def test_against_reads_labels_like_runtimes(tmp_path):
+    """A DST whose data are right but whose label is wrong computes garbage in runtimes."""
+    name = "b4-sym-act-gptq-sharded"
+    convert(CKPT / name, tmp_path / "o")
+    for cfg in ("quantize_config.json", "config.json"):
+        p = tmp_path / "o" / cfg
+        doc = json.loads(p.read_text())
+        q = doc.get("quantization_config", doc)
+        q["checkpoint_format"] = q["format"] = "gptq"
+        p.write_text(json.dumps(doc))
+    rep = compare(CKPT / name, tmp_path / "o", backend="cpu")
+    assert not rep.equivalent and rep.dst_convention == "gptq"
+
+
+def test_reference_json_with_inf_is_valid_json(tmp_path, run_cli):
+    shutil.copytree(CKPT / "b4-sym-noact-gptq_v2-single", tmp_path / "c")
+    key = "model.layers.0.self_attn.q_proj.scales"
+    rewrite(tmp_path / "c" / "model.safetensors",
+            lambda t: t.__setitem__(key, np.full_like(t[key], 60000)))
+    r = run_cli("verify", tmp_path / "c", "--reference", "fp32", "--backend", "cpu",
+                "--format", "json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and any(m["verdict"] == "inf/nan" and m["max_abs"] is None
+                                    for m in doc["modules"])

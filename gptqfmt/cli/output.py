@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import click
@@ -37,8 +38,19 @@ def finding_line(f: Finding) -> str:
 
 
 def emit_json(doc) -> None:
-    """Exactly one JSON document on stdout (ASCII, so control characters are escaped)."""
-    click.echo(json.dumps(doc, indent=2, allow_nan=False))
+    """Exactly one JSON document on stdout (ASCII, so control characters are escaped).
+    Non-finite numbers (an inf error, a NaN scale) become null: JSON has no NaN."""
+    click.echo(json.dumps(_finite(doc), indent=2, allow_nan=False))
+
+
+def _finite(x):
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def note(message: str) -> None:

@@ -72,11 +72,12 @@ def _against(src, dst, backend, fmt) -> int:
 
 
 def _reference(path, backend, fmt) -> int:
-    declared, detected, diags = reference_fp32(path, backend)
+    declared, detected, diags, backend_name = reference_fp32(path, backend)
     bad = [d for d in diags if d.verdict != "consistent"]
     if fmt == "json":
         emit_json({"status": "fail" if bad else "ok", "mode": "reference",
-                   "exit_code": 1 if bad else 0, "findings": [], "declared": declared,
+                   "exit_code": 1 if bad else 0, "findings": [], "backend": backend_name,
+                   "declared": declared,
                    "detected": detected, "modules": [d.to_json() for d in diags]})
         return 1 if bad else 0
     for d in diags:

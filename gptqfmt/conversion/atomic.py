@@ -5,6 +5,8 @@ the next run removes those whose process is gone. DST never exists half-written.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import secrets
 import shutil
@@ -29,6 +31,8 @@ def remove_stale(dst: Path) -> list[Path]:
     for p in parent.iterdir():
         if not p.name.startswith(_tmp_prefix(dst)) or p.is_symlink() or not p.is_dir():
             continue
+        if p.name.endswith("-old"):
+            continue  # an old DST moved aside by a run that died mid-replace: left for the user
         pid = p.name[len(_tmp_prefix(dst)):].split("-")[0]
         if pid.isdigit() and _alive(int(pid)):
             continue
@@ -86,22 +90,48 @@ def staging(dst: Path, force: bool):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def commit(tmp: Path, dst: Path, force: bool) -> None:
-    """fsync everything in tmp, then make it DST in one rename (an old DST is moved aside first)."""
+def commit(tmp: Path, dst: Path, force: bool, on_renamed=None) -> None:
+    """fsync everything in tmp, then make it DST in one rename. An old DST (with force) is
+    swapped out atomically (renameat2 RENAME_EXCHANGE) and then removed; where the exchange is
+    not available it is moved aside and put back if the second rename fails."""
     dst = Path(os.path.abspath(dst))
     for f in tmp.iterdir():
         fsync_path(f)
     fsync_path(tmp)
-    old = None
     if dst.exists() or dst.is_symlink():
-        if not force:
-            raise UsageError(f"{dst}: appeared while converting; not replaced")
+        if not force or dst.is_symlink():
+            raise UsageError(f"{dst}: appeared while converting, or is a symbolic link; "
+                             "not replaced")
+        if _exchange(tmp, dst):  # tmp now holds the old DST, which staging() removes
+            on_renamed and on_renamed()
+            fsync_path(dst.parent)
+            return
         old = dst.parent / f"{_tmp_prefix(dst)}{os.getpid()}-old"
         os.rename(dst, old)
-    os.rename(tmp, dst)
+        try:
+            os.rename(tmp, dst)
+        except OSError:
+            os.rename(old, dst)
+            raise
+        on_renamed and on_renamed()
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+    else:
+        os.rename(tmp, dst)
+        on_renamed and on_renamed()
     fsync_path(dst.parent)
-    if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink()
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically with renameat2(RENAME_EXCHANGE); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(b))

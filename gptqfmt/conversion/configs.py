@@ -15,7 +15,8 @@ def set_convention(doc: dict, to: str, provenance: dict) -> dict:
     out = dict(doc)  # insertion order kept: existing keys stay where they are
     for key in ("checkpoint_format", "format"):
         out[key] = to
-    meta = dict(out["meta"]) if isinstance(out.get("meta"), dict) else {}
+    meta = dict(out["meta"]) if isinstance(out.get("meta"), dict) else (
+        {} if out.get("meta") is None else {"original": out["meta"]})
     meta["gptqfmt"] = provenance
     out["meta"] = meta
     return out
@@ -34,7 +35,10 @@ def rewrite_configs(src_dir: Path, out_dir: Path, to: str, prov: dict) -> list[s
             continue
         doc = json.loads(p.read_text(encoding="utf-8"))
         if name == "config.json":
-            if not isinstance(doc.get("quantization_config"), dict):
+            if not isinstance(doc, dict) or not isinstance(doc.get("quantization_config"), dict):
+                with open(p, "rb") as fin, create(out_dir / name) as fout:  # as it is
+                    fout.write(fin.read())
+                written.append(name)
                 continue
             doc = dict(doc)
             doc["quantization_config"] = set_convention(doc["quantization_config"], to, prov)

@@ -29,6 +29,9 @@ class NotRepresentable(ValueError):
         super().__init__(message)
         self.count = count
 
+    def __reduce__(self):
+        return (type(self), (str(self), self.count))
+
 
 @dataclass(frozen=True)
 class FieldCounts:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,8 @@ from ..gptq.checkpoint import Checkpoint, open_checkpoint
 from ..gptq.detect import AMBIGUOUS, GPTQ, Detection, stored_fields
 from ..gptq.evidence import detect_checkpoint
 from ..safetensors_io.index import INDEX_NAME
-from ..validate import effective_declared
+from ..gptq.labels import effective_declared
+from ..validate import module_findings
 from ..version import __version__
 from . import atomic
 from .configs import CONFIG_FILES, provenance, rewrite_configs
@@ -67,7 +69,7 @@ class ConvertReport:
         g = self.gate
         return {
             "tool": {"name": "gptqfmt", "version": __version__},
-            "status": "ok", "src": self.src, "dst": self.dst,
+            "status": "ok", "exit_code": 0, "src": self.src, "dst": self.dst,
             "from": self.src_convention, "to": self.dst_convention,
             "dry_run": self.dry_run, "written": self.written, "backend": self.backend,
             "detected": {"verdict": self.detection.verdict,
@@ -106,7 +108,8 @@ def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
         _, c = convert_fields(stored, m.bits, src, dst, allow_lossy=True)
         v = verdicts.get(m.name)
         sigs = v.signatures if v else []
-        p = ModulePlan(m.name, m.bits, c.fields, c.changed, c.ambiguous, c.lossy, sigs)
+        lossy = c.lossy + (c.ambiguous if allow_lossy else 0)  # written, and some runtime reads
+        p = ModulePlan(m.name, m.bits, c.fields, c.changed, c.ambiguous, lossy, sigs)
         plans.append(p)
         ckpt.store.release([qz])
         file = ckpt.store.file_of(qz)
@@ -130,7 +133,8 @@ def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
                 "GQ411" if allow_lossy else "GQ410",
                 f"{c.lossy} of {c.fields} zero points are 0 "
                 f"({int((stored == 0).any(axis=1).sum())} of {m.groups} groups): gptq stores "
-                f"them as 1, moving each weight of those groups by one scale step (up to "
+                f"them as 0, read as Z = 1, moving each weight of those groups by one scale "
+                f"step (up to "
                 f"{p.max_weight_change:.4g})", file=file, tensor=qz,
                 hint=None if allow_lossy else "--allow-lossy writes Z = 1 for them",
                 details={"fields": c.lossy, "max_weight_change": p.max_weight_change}))
@@ -159,17 +163,20 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
     src_path, dst_path = Path(src), Path(dst)
     if not src_path.is_dir():
         raise UsageError(f"{src}: not a checkpoint directory")
-    if os.path.abspath(src_path) == os.path.abspath(dst_path) or \
-            Path(os.path.abspath(dst_path)).is_relative_to(os.path.abspath(src_path)):
-        raise UsageError(f"{dst}: the output must lie outside the source directory")
-    if (dst_path.exists() or dst_path.is_symlink()) and not force and not dry_run:
-        raise UsageError(f"{dst}: already exists (use --force to replace it)")
+    check_destination(src_path, dst_path, force)
     ckpt = open_checkpoint(src_path)
     blocking = [f for f in ckpt.findings if f.severity == ERROR
                 and f.code not in RESOLVED_BY_CONVERT]
     if blocking:
         raise FindingError(*blocking)
     det = detect_checkpoint(ckpt, full=False)
+    verdicts = {v.name: v for v in det.modules}
+    values = [f for m in ckpt.modules if m.name in verdicts
+              for f in module_findings(ckpt, m, verdicts[m.name])]
+    blocking = [f for f in values if f.severity == ERROR and
+                not (allow_lossy and f.code == "GQ405")]
+    if blocking:  # scales that are not finite, corrupted or inconsistent zero points, ...
+        raise FindingError(*blocking)
     from_conv = resolve_from(src_convention, ckpt, det)
     plans, findings = plan(ckpt, det, from_conv, to, allow_lossy)
     refusals = [f for f in findings if f.severity == ERROR]
@@ -179,6 +186,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
                            backend=backend)
     if dry_run:
         return report
+    report.written = False
     shards = sorted(ckpt.store.files)
     qz_jobs = {s: [] for s in shards}
     for m in ckpt.modules:
@@ -190,10 +198,27 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
                              force, plans, report, progress, before, on_module)
     except OSError as e:
         where = e.filename or dst_path
+        if report.written:
+            raise OutputError(f"{where}: {e.strerror or e} after {dst_path} was put in place; "
+                              "check it with `gptqfmt verify`") from None
         raise OutputError(f"{where}: cannot write the output: {e.strerror or e}; nothing was "
                           "written") from None
-    report.written = True
     return report
+
+
+def check_destination(src: Path, dst: Path, force: bool) -> None:
+    """DST must not exist (unless force), must have a parent, and must not overlap SRC, also
+    through symbolic links: replacing it must never delete a source file."""
+    real_src = Path(os.path.realpath(src))
+    real_dst = Path(os.path.realpath(dst))
+    if not real_dst.parent.is_dir():
+        raise UsageError(f"{dst.parent}: no such directory")
+    sources = [real_src] + [Path(os.path.realpath(p)) for p in src.iterdir()]
+    if real_dst.is_relative_to(real_src) or any(s.is_relative_to(real_dst) for s in sources):
+        raise UsageError(f"{dst}: overlaps the source {src} (or files it links to); the output "
+                         "must lie outside it and must not contain it")
+    if (dst.exists() or dst.is_symlink()) and not force:
+        raise UsageError(f"{dst}: already exists (use --force to replace it)")
 
 
 def _snapshot(ckpt: Checkpoint) -> dict[str, tuple[int, int, int]]:
@@ -236,7 +261,7 @@ def _write_verify_commit(ckpt, dst_path, shards, qz_jobs, from_conv, to, allow_l
         if changed:
             raise FindingError(*[Finding("GQ118", "changed while being converted; nothing was "
                                          "written", file=n) for n in changed])
-        atomic.commit(tmp, dst_path, force)
+        atomic.commit(tmp, dst_path, force, on_renamed=lambda: setattr(report, "written", True))
 
 
 def _write_shard_args(a):
@@ -251,13 +276,17 @@ def _backend(requested: str) -> str:
 
 
 def _copy_other_files(root: Path, tmp: Path, shards: set[str]) -> None:
-    """Tokenizer, generation config, README, index...: copied as they are (configs rewritten)."""
+    """Tokenizer, generation config, README, index, subfolders...: copied as they are, reading
+    through symbolic links (configs are rewritten separately)."""
     for p in sorted(root.iterdir()):
-        if p.name in shards or p.name in CONFIG_FILES or not p.is_file():
+        if p.name in shards or p.name in CONFIG_FILES or atomic.TMP_TAG in p.name:
             continue
-        if p.name.startswith(".") and atomic.TMP_TAG in p.name:
-            continue
-        copy_plain(p, tmp / p.name)
+        if p.is_dir():
+            shutil.copytree(p, tmp / p.name, copy_function=copy_plain,
+                            ignore_dangling_symlinks=True,
+                            ignore=shutil.ignore_patterns(f"*{atomic.TMP_TAG}*"))
+        elif p.is_file():
+            copy_plain(p, tmp / p.name)
 
 
 def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str,

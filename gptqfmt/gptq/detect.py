@@ -65,6 +65,8 @@ class ZeroStats:
     wrapped: int = 0               # stored maxq, codes say Z = 0
     maxq_consistent: int = 0       # stored maxq, codes say Z = maxq
     sign_extension: int = 0        # words with AutoGPTQ's sign-extension signature
+    top_runs: int = 0              # words whose top fields are all maxq (a run of >= run_len)
+    top_runs_expected: float = 0.0  # the same count if maxq fields fell independently
     borrow_offset: float = math.nan  # median offset of fields right after a wrapped one
     borrow_cells: int = 0
     borrow_se: float = math.inf
@@ -100,6 +102,8 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
         spread = (q3 - q1) / 1.349  # the IQR of a normal sample, as a robust sigma
         st.se = 1.2533 * max(spread, 1e-3) / math.sqrt(di.size)
     at_max = stored == maxq
+    if st.stored_maxq and bits != 3:
+        st.top_runs, st.top_runs_expected = _top_runs(stored, bits, word_bits, maxq)
     if st.stored_maxq:
         low = m < maxq / 2
         st.wrapped = int(np.count_nonzero(at_max & low))
@@ -119,6 +123,21 @@ def _quartiles(x: np.ndarray) -> tuple[float, float, float]:
     x.partition(ks)
     med = (float(x[(n - 1) // 2]) + float(x[n // 2])) / 2
     return float(x[(n - 1) // 4]), med, float(x[(3 * (n - 1)) // 4])
+
+
+def _top_runs(s, bits, word_bits, maxq) -> tuple[int, float]:
+    """Words whose highest fields are all maxq, against the count expected by chance.
+
+    AutoGPTQ 0.7.1 ORs Z - 1 = 0xFFFFFFFF into the word, so a Z = 0 at field j sets every field
+    from j to the top: runs up to the top word boundary, far more than independent fields give.
+    Needs no codes, so it works at 2 bits too."""
+    fpw = word_bits // bits
+    if s.shape[1] % fpw or fpw < 2:
+        return 0, 0.0
+    at = s.reshape(-1, fpw) == maxq
+    run = max(2, min(4, fpw // 2))
+    top = np.logical_and.reduce(at[:, fpw - run:], axis=1)
+    return int(top.sum()), float(at.shape[0] * at.mean() ** run)
 
 
 def _word_signatures(st, s, m, d, at_max, low, bits, word_bits, maxq):
@@ -198,10 +217,16 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
     ev, sigs = [], []
     inconsistent = False
     maxq = (1 << bits) - 1
-    if st.sign_extension:
+    runs = st.top_runs >= 3 and st.top_runs > 10 * st.top_runs_expected + 2
+    if st.sign_extension or runs:
         sigs.append("autogptq_sign_extension")
+    if st.sign_extension:
         ev.append(f"{st.sign_extension} qzeros words with AutoGPTQ 0.7.1 sign extension: a "
                   f"wrapped Z = 0 with every higher field {maxq} although their codes disagree")
+    if runs:
+        ev.append(f"{st.top_runs} qzeros words end in a run of fields at {maxq} "
+                  f"({st.top_runs_expected:.2g} expected by chance): AutoGPTQ 0.7.1 sign "
+                  "extension overwrote the fields above a Z = 0")
     base = st.median if math.isfinite(st.median) else 1.0
     if st.borrow_cells >= 3 and abs(st.borrow_offset - base - 1) < 0.3 and \
             (st.borrow_offset - base) / max(st.borrow_se, st.se, 1e-3) >= MIN_Z:

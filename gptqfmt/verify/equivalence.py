@@ -1,7 +1,8 @@
 """`verify SRC --against DST` and `verify PATH --reference fp32`.
 
 --against: module by module, Y = X @ W from SRC under its convention against Y from DST under
-its convention, for each group of runtimes (their zero rules differ for gptq files). Bitwise
+its convention (the label runtimes read: a mislabelled side computes what runtimes compute), for
+each group of runtimes (their zero rules differ for gptq files). Bitwise
 equality where the conversion was exact; otherwise the largest absolute and relative errors, how
 many zero-point cells differ, and which runtimes' readings differ.
 
@@ -91,7 +92,7 @@ def compare(src: str | os.PathLike, dst: str | os.PathLike, backend: str = "auto
             seed: int = 0) -> EquivalenceReport:
     be = get_backend(backend)
     a, b = open_checkpoint(src), open_checkpoint(dst)
-    ca, cb = convention_of(a), convention_of(b)
+    ca, cb = effective_declared(a), effective_declared(b)  # what runtimes will read
     other = {m.name: m for m in b.modules}
     rng = np.random.default_rng(seed)
     out = []
@@ -131,7 +132,7 @@ def compare(src: str | os.PathLike, dst: str | os.PathLike, backend: str = "auto
 @dataclass
 class ModuleDiagnosis:
     name: str
-    verdict: str          # consistent | one-step zero offset | inf/nan | random corruption
+    verdict: str   # consistent | one-step zero offset | inf/nan | random corruption | invalid
     max_abs: float
     detail: str = ""
 
@@ -140,8 +141,9 @@ class ModuleDiagnosis:
 
 
 def reference_fp32(path: str | os.PathLike, backend: str = "auto",
-                   seed: int = 0) -> tuple[str, str, list[ModuleDiagnosis]]:
-    """(declared, detected, per-module diagnoses) of one checkpoint; see the module docstring."""
+                   seed: int = 0) -> tuple[str, str, list[ModuleDiagnosis], str]:
+    """(declared, detected, per-module diagnoses, backend) of one checkpoint; see the module
+    docstring. Invalid modules are diagnosed as such (they cannot be computed)."""
     be = get_backend(backend)
     ck = open_checkpoint(path)
     declared = effective_declared(ck)
@@ -152,6 +154,8 @@ def reference_fp32(path: str | os.PathLike, backend: str = "auto",
     out = []
     for m in ck.modules:
         if not m.valid:
+            out.append(ModuleDiagnosis(m.name, "invalid", 0.0, "its tensors do not form a "
+                                       "module (see `gptqfmt verify`)"))
             continue
         cols = _columns(m.out_features, m.bits, rng)
         x = rng.standard_normal((ROWS, m.in_features)).astype(np.float32)
@@ -165,7 +169,7 @@ def reference_fp32(path: str | os.PathLike, backend: str = "auto",
         verdict = module_verdict(ck, m, full=True)
         out.append(_classify(m.name, y_rt, diff, scale_sum, y_ref, verdict))
         ck.store.release(m.tensors.values())
-    return declared, detected, out
+    return declared, detected, out, be.name
 
 
 def _scales_f64(sc, kind):
