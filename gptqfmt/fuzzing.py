@@ -7,12 +7,13 @@ error is a clean refusal; any other exception is a crash.
 """
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import struct
 from pathlib import Path
 
-from .errors import GptqfmtError
+from .errors import FindingError, OutputError, UsageError
 from .inspection import inspect_checkpoint
 from .validate import validate
 
@@ -26,8 +27,13 @@ def mutate(blob: bytes, rnd: random.Random) -> bytes:
     header_end = 8 + struct.unpack("<Q", blob[:8])[0] if len(blob) >= 8 and \
         struct.unpack("<Q", blob[:8])[0] < len(blob) else len(blob)
     for _ in range(rnd.randint(1, 4)):
-        op = rnd.choice(["flip", "flip", "cut", "insert", "token", "token", "length"])
+        op = rnd.choice(["flip", "flip", "cut", "insert", "token", "token", "length", "data"])
         pos = rnd.randrange(max(1, min(len(b), header_end)))
+        if op == "data" and len(b) > header_end:  # tensor values: scales, g_idx, qzeros, ...
+            pos = rnd.randrange(header_end, len(b))
+            b[pos:pos + 4] = bytes(rnd.choice([0x00, 0x7C, 0x7E, 0xFF, 0x80, rnd.randrange(256)])
+                                   for _ in range(min(4, len(b) - pos)))
+            continue
         if op == "flip" and b:
             b[pos] ^= 1 << rnd.randrange(8)
         elif op == "cut":
@@ -52,11 +58,19 @@ def mutated_copy(src: Path, dst: Path, rnd: random.Random) -> Path:
     return target
 
 
-def run_one(path: Path) -> str:
-    """'clean' (ran, findings or not), 'refused' (a GptqfmtError), or raises on a crash."""
+def run_one(path: Path, out: Path | None = None) -> str:
+    """'clean' (ran, findings or not), 'refused' (a finding or usage error), or raises on a crash
+    (any other exception, a bare internal GptqfmtError, or a report that is not valid JSON).
+    With `out`, convert (and verify --against) run too."""
     try:
-        inspect_checkpoint(path)
-        validate(path, jobs=1)
+        json.dumps(inspect_checkpoint(path).to_json(), allow_nan=False)
+        rep = validate(path, jobs=1)
+        json.dumps(rep.to_json(), allow_nan=False)
+        if out is not None:
+            from .conversion import convert
+            from .verify.equivalence import compare
+            convert(path, out, allow_lossy=True)
+            compare(path, out, backend="cpu")
         return "clean"
-    except GptqfmtError:
+    except (FindingError, UsageError, OutputError):
         return "refused"

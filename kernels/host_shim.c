@@ -29,6 +29,15 @@ void gq_host_gemm(const void* x, int x_kind, const uint32_t* qweight, const uint
         for (int m = 0; m < M; ++m) y[m * N + n] = acc[m];
     }
 }
+// The body of gptq_dequant.
+void gq_host_dequant(const uint32_t* qweight, const uint32_t* qzeros, const void* scales,
+                     int scale_kind, const int32_t* g_idx, float* w, int64_t K, int64_t N,
+                     int bits, int rule) {
+    for (int64_t k = 0; k < K; ++k)
+        for (int64_t n = 0; n < N; ++n)
+            w[k * N + n] = gq_weight(qweight, qzeros, scales, scale_kind, g_idx, k, n, N, bits,
+                                     rule);
+}
 #ifdef __cplusplus
 }
 #endif

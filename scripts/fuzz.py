@@ -30,12 +30,13 @@ def main():
             d = Path(tmp) / f"c{i}"
             target = mutated_copy(ROOT / "fixtures" / "ckpt" / rnd.choice(BASES), d, rnd)
             try:
-                counts[run_one(d)] += 1
+                counts[run_one(d, Path(tmp) / f"o{i}")] += 1
             except Exception:  # noqa: BLE001 - what we are hunting
                 counts["crash"] += 1
                 print(f"CRASH seed={seed} i={i} file={target.name}", file=sys.stderr)
                 traceback.print_exc()
             shutil.rmtree(d)
+            shutil.rmtree(Path(tmp) / f"o{i}", ignore_errors=True)
     print(f"ran {n} mutated checkpoints (seed {seed}): {counts['clean']} inspected and verified, "
           f"{counts['refused']} refused with a clean error, {counts['crash']} crashed")
     sys.exit(1 if counts["crash"] else 0)

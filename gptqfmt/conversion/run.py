@@ -1,6 +1,7 @@
 """convert: plan -> per-field rewrite -> streaming write -> verify gate -> atomic commit."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -239,7 +240,8 @@ def _write_verify_commit(ckpt, dst_path, shards, qz_jobs, from_conv, to, allow_l
                 for s in shards]
         flushes = []
         if jobs > 1 and len(shards) > 1:
-            with ProcessPoolExecutor(max_workers=min(jobs, len(shards))) as pool:
+            ctx = multiprocessing.get_context("forkserver")  # no fork beside running threads
+            with ProcessPoolExecutor(max_workers=min(jobs, len(shards)), mp_context=ctx) as pool:
                 for a, n in zip(args, pool.map(_write_shard_args, args)):
                     flushes.append(flusher.submit(atomic.fsync_path, a[1]))
                     progress and progress(n)

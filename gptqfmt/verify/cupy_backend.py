@@ -26,11 +26,24 @@ def _kernels():
     return _module
 
 
-def _u32(a) -> "cp.ndarray":
+def _words32(a, bits: int, axis: int) -> "cp.ndarray":
+    """Packed words as the kernel reads them (uint32); int8/16/64 words are repacked."""
     a = np.ascontiguousarray(a)
-    if a.dtype != np.int32 and a.dtype != np.uint32:
-        raise UsageError(f"the cupy kernel reads int32 words; got {a.dtype}")
+    if a.dtype.kind not in "iu":
+        raise UsageError(f"packed words must be integers; got {a.dtype}")
+    if a.dtype.itemsize != 4:
+        from ..gptq.packing import pack, unpack
+        a = pack(unpack(a, bits, axis=axis), bits, 32, axis=axis)
     return cp.asarray(a.view(np.uint32))
+
+
+_KIND_DTYPES = {0: (np.float32,), 1: (np.float16, np.uint16), 2: (np.uint16,)}
+
+
+def _check_kind(name, arr, kind):
+    if kind not in _KIND_DTYPES or arr.dtype not in [np.dtype(d) for d in _KIND_DTYPES[kind]]:
+        raise UsageError(f"{name}: dtype {arr.dtype} does not match kind {kind} "
+                         "(0 = float32, 1 = float16 bits, 2 = bfloat16 bits)")
 
 
 class CupyBackend:
@@ -39,46 +52,54 @@ class CupyBackend:
     def __init__(self):
         if cp.cuda.runtime.getDeviceCount() < 1:
             raise RuntimeError("no CUDA device")
+        _kernels().get_function("gptq_dequant_gemm")  # compile now: a failure means "unusable"
 
-    def _args(self, qweight, qzeros, scales, g_idx, bits, cols):
+    def _args(self, qweight, qzeros, scales, scale_kind, g_idx, bits, cols):
+        from ..gptq.packing import pack, unpack
         cols = np.arange(qweight.shape[1]) if cols is None else np.asarray(cols)
         if bits not in (2, 3, 4, 8):
             raise UsageError(f"bits={bits}")
-        qw = _u32(qweight[:, cols])  # a column subset is still one bit stream per column
         n = len(cols)
-        if (n * bits) % 32:
-            # qzeros rows must hold whole words for the chosen columns: take all columns
-            raise UsageError("the cupy backend needs column counts whose fields fill words")
-        from ..gptq.packing import pack, unpack
+        pad = -n % 32  # qzeros rows must be whole words: pad every tensor's columns alike
+        qw = _words32(np.pad(qweight[:, cols], ((0, 0), (0, pad))), bits, axis=0)
         zf = unpack(qzeros, bits, axis=1)[:, cols]
-        qz = _u32(pack(zf, bits, 32, axis=1))
-        sc = cp.asarray(np.ascontiguousarray(scales[:, cols]))
-        gi = cp.asarray(np.ascontiguousarray(g_idx, dtype=np.int32))
-        return qw, qz, sc, gi, n
+        qz = _words32(pack(np.pad(zf, ((0, 0), (0, pad))), bits, 32, axis=1), bits, axis=1)
+        sc = np.ascontiguousarray(np.pad(scales[:, cols], ((0, 0), (0, pad))))
+        _check_kind("scales", sc, scale_kind)
+        g = np.ascontiguousarray(g_idx, dtype=np.int32)
+        if g.size and (g.min() < 0 or g.max() >= sc.shape[0]):
+            raise UsageError(f"g_idx values span [{g.min()}, {g.max()}]; scales have "
+                             f"{sc.shape[0]} groups")
+        if qw.shape[0] * 32 // bits < g.shape[0]:
+            raise UsageError(f"qweight holds fewer than {g.shape[0]} input channels")
+        return qw, qz, cp.asarray(sc), cp.asarray(g), n, n + pad  # the kernel's N is n + pad
 
     def gemm(self, x, x_kind, qweight, qzeros, scales, scale_kind, g_idx, bits, rule, cols=None):
-        qw, qz, sc, gi, n = self._args(qweight, qzeros, scales, g_idx, bits, cols)
+        qw, qz, sc, gi, n, n_pad = self._args(qweight, qzeros, scales, scale_kind, g_idx, bits,
+                                              cols)
         x = np.ascontiguousarray(x)
+        _check_kind("x", x, x_kind)
         m, k = x.shape
         if m > MAX_M:
             raise UsageError(f"at most {MAX_M} rows of X; got {m}")
         if gi.shape[0] != k:
             raise UsageError(f"X has {k} columns; g_idx has {gi.shape[0]}")
         xd = cp.asarray(x)
-        y = cp.empty((m, n), dtype=cp.float32)
-        blocks = (n + THREADS - 1) // THREADS
+        y = cp.empty((m, n_pad), dtype=cp.float32)
+        blocks = (n_pad + THREADS - 1) // THREADS
         _kernels().get_function("gptq_dequant_gemm")(
             (blocks,), (THREADS,),
             (xd, np.int32(x_kind), qw, qz, sc, np.int32(scale_kind), gi, y, np.int32(m),
-             np.int64(k), np.int64(n), np.int32(bits), np.int32(rule)))
-        return cp.asnumpy(y)
+             np.int64(k), np.int64(n_pad), np.int32(bits), np.int32(rule)))
+        return cp.asnumpy(y[:, :n])
 
     def dequant(self, qweight, qzeros, scales, scale_kind, g_idx, bits, rule, cols=None):
-        qw, qz, sc, gi, n = self._args(qweight, qzeros, scales, g_idx, bits, cols)
+        qw, qz, sc, gi, n, n_pad = self._args(qweight, qzeros, scales, scale_kind, g_idx, bits,
+                                              cols)
         k = gi.shape[0]
-        w = cp.empty((k, n), dtype=cp.float32)
-        grid = ((n + THREADS - 1) // THREADS, min(k, 1024))
+        w = cp.empty((k, n_pad), dtype=cp.float32)
+        grid = ((n_pad + THREADS - 1) // THREADS, min(k, 1024))
         _kernels().get_function("gptq_dequant")(
-            grid, (THREADS,), (qw, qz, sc, np.int32(scale_kind), gi, w, np.int64(k), np.int64(n),
-                               np.int32(bits), np.int32(rule)))
-        return cp.asnumpy(w)
+            grid, (THREADS,), (qw, qz, sc, np.int32(scale_kind), gi, w, np.int64(k),
+                               np.int64(n_pad), np.int32(bits), np.int32(rule)))
+        return cp.asnumpy(w[:, :n])
