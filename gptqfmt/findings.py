@@ -89,6 +89,7 @@ _CATALOGUE = [
     Code("GQ410", ERROR, "gptq_v2 zero points of 0: no gptq encoding (needs --allow-lossy)"),
     Code("GQ411", WARNING, "lossy conversion performed (--allow-lossy)"),
     Code("GQ412", ERROR, "a module's zero points match neither convention"),
+    Code("GQ413", WARNING, "convert --from names a convention the data contradict"),
     # GQ5xx: numerical
     Code("GQ501", ERROR, "scales not finite or not positive"),
     Code("GQ502", ERROR, "dequantized weights overflow float16"),

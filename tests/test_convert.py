@@ -388,3 +388,10 @@ def test_json_report_validates_and_dry_run_checks_dst(run_cli, tmp_path):
     validator("convert").validate(json.loads(r.stdout))
     r = run_cli("convert", CKPT / "b4-sym-noact-gptq-single", tmp_path / "o", "--dry-run")
     assert r.exit_code == 2 and "already exists" in r.stderr
+
+
+def test_explicit_from_against_the_data_is_warned(tmp_path):
+    rep = convert(CKPT / "b4-sym-noact-gptq-single", tmp_path / "o", src_convention="gptq_v2",
+                  to="gptq_v2")
+    assert [f.code for f in rep.findings] == ["GQ413"] and "the data are gptq" in \
+        rep.findings[0].message

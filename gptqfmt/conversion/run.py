@@ -84,9 +84,14 @@ class ConvertReport:
         }
 
 
-def resolve_from(requested: str, ckpt: Checkpoint, det: Detection) -> str:
+def resolve_from(requested: str, ckpt: Checkpoint, det: Detection,
+                 findings: list[Finding] | None = None) -> str:
     declared = effective_declared(ckpt)
     if requested != "auto":
+        if det.verdict not in (AMBIGUOUS, requested) and findings is not None:
+            findings.append(Finding(
+                "GQ413", f"--from {requested}, but the data are {det.verdict} (confidence "
+                f"{det.confidence:.4f}); converting as asked", hint="check the source"))
         return requested
     if det.verdict not in (AMBIGUOUS, declared):
         where = ckpt.config.declared_in[0].file if ckpt.config and ckpt.config.declared_in \
@@ -178,8 +183,10 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
                 not (allow_lossy and f.code == "GQ405")]
     if blocking:  # scales that are not finite, corrupted or inconsistent zero points, ...
         raise FindingError(*blocking)
-    from_conv = resolve_from(src_convention, ckpt, det)
+    notes: list[Finding] = []
+    from_conv = resolve_from(src_convention, ckpt, det, notes)
     plans, findings = plan(ckpt, det, from_conv, to, allow_lossy)
+    findings = notes + findings
     refusals = [f for f in findings if f.severity == ERROR]
     if refusals:
         raise FindingError(*refusals)
