@@ -177,8 +177,11 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
         raise FindingError(*blocking)
     det = detect_checkpoint(ckpt, full=False)
     verdicts = {v.name: v for v in det.modules}
-    values = [f for m in ckpt.modules if m.name in verdicts
-              for f in module_findings(ckpt, m, verdicts[m.name])]
+    values = []
+    for m in ckpt.modules:
+        if m.name in verdicts:
+            values += module_findings(ckpt, m, verdicts[m.name])
+            ckpt.store.release(m.tensors.values())
     blocking = [f for f in values if f.severity == ERROR and
                 not (allow_lossy and f.code == "GQ405")]
     if blocking:  # scales that are not finite, corrupted or inconsistent zero points, ...
