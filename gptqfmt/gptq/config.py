@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,7 +263,9 @@ def _dynamic_rules(dynamic, label, findings) -> list[DynamicRule]:
         exclude = key.startswith("-:")
         text = key[2:] if exclude or key.startswith("+:") else key
         try:
-            pattern = re.compile(text)
+            with warnings.catch_warnings():  # a pattern from a file must not print to stderr
+                warnings.simplefilter("ignore")
+                pattern = re.compile(text)
         except (re.error, OverflowError, RecursionError, ValueError) as e:
             findings.append(Finding("GQ207", f"dynamic key {key!r}: {e}", file=label))
             continue
