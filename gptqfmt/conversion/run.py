@@ -16,7 +16,6 @@ from ..findings import ERROR, Finding
 from ..gptq.checkpoint import Checkpoint, open_checkpoint
 from ..gptq.detect import AMBIGUOUS, GPTQ, Detection, stored_fields
 from ..gptq.evidence import detect_checkpoint
-from ..safetensors_io.index import INDEX_NAME
 from ..gptq.labels import effective_declared
 from ..validate import module_findings
 from ..version import __version__
@@ -330,5 +329,3 @@ def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str,
         out.close()
     return result
 
-
-_ = INDEX_NAME  # the index is copied unchanged by _copy_other_files

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..gptq.packing import unpack
-from . import BF16, F16, F32, ZERO_V1_NOWRAP, ZERO_V1_WRAP
+from . import BF16, F16, ZERO_V1_NOWRAP, ZERO_V1_WRAP
 
 
 def to_f32(raw: np.ndarray, kind: int) -> np.ndarray:
@@ -55,5 +55,3 @@ class CpuBackend:
     def dequant(self, qweight, qzeros, scales, scale_kind, g_idx, bits, rule, cols=None):
         return dequant(qweight, qzeros, scales, scale_kind, g_idx, bits, rule, cols)
 
-
-_ = F32
