@@ -170,21 +170,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
         raise UsageError(f"{src}: not a checkpoint directory")
     check_destination(src_path, dst_path, force)
     ckpt = open_checkpoint(src_path)
-    blocking = [f for f in ckpt.findings if f.severity == ERROR
-                and f.code not in RESOLVED_BY_CONVERT]
-    if blocking:
-        raise FindingError(*blocking)
     det = detect_checkpoint(ckpt, full=False)
-    verdicts = {v.name: v for v in det.modules}
-    values = []
-    for m in ckpt.modules:
-        if m.name in verdicts:
-            values += module_findings(ckpt, m, verdicts[m.name])
-            ckpt.store.release(m.tensors.values())
-    blocking = [f for f in values if f.severity == ERROR and
-                not (allow_lossy and f.code == "GQ405")]
-    if blocking:  # scales that are not finite, corrupted or inconsistent zero points, ...
-        raise FindingError(*blocking)
+    refuse_invalid(ckpt, det, allow_lossy)
     notes: list[Finding] = []
     from_conv = resolve_from(src_convention, ckpt, det, notes)
     plans, findings = plan(ckpt, det, from_conv, to, allow_lossy)
@@ -197,15 +184,9 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
     if dry_run:
         return report
     report.written = False
-    shards = sorted(ckpt.store.files)
-    qz_jobs = {s: [] for s in shards}
-    for m in ckpt.modules:
-        qz_jobs[ckpt.store.file_of(m.tensors["qzeros"])].append(QzerosJob(m.tensors["qzeros"],
-                                                                           m.bits))
-    before = _snapshot(ckpt)
+    job = Job(ckpt, dst_path, from_conv, to, allow_lossy, force, jobs)
     try:
-        _write_verify_commit(ckpt, dst_path, shards, qz_jobs, from_conv, to, allow_lossy, jobs,
-                             force, plans, report, progress, before, on_module)
+        _write_verify_commit(job, report, progress, on_module)
     except OSError as e:
         where = e.filename or dst_path
         if report.written:
@@ -214,6 +195,45 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
         raise OutputError(f"{where}: cannot write the output: {e.strerror or e}; nothing was "
                           "written") from None
     return report
+
+
+def refuse_invalid(ckpt: Checkpoint, det: Detection, allow_lossy: bool) -> None:
+    """Raise FindingError for input that verify would reject on its cheap checks: container,
+    index, config and shape errors, then scales, zero points and writer corruption (the last
+    allowed with --allow-lossy)."""
+    blocking = [f for f in ckpt.findings if f.severity == ERROR
+                and f.code not in RESOLVED_BY_CONVERT]
+    if blocking:
+        raise FindingError(*blocking)
+    verdicts = {v.name: v for v in det.modules}
+    for m in ckpt.modules:
+        if m.name in verdicts:
+            blocking += [f for f in module_findings(ckpt, m, verdicts[m.name])
+                         if f.severity == ERROR and not (allow_lossy and f.code == "GQ405")]
+            ckpt.store.release(m.tensors.values())
+    if blocking:
+        raise FindingError(*blocking)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a conversion writes, decided before anything is written."""
+    ckpt: Checkpoint
+    dst: Path
+    src_conv: str
+    dst_conv: str
+    allow_lossy: bool
+    force: bool
+    jobs: int
+
+    def shard_args(self, tmp: Path) -> list[tuple]:
+        """write_shard's arguments for every shard, with the qzeros each one holds."""
+        store = self.ckpt.store
+        qz = {s: [] for s in store.files}
+        for m in self.ckpt.modules:
+            qz[store.file_of(m.tensors["qzeros"])].append(QzerosJob(m.tensors["qzeros"], m.bits))
+        return [(store.root / s, tmp / s, qz[s], self.src_conv, self.dst_conv, self.allow_lossy)
+                for s in sorted(store.files)]
 
 
 def check_destination(src: Path, dst: Path, force: bool) -> None:
@@ -241,16 +261,16 @@ def _snapshot(ckpt: Checkpoint) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def _write_verify_commit(ckpt, dst_path, shards, qz_jobs, from_conv, to, allow_lossy, jobs,
-                         force, plans, report, progress, before, on_module):
-    with atomic.staging(dst_path, force) as tmp, ThreadPoolExecutor(1) as flusher:
+def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -> None:
+    before = _snapshot(job.ckpt)
+    with atomic.staging(job.dst, job.force) as tmp, ThreadPoolExecutor(1) as flusher:
         # each shard is flushed to disk in the background while the next one is written
-        args = [(ckpt.store.root / s, tmp / s, qz_jobs[s], from_conv, to, allow_lossy)
-                for s in shards]
+        args = job.shard_args(tmp)
         flushes = []
-        if jobs > 1 and len(shards) > 1:
+        if job.jobs > 1 and len(args) > 1:
             ctx = multiprocessing.get_context("forkserver")  # no fork beside running threads
-            with ProcessPoolExecutor(max_workers=min(jobs, len(shards)), mp_context=ctx) as pool:
+            with ProcessPoolExecutor(max_workers=min(job.jobs, len(args)),
+                                     mp_context=ctx) as pool:
                 for a, n in zip(args, pool.map(_write_shard_args, args)):
                     flushes.append(flusher.submit(atomic.fsync_path, a[1]))
                     progress and progress(n)
@@ -259,20 +279,23 @@ def _write_verify_commit(ckpt, dst_path, shards, qz_jobs, from_conv, to, allow_l
                 n = write_shard(*a)
                 flushes.append(flusher.submit(atomic.fsync_path, a[1]))
                 progress and progress(n)
-        _copy_other_files(ckpt.store.root, tmp, set(shards))
-        rewrite_configs(ckpt.store.root, tmp, to, provenance(from_conv, to, report.totals))
-        report.gate = run_gate(ckpt, tmp, from_conv, to, plans, on_module)
+        root = job.ckpt.store.root
+        _copy_other_files(root, tmp, set(job.ckpt.store.files))
+        rewrite_configs(root, tmp, job.dst_conv,
+                        provenance(job.src_conv, job.dst_conv, report.totals))
+        report.gate = run_gate(job.ckpt, tmp, job.src_conv, job.dst_conv, on_module)
         for f in flushes:
             f.result()
         if not report.gate.ok:
-            raise FindingError(*[Finding("GQ503", msg, file=str(dst_path))
+            raise FindingError(*[Finding("GQ503", msg, file=str(job.dst))
                                  for msg in report.gate.failures])
-        changed = sorted(n for n, s in _snapshot(ckpt).items() if before.get(n) != s)
-        changed += sorted(set(before) - set(_snapshot(ckpt)))
+        after = _snapshot(job.ckpt)
+        changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
         if changed:
             raise FindingError(*[Finding("GQ118", "changed while being converted; nothing was "
                                          "written", file=n) for n in changed])
-        atomic.commit(tmp, dst_path, force, on_renamed=lambda: setattr(report, "written", True))
+        atomic.commit(tmp, job.dst, job.force,
+                      on_renamed=lambda: setattr(report, "written", True))
 
 
 def _write_shard_args(a):
@@ -301,7 +324,7 @@ def _copy_other_files(root: Path, tmp: Path, shards: set[str]) -> None:
 
 
 def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str,
-             plans: list[ModulePlan], on_module=None) -> GateResult:
+             on_module=None) -> GateResult:
     result = GateResult(method=f"cpu exact: bytes outside qzeros compared, effective zeros per "
                                f"cell compared, Y = X @ W bitwise on {GEMM_COLUMNS}+ columns "
                                f"per module")
