@@ -395,3 +395,21 @@ def test_explicit_from_against_the_data_is_warned(tmp_path):
                   to="gptq_v2")
     assert [f.code for f in rep.findings] == ["GQ413"] and "the data are gptq" in \
         rep.findings[0].message
+
+
+def test_converts_from_a_hugging_face_cache_snapshot(tmp_path):
+    """The cache is made of symbolic links into blobs/: read through them, write real files."""
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "abc"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    src = CKPT / "b4-sym-act-gptq-sharded"
+    for i, f in enumerate(sorted(src.iterdir())):
+        shutil.copy(f, blobs / f"blob{i}")
+        os.symlink(os.path.relpath(blobs / f"blob{i}", snap), snap / f.name)
+    before = {p.name: p.read_bytes() for p in blobs.iterdir()}
+    rep = convert(snap, tmp_path / "out")
+    assert rep.written and rep.gate.ok
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in src.iterdir())
+    assert not any(p.is_symlink() for p in out.iterdir())
+    assert {p.name: p.read_bytes() for p in blobs.iterdir()} == before
