@@ -63,7 +63,11 @@ def backend(tmp_path, monkeypatch):
     from gptqfmt.verify import cupy_backend
     monkeypatch.setattr(cupy_backend, "_module", None)
     yield cupy_backend.CupyBackend()
-    sys.modules.pop("gptqfmt.verify.cupy_backend", None)  # bound to the stand-in: forget it
+    # the module is bound to the stand-in: forget it, in sys.modules and on its package
+    sys.modules.pop("gptqfmt.verify.cupy_backend", None)
+    import gptqfmt.verify
+    if hasattr(gptqfmt.verify, "cupy_backend"):
+        delattr(gptqfmt.verify, "cupy_backend")
 
 
 @pytest.mark.parametrize(("bits", "word_bits"), [(4, 32), (3, 32), (4, 8), (2, 64), (8, 16)])
@@ -99,3 +103,28 @@ def test_backend_checks_arguments(backend):
         backend.gemm(x, 0, qw, qz, sc, 1, g + 5, 4, 0)
     with pytest.raises(UsageError, match="at most 16 rows"):
         backend.gemm(np.zeros((17, 64), np.float32), 0, qw, qz, sc, 1, g, 4, 0)
+
+
+def test_convert_runs_the_gpu_gate_when_cupy_is_chosen(backend, tmp_path):
+    from gptqfmt.conversion import convert
+    from tests.conftest import CKPT
+    rep = convert(CKPT / "b3-sym-act-gptq-sharded", tmp_path / "o", backend="cupy")
+    assert rep.backend == "cupy" and rep.gate.ok and "CUDA kernel" in rep.gate.method
+    rep = convert(CKPT / "int8-b4-asym-gptq_v2", tmp_path / "p", backend="auto")
+    assert rep.backend == "cupy" and rep.gate.ok  # auto takes a usable device
+
+
+def test_gpu_gate_failure_blocks_the_commit(backend, tmp_path, monkeypatch):
+    from gptqfmt.conversion import convert
+    from gptqfmt.errors import FindingError
+    from gptqfmt.verify import cupy_backend
+    from tests.conftest import CKPT
+    real = cupy_backend.CupyBackend.gemm
+
+    def off_by_a_bit(self, *a, **k):
+        y = real(self, *a, **k)
+        return y + np.float32(1e-3) * (a[-2] == 0)  # outputs under the gptq_v2 rule drift
+    monkeypatch.setattr(cupy_backend.CupyBackend, "gemm", off_by_a_bit)
+    with pytest.raises(FindingError) as e:
+        convert(CKPT / "b4-sym-noact-gptq-single", tmp_path / "o", backend="cupy")
+    assert e.value.finding.code == "GQ503" and not (tmp_path / "o").exists()

@@ -59,3 +59,10 @@ def test_verify_against_on_gpu(run_cli, tmp_path):
     r = run_cli("verify", CKPT / "b4-sym-act-gptq-sharded", "--against", tmp_path / "o",
                 "--backend", "cupy")
     assert r.exit_code == 0 and "backend cupy" in r.stdout
+
+
+def test_convert_gate_on_gpu(tmp_path):
+    from gptqfmt.conversion import convert
+    rep = convert(CKPT / "b4-asym-act-gptq_v2-sharded", tmp_path / "o", to="gptq_v2",
+                  backend="cupy")
+    assert rep.backend == "cupy" and rep.gate.ok and "CUDA kernel" in rep.gate.method

@@ -284,6 +284,8 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
         rewrite_configs(root, tmp, job.dst_conv,
                         provenance(job.src_conv, job.dst_conv, report.totals))
         report.gate = run_gate(job.ckpt, tmp, job.src_conv, job.dst_conv, on_module)
+        if report.backend == "cupy" and report.gate.ok:
+            gpu_gate(job, tmp, report)
         for f in flushes:
             f.result()
         if not report.gate.ok:
@@ -298,15 +300,31 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
                       on_renamed=lambda: setattr(report, "written", True))
 
 
+def gpu_gate(job: Job, tmp: Path, report: ConvertReport) -> None:
+    """The GPU confirmation: Y = X @ W on every output column of every module with the CUDA
+    kernel, source under its convention, output under the target, for each runtime group."""
+    from ..verify.equivalence import compare
+    rep = compare(job.ckpt.store.root, tmp, backend="cupy",
+                  conventions=(job.src_conv, job.dst_conv), all_columns=True)
+    lossy = {m.name for m in report.modules if m.lossy}
+    for m in rep.modules:
+        if not m.equal and m.name not in lossy:
+            report.gate.failures.append(f"{m.name}: differs on the GPU for "
+                                        f"{', '.join(m.runtimes_differ) or m.note}")
+    report.gate.method += "; Y = X @ W on every column with the CUDA kernel (cupy)"
+
+
 def _write_shard_args(a):
     return write_shard(*a)
 
 
 def _backend(requested: str) -> str:
-    if requested in ("auto", "cpu"):
+    """cpu, or cupy when asked for (or, with auto, usable); UsageError when cupy is asked for
+    and unusable."""
+    if requested == "cpu":
         return "cpu"
-    raise UsageError(f"backend {requested!r} is not available in this build; use cpu (the exact "
-                     "CPU path) or auto")
+    from ..verify import get_backend
+    return get_backend(requested).name
 
 
 def _copy_other_files(root: Path, tmp: Path, shards: set[str]) -> None:
