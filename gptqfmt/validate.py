@@ -15,7 +15,7 @@ from .gptq.detect import AMBIGUOUS, GPTQ, GPTQ_V2, Detection, ModuleVerdict, com
 from .gptq.evidence import module_verdict
 from .gptq.labels import convention_findings, effective_declared
 from .inspection import summary_counts
-from .safetensors_io.dtypes import bf16_to_f32
+from .verify.cpu import effective_zeros
 from .version import __version__
 
 FP16_MAX = 65504.0
@@ -115,7 +115,7 @@ def module_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Findi
         out.append(Finding("GQ407", f"{st.stored_zero} zero points are 0; gptq cannot store "
                            "them (a conversion to gptq would change those groups)",
                            file=file_qz, tensor=qz_name, details={"fields": st.stored_zero}))
-    scales = _scales_f32(ckpt, sc_name, ckpt.store.info(sc_name).dtype)
+    scales = ckpt.float32(sc_name)
     bad = ~np.isfinite(scales) | (scales <= 0)
     if bad.any():
         g, n = np.argwhere(bad)[0]
@@ -142,16 +142,10 @@ def module_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Findi
     return out
 
 
-def _scales_f32(ckpt: Checkpoint, name: str, dtype: str) -> np.ndarray:
-    raw = ckpt.view(name)
-    return bf16_to_f32(raw) if dtype == "BF16" else raw.astype(np.float32)
-
-
 def _effective_zeros(ckpt: Checkpoint, m: Module, convention: str) -> np.ndarray:
-    """Z per cell as vLLM reads it (gptq: stored + 1, no wrap); the declared convention decides
-    when the data do not."""
-    s = stored_fields(ckpt.view(m.tensors["qzeros"]), m.bits).astype(np.float32)
+    """Z per cell as vLLM reads it; the declared convention decides when the data do not."""
     if convention == AMBIGUOUS:
         convention = effective_declared(ckpt)
-    return s + 1 if convention == GPTQ else s
+    return effective_zeros(stored_fields(ckpt.view(m.tensors["qzeros"]), m.bits), m.bits,
+                           convention)
 

@@ -21,15 +21,11 @@ from ..gptq.checkpoint import Checkpoint, Module
 from ..gptq.detect import stored_fields
 from ..gptq.evidence import module_g_idx
 from ..gptq.packing import unpack
-from ..safetensors_io.dtypes import bf16_to_f32
+from ..verify.cpu import dequant_fields, effective_zeros
 
 GEMM_COLUMNS = 16
 GEMM_ROWS = 4
 CMP_CHUNK = 4 << 20
-
-
-def effective_zeros(stored: np.ndarray, convention: str) -> np.ndarray:
-    return stored.astype(np.int32) + (1 if convention == "gptq" else 0)
 
 
 @dataclass
@@ -95,7 +91,8 @@ def check_module(src: Checkpoint, dst: Checkpoint, m: Module, src_conv: str, dst
                  lossy_expected: np.ndarray | None, rng: np.random.Generator) -> ModuleCheck:
     s_src = stored_fields(src.view(m.tensors["qzeros"]), m.bits)
     s_dst = stored_fields(dst.view(m.tensors["qzeros"]), m.bits)
-    z_src, z_dst = effective_zeros(s_src, src_conv), effective_zeros(s_dst, dst_conv)
+    z_src = effective_zeros(s_src, m.bits, src_conv)
+    z_dst = effective_zeros(s_dst, m.bits, dst_conv)
     differ = z_src != z_dst
     lossy = lossy_expected if lossy_expected is not None else np.zeros_like(differ)
     zeros_equal = bool(np.array_equal(differ, lossy))
@@ -141,10 +138,6 @@ def read_columns(ckpt: Checkpoint, tensor: str, cols: np.ndarray) -> np.ndarray:
 def dequant_columns(ckpt: Checkpoint, m: Module, zeros: np.ndarray,
                     cols: np.ndarray) -> np.ndarray:
     """W[:, cols] in fp32 from the file's qweight, scales and g_idx: scale * (q - Z)."""
-    qw = read_columns(ckpt, m.tensors["qweight"], cols)
-    q = unpack(qw, m.bits, axis=0).astype(np.float32)
-    sc_raw = ckpt.view(m.tensors["scales"])[:, cols]
-    sc = bf16_to_f32(sc_raw) if ckpt.store.info(m.tensors["scales"]).dtype == "BF16" \
-        else sc_raw.astype(np.float32)
-    g = module_g_idx(ckpt, m)
-    return sc[g] * (q - zeros[:, cols][g].astype(np.float32))
+    q = unpack(read_columns(ckpt, m.tensors["qweight"], cols), m.bits, axis=0)
+    scales = ckpt.float32(m.tensors["scales"])[:, cols]
+    return dequant_fields(q, zeros[:, cols], scales, module_g_idx(ckpt, m))

@@ -147,11 +147,7 @@ def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
 
 
 def _max_scale(ckpt: Checkpoint, m, mask: np.ndarray) -> float:
-    from ..safetensors_io.dtypes import bf16_to_f32
-    raw = ckpt.view(m.tensors["scales"])
-    sc = bf16_to_f32(raw) if ckpt.store.info(m.tensors["scales"]).dtype == "BF16" \
-        else raw.astype(np.float32)
-    return float(np.abs(sc[mask]).max(initial=0.0))
+    return float(np.abs(ckpt.float32(m.tensors["scales"])[mask]).max(initial=0.0))
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..findings import Finding
-from ..safetensors_io.dtypes import PACK_DTYPE_NAMES, WORD_DTYPES
+from ..safetensors_io.dtypes import PACK_DTYPE_NAMES, WORD_DTYPES, to_float32
 from ..safetensors_io.index import TensorStore, open_store
 from . import layout
 from .packing import block
@@ -59,6 +59,10 @@ class Checkpoint:
 
     def view(self, tensor: str) -> np.ndarray:
         return self.store.view(tensor)
+
+    def float32(self, tensor: str) -> np.ndarray:
+        """A float tensor (scales, bias) widened to float32 whatever its dtype."""
+        return to_float32(self.view(tensor), self.store.info(tensor).dtype)
 
     def close(self):
         self.store.close()

@@ -62,6 +62,11 @@ def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
 
 
+def to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """A tensor's values as float32, given its safetensors dtype (BF16 stored as uint16)."""
+    return bf16_to_f32(raw) if dtype == "BF16" else np.asarray(raw).astype(np.float32)
+
+
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     """Round float32 to BF16 (round to nearest even), returned as the uint16 storage."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)

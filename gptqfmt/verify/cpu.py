@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..gptq.packing import unpack
-from . import BF16, F16, ZERO_V1_NOWRAP, ZERO_V1_WRAP
+from ..safetensors_io.dtypes import bf16_to_f32
+from . import BF16, F16, RUNTIMES, ZERO_V1_NOWRAP, ZERO_V1_WRAP
 
 
 def to_f32(raw: np.ndarray, kind: int) -> np.ndarray:
@@ -13,11 +14,15 @@ def to_f32(raw: np.ndarray, kind: int) -> np.ndarray:
     if kind == F16:
         return np.asarray(raw).view(np.float16).astype(np.float32)
     if kind == BF16:
-        return (np.asarray(raw).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        return bf16_to_f32(np.asarray(raw).view(np.uint16))
     return np.asarray(raw, dtype=np.float32)
 
 
-def effective_zeros(stored: np.ndarray, bits: int, rule: int) -> np.ndarray:
+def effective_zeros(stored: np.ndarray, bits: int, rule: int | str) -> np.ndarray:
+    """Z per cell from stored fields under a zero rule, or under a convention name as vLLM reads
+    it (gptq: s + 1 without wrap; gptq_v2: s)."""
+    if isinstance(rule, str):
+        rule = RUNTIMES["vLLM gptq_gemm, ExLlamaV2"][rule]
     z = stored.astype(np.int32)
     if rule == ZERO_V1_NOWRAP:
         return z + 1
@@ -29,11 +34,17 @@ def effective_zeros(stored: np.ndarray, bits: int, rule: int) -> np.ndarray:
 def dequant(qweight, qzeros, scales, scale_kind, g_idx, bits, rule, cols=None) -> np.ndarray:
     """W[:, cols] (all columns when None) as float32: scale * float(q - Z)."""
     cols = np.arange(qweight.shape[1]) if cols is None else np.asarray(cols)
-    q = unpack(np.ascontiguousarray(qweight[:, cols]), bits, axis=0).astype(np.int32)
+    q = unpack(np.ascontiguousarray(qweight[:, cols]), bits, axis=0)
     z = effective_zeros(unpack(qzeros, bits, axis=1)[:, cols], bits, rule)
     s = to_f32(np.ascontiguousarray(scales[:, cols]), scale_kind)
+    return dequant_fields(q, z, s, g_idx)
+
+
+def dequant_fields(q: np.ndarray, z: np.ndarray, s: np.ndarray, g_idx) -> np.ndarray:
+    """The dequant formula, once: codes q [K, C], effective zeros z and fp32 scales s [G, C],
+    g_idx [K] -> W [K, C] = s[g] * float(q - z[g]), one fp32 multiply as in the kernel."""
     g = np.asarray(g_idx, dtype=np.int64)
-    return s[g] * (q - z[g]).astype(np.float32)
+    return s[g] * (q.astype(np.int32) - z[g]).astype(np.float32)
 
 
 def gemm_from_weights(x: np.ndarray, w: np.ndarray) -> np.ndarray:

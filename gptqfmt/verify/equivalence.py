@@ -169,16 +169,12 @@ def reference_fp32(path: str | os.PathLike, backend: str = "auto",
         w_ref = be.dequant(qw, qz, sc, kind, g, m.bits, rule_data, cols).astype(np.float64)
         y_ref = x.astype(np.float16).astype(np.float64) @ w_ref
         diff = y_rt.astype(np.float64) - y_ref
-        scale_sum = x.astype(np.float16).astype(np.float64) @ _scales_f64(sc, kind)[g][:, cols]
+        scale_sum = x.astype(np.float16).astype(np.float64) @ \
+            ck.float32(m.tensors["scales"]).astype(np.float64)[g][:, cols]
         verdict = module_verdict(ck, m, full=True)
         out.append(_classify(m.name, y_rt, diff, scale_sum, y_ref, verdict))
         ck.store.release(m.tensors.values())
     return declared, detected, out, be.name
-
-
-def _scales_f64(sc, kind):
-    from .cpu import to_f32
-    return to_f32(np.ascontiguousarray(sc), kind).astype(np.float64)
 
 
 def _classify(name, y_rt, diff, scale_sum, y_ref, verdict) -> ModuleDiagnosis:
