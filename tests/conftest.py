@@ -12,10 +12,15 @@ FIXTURES = ROOT / "fixtures"
 CKPT = FIXTURES / "ckpt"
 
 
-def load_generator():
-    spec = importlib.util.spec_from_file_location("make_fixtures", FIXTURES / "make_fixtures.py")
+def load_generator(name: str = "make_fixtures"):
+    """A fixture generator script under fixtures/, imported as a module."""
+    if str(FIXTURES) not in sys.path:
+        sys.path.insert(0, str(FIXTURES))  # the generators import each other
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, FIXTURES / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["make_fixtures"] = mod
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 

@@ -9,7 +9,7 @@ from gptqfmt.gptq.checkpoint import open_checkpoint
 from gptqfmt.gptq.codestats import cell_sums
 from gptqfmt.gptq.detect import AMBIGUOUS, GPTQ, GPTQ_V2, ZeroStats, decide, zero_stats
 from gptqfmt.gptq.evidence import detect_checkpoint
-from gptqfmt.gptq.packing import pack, unpack
+from gptqfmt.gptq.packing import pack
 from tests.conftest import CKPT, GEN, MANIFEST, SPECS
 
 
@@ -101,8 +101,3 @@ def test_mislabelled_copies_are_detected_not_believed():
 def test_to_json_has_no_nan():
     st = ZeroStats()
     assert all(not (isinstance(v, float) and math.isnan(v)) for v in st.to_json().values())
-
-
-def test_stored_fields_round_trip():
-    z = np.array([[0, 3, 15, 8, 8, 8, 8, 8]])
-    assert unpack(pack(z, 4, 32, 1), 4, 1).tolist() == z.tolist()

@@ -1,18 +1,7 @@
 """The committed fixtures are exactly what the seeded generators write."""
 import filecmp
-import importlib.util
-import sys
 
-from tests.conftest import FIXTURES, GEN, MANIFEST
-
-
-def load_generator(name):
-    sys.path.insert(0, str(FIXTURES))
-    spec = importlib.util.spec_from_file_location(name, FIXTURES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from tests.conftest import FIXTURES, GEN, MANIFEST, load_generator
 
 
 def tree(root):

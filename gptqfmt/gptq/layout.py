@@ -15,14 +15,6 @@ def n_groups(in_features: int, group_size: int) -> int:
     return 1 if group_size in (-1, 0) or group_size >= in_features else -(-in_features // group_size)
 
 
-def expected_shapes(in_features: int, out_features: int, bits: int, group_size: int,
-                    word_bits: int) -> dict[str, tuple[int, ...]]:
-    g = n_groups(in_features, group_size)
-    return {"qweight": (in_features * bits // word_bits, out_features),
-            "qzeros": (g, out_features * bits // word_bits),
-            "scales": (g, out_features), "g_idx": (in_features,), "bias": (out_features,)}
-
-
 def bits_from_qzeros(qzeros_cols: int, out_features: int, word_bits: int) -> int | None:
     """bits = qzeros.shape[1] * W / N, when that is a supported width."""
     if out_features <= 0 or (qzeros_cols * word_bits) % out_features:

@@ -52,11 +52,6 @@ class SafetensorsFile:
         arr = np.frombuffer(self._map(), d.numpy, info.numel, self._offset(info))
         return arr.reshape(info.shape)
 
-    def raw_bytes(self, name: str) -> memoryview:
-        info = self.header.tensors[name]
-        off = self._offset(info)
-        return memoryview(self._map())[off: off + info.nbytes] if info.nbytes else memoryview(b"")
-
     def _offset(self, info: TensorInfo) -> int:
         return self.header.data_start + info.begin
 
@@ -80,11 +75,6 @@ class SafetensorsFile:
         bounded when many tensors are read one after another. Views stay valid."""
         if self._mm is not None and hasattr(mmap, "MADV_DONTNEED"):
             self._mm.madvise(mmap.MADV_DONTNEED)
-
-    def read_range(self, start: int, length: int) -> bytes:
-        """`length` bytes at file offset `start`, read (not mapped)."""
-        with open(self.path, "rb") as f:
-            return os.pread(f.fileno(), length, start)
 
     def close(self):
         # Views keep the mapping alive through their base; dropping our reference is enough.
