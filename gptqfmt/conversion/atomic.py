@@ -13,6 +13,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+from .. import faults
 from ..errors import UsageError
 
 TMP_TAG = ".gptqfmt-tmp-"
@@ -78,12 +79,13 @@ def staging(dst: Path, force: bool):
         raise UsageError(f"{dst.parent}: no such directory")
     remove_stale(dst)
     tmp = dst.parent / f"{_tmp_prefix(dst)}{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        tmp.mkdir()
-    except OSError as e:
-        raise UsageError(f"{dst.parent}: cannot create a directory there: "
-                         f"{e.strerror or e}") from None
-    try:
+    try:  # mkdir inside: a signal that lands just after it still removes the directory
+        try:
+            tmp.mkdir()
+        except OSError as e:
+            raise UsageError(f"{dst.parent}: cannot create a directory there: "
+                             f"{e.strerror or e}") from None
+        faults.point("staging-created")
         yield tmp
     finally:
         if tmp.exists():
@@ -95,15 +97,18 @@ def commit(tmp: Path, dst: Path, force: bool, on_renamed=None) -> None:
     swapped out atomically (renameat2 RENAME_EXCHANGE) and then removed; where the exchange is
     not available it is moved aside and put back if the second rename fails."""
     dst = Path(os.path.abspath(dst))
+    faults.point("before-fsync")
     for f in tmp.iterdir():
         fsync_path(f)
     fsync_path(tmp)
+    faults.point("before-rename")
     if dst.exists() or dst.is_symlink():
         if not force or dst.is_symlink():
             raise UsageError(f"{dst}: appeared while converting, or is a symbolic link; "
                              "not replaced")
         if _exchange(tmp, dst):  # tmp now holds the old DST, which staging() removes
             on_renamed and on_renamed()
+            faults.point("after-rename")
             fsync_path(dst.parent)
             return
         old = dst.parent / f"{_tmp_prefix(dst)}{os.getpid()}-old"
@@ -114,10 +119,12 @@ def commit(tmp: Path, dst: Path, force: bool, on_renamed=None) -> None:
             os.rename(old, dst)
             raise
         on_renamed and on_renamed()
+        faults.point("after-rename")
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
     else:
         os.rename(tmp, dst)
         on_renamed and on_renamed()
+        faults.point("after-rename")
     fsync_path(dst.parent)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import faults
 from ..gptq.packing import pack, unpack
 from ..safetensors_io.reader import SafetensorsFile
 from .atomic import create
@@ -35,18 +36,20 @@ def converted_qzeros(words: np.ndarray, bits: int, src: str, dst: str,
 
 
 def write_shard(src: Path, out: Path, jobs: list[QzerosJob], src_conv: str, dst_conv: str,
-                allow_lossy: bool) -> int:
-    """Write `out`; returns the number of bytes written."""
+                allow_lossy: bool, index: int = 0) -> int:
+    """Write `out`; returns the number of bytes written. `index` (the shard's place in sorted
+    order) only names the shard to the fault hook."""
     f = SafetensorsFile(src)
     ranges = sorted((f.header.data_start + f.tensors[j.tensor].begin, j) for j in jobs)
     with open(src, "rb") as fin, create(out) as fout:
         pos = 0
-        for start, job in ranges:
+        for t, (start, job) in enumerate(ranges):
             _copy(fin, fout, pos, start - pos)
             new = converted_qzeros(f.view(job.tensor), job.bits, src_conv, dst_conv, allow_lossy)
             f.release()
             fout.write(new.tobytes())
             pos = start + new.nbytes
+            faults.point("mid-shard", index, t)
         _copy(fin, fout, pos, f.size - pos)
     return f.size  # durability: atomic.commit fsyncs every file before the rename
 

@@ -1,0 +1,94 @@
+"""A test hook: stop the process at a named stage, so that tests of kills and signals are
+deterministic (no sleeps, no racing a timer against the work).
+
+Set ``GPTQFMT_FAULT=stage[:n][:SIGNAL]`` in the environment of a gptqfmt process. When that
+process reaches `stage` with index `n`, it sends itself SIGNAL (default SIGKILL) with
+``os.kill(os.getpid(), ...)``, as ``kill`` or ``timeout`` would. SIGKILL ends it on the spot; a
+signal the CLI handles (SIGINT, SIGTERM, SIGHUP) unwinds it as a real one does. It fires once.
+
+`n` is the stage's index, counted from 0, for the stages that have one: ``S.T`` for
+``mid-shard`` (shard S in sorted order, its qzeros tensor T in file order), ``M`` for
+``gate-module``; missing parts are 0. Examples: ``mid-shard:2.1`` kills the process after the
+second qzeros tensor of the third shard has been written; ``before-rename:SIGTERM`` sends SIGTERM
+just before the staging directory becomes DST. The stages are listed in `STAGES`.
+
+The variable is read once, when this module is imported. Unset, `point` is a function that
+returns at once. A malformed value raises ValueError at the first stage reached (in the CLI: an
+internal error, exit 3). The hook fires in the process that reaches the stage: with
+``convert --jobs N`` the shards, and so ``mid-shard``, are written in worker processes.
+Not for use outside tests.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "GPTQFMT_FAULT"
+
+# stage -> (where it is, how many index parts it takes)
+STAGES = {
+    "command": ("cli.run, before the command is parsed and run", 0),
+    "staging-created": ("convert: the staging directory beside DST exists, empty", 0),
+    "mid-shard": ("convert: shard S written up to and including its qzeros tensor T (file "
+                  "order); the rest of the shard is not", 2),
+    "shards-written": ("convert: every shard written (not yet fsynced); other files and "
+                       "configs not yet", 0),
+    "before-gate": ("convert: the staging directory complete, before the verify gate", 0),
+    "gate-module": ("convert: the verify gate has checked module M (0-based)", 1),
+    "before-fsync": ("convert: gate passed, before the staging directory is fsynced", 0),
+    "before-rename": ("convert: everything fsynced, before the rename to DST", 0),
+    "after-rename": ("convert: DST in place, before its parent directory is fsynced", 0),
+}
+
+
+def _parse(spec: str) -> tuple[str, tuple[int, ...], int]:
+    """'mid-shard:2.1:SIGTERM' -> ('mid-shard', (2, 1), 15); ValueError when malformed."""
+    stage, *rest = spec.split(":")
+    if stage not in STAGES or len(rest) > 2:
+        raise ValueError(f"{ENV}={spec!r}: expected stage[:n][:SIGNAL] with a stage in "
+                         f"{', '.join(STAGES)}")
+    arity = STAGES[stage][1]
+    index, sig = (0,) * arity, signal.SIGKILL
+    if rest and rest[0][:1].isdigit():
+        parts = rest.pop(0).split(".")
+        if not all(x.isdigit() for x in parts) or len(parts) > max(arity, 1) or \
+                (arity == 0 and parts != ["0"]):
+            raise ValueError(f"{ENV}={spec!r}: {stage} takes {arity} index part(s)")
+        index = (tuple(map(int, parts)) + (0,) * arity)[:arity]
+    if rest:
+        name = rest.pop(0).upper()
+        try:
+            sig = signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+        except KeyError:
+            raise ValueError(f"{ENV}={spec!r}: unknown signal {name!r}") from None
+    if rest:
+        raise ValueError(f"{ENV}={spec!r}: expected stage[:n][:SIGNAL]")
+    return stage, index, int(sig)
+
+
+def _armed(spec: str):
+    """The hook for one GPTQFMT_FAULT value: fires once, at the stage and index it names."""
+    try:
+        stage, index, sig = _parse(spec)
+    except ValueError as e:
+        error = e
+
+        def point(at: str, *at_index: int) -> None:
+            raise error
+        return point
+    fired = []
+
+    def point(at: str, *at_index: int) -> None:
+        if at == stage and at_index == index and not fired:
+            fired.append(at)
+            os.kill(os.getpid(), sig)  # SIGKILL: gone; a handled signal runs its handler here
+    return point
+
+
+def _unset(stage: str, *index: int) -> None:
+    """GPTQFMT_FAULT is not set: nothing to do."""
+
+
+_SPEC = os.environ.get(ENV)
+#: point(stage, *index): stop the process here when GPTQFMT_FAULT names this stage and index.
+point = _armed(_SPEC) if _SPEC else _unset
