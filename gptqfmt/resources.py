@@ -2,17 +2,26 @@
 
 Installed wheels carry them inside the package (gptqfmt/schemas, gptqfmt/kernels); a source
 checkout keeps them at the repository's top level.
+
+The schemas carry no `$id`: a reference to another schema is relative to the file
+("report.schema.json#/$defs/finding"), so an independent validator given the file
+(`check-jsonschema --schemafile .../convert.schema.json`) resolves it from the file's folder,
+offline. validator() does the same without touching the disk or the network again: every shipped
+schema is registered under its file name, which is what a relative reference from a schema
+without a base URI resolves to.
 """
 from __future__ import annotations
 
 import json
-
-import jsonschema
-import referencing
 from functools import lru_cache
 from pathlib import Path
 
+import jsonschema
+import referencing
+from referencing.jsonschema import DRAFT202012
+
 _PKG = Path(__file__).resolve().parent
+SCHEMA_SUFFIX = ".schema.json"
 
 
 def data_dir(name: str) -> Path:
@@ -22,18 +31,26 @@ def data_dir(name: str) -> Path:
     raise FileNotFoundError(f"gptqfmt data directory '{name}' not found beside {_PKG}")
 
 
+def schema_names() -> list[str]:
+    """Names of the shipped schemas, e.g. ['convert', 'equivalence', ...]."""
+    return sorted(p.name.removesuffix(SCHEMA_SUFFIX)
+                  for p in data_dir("schemas").glob(f"*{SCHEMA_SUFFIX}"))
+
+
 @lru_cache(maxsize=None)
 def schema(name: str) -> dict:
     """A JSON Schema from schemas/, e.g. schema('inspect')."""
-    return json.loads((data_dir("schemas") / f"{name}.schema.json").read_text("utf-8"))
+    return json.loads((data_dir("schemas") / f"{name}{SCHEMA_SUFFIX}").read_text("utf-8"))
+
+
+@lru_cache(maxsize=None)
+def registry() -> referencing.Registry:
+    """Every shipped schema, keyed by its file name (the target of the relative `$ref`s)."""
+    return referencing.Registry().with_resources(
+        (f"{n}{SCHEMA_SUFFIX}", DRAFT202012.create_resource(schema(n))) for n in schema_names())
 
 
 @lru_cache(maxsize=None)
 def validator(name: str) -> jsonschema.protocols.Validator:
     """A validator for schema `name` that resolves references to the other shipped schemas."""
-    resources = []
-    for p in sorted(data_dir("schemas").glob("*.schema.json")):
-        doc = schema(p.name.removesuffix(".schema.json"))
-        resources.append((doc["$id"], referencing.Resource.from_contents(doc)))
-    registry = referencing.Registry().with_resources(resources)
-    return jsonschema.Draft202012Validator(schema(name), registry=registry)
+    return jsonschema.Draft202012Validator(schema(name), registry=registry())
