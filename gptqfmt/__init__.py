@@ -5,7 +5,8 @@ Library entry points:
     detect(path, full=False)            -> Detection: gptq / gptq_v2 / ambiguous, with evidence
     validate(path)                      -> Report: every finding of `gptqfmt verify`
     convert(src, dst, to="gptq_v2")     -> ConvertReport (streamed, verified, atomic)
-    convert_qzeros(qzeros, bits, src, dst)  numpy array or torch tensor in, same type out
+    convert_qzeros(qzeros, bits, src, dst)  2-D int8..int64 numpy array or torch tensor in,
+                                        same type out (UsageError otherwise)
     open_checkpoint(path)               -> Checkpoint (modules, config, zero-copy tensor views)
     pack(codes, bits, word_bits, axis)  / unpack(words, bits, axis)
 """

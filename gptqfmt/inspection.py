@@ -1,4 +1,8 @@
-"""`inspect`: what a checkpoint holds, as one result object for the text and JSON reporters."""
+"""`inspect`: what a checkpoint holds, as one result object for the text and JSON reporters.
+
+Its findings come from verify's own rules (validate.py) fed with what inspect reads: every header,
+config, g_idx and qzeros, and a sample of qweight rows. Whatever it finds, verify finds with the
+same code and severity; verify may find more (scales, and evidence from the unsampled rows)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +14,7 @@ from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from .gptq.detect import Detection
 from .gptq.evidence import detect_checkpoint
 from .gptq.labels import convention_findings
+from .validate import declared_findings, summary_counts, zero_point_findings
 from .version import __version__
 
 
@@ -32,8 +37,14 @@ def inspect_checkpoint(path: str | os.PathLike) -> InspectResult:
     qzeros, a sample of qweight rows)."""
     ckpt = open_checkpoint(path)
     det = detect_checkpoint(ckpt, full=False)
-    findings = sorted(ckpt.findings + convention_findings(ckpt, det), key=Finding.sort_key)
-    return InspectResult(ckpt, det, findings)
+    findings = ckpt.findings + convention_findings(ckpt, det)
+    verdicts = {v.name: v for v in det.modules}
+    for m in ckpt.modules:
+        if m.name in verdicts:  # the valid modules, as in verify
+            findings += zero_point_findings(ckpt, m, verdicts[m.name], settled_only=True)
+            findings += declared_findings(ckpt, m)
+            ckpt.store.release(m.tensors.values())
+    return InspectResult(ckpt, det, sorted(findings, key=Finding.sort_key))
 
 
 def quantization_summary(ckpt: Checkpoint) -> dict[str, Any]:
@@ -103,9 +114,3 @@ def inspect_json(r: InspectResult) -> dict[str, Any]:
         "summary": summary_counts(r.findings, len(ckpt.modules)),
     }
 
-
-def summary_counts(findings: list[Finding], modules: int) -> dict[str, int]:
-    out = {"modules": modules, "errors": 0, "warnings": 0, "infos": 0}
-    for f in findings:
-        out[{"error": "errors", "warning": "warnings", "info": "infos"}[f.severity]] += 1
-    return out

@@ -1,4 +1,8 @@
-"""`verify`: every check over all the data, collected into one Report (findings are data)."""
+"""`verify`: every check over all the data, collected into one Report (findings are data).
+
+Each rule lives here once. inspect runs the rules its bounded reads can feed (zero_point_findings
+on its sampled verdicts, declared_findings); verify runs them all, on verdicts from every row,
+plus scale_findings. So inspect may see less than verify, never something else."""
 from __future__ import annotations
 
 import os
@@ -11,10 +15,9 @@ import numpy as np
 from .findings import ERROR, WARNING, Finding
 from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from .gptq.detect import AMBIGUOUS, GPTQ, GPTQ_V2, Detection, ModuleVerdict, combine, \
-    stored_fields
+    corruption_signatures, stored_fields
 from .gptq.evidence import module_verdict
 from .gptq.labels import convention_findings, effective_declared
-from .inspection import summary_counts
 from .verify.cpu import effective_zeros
 from .version import __version__
 
@@ -59,10 +62,14 @@ def validate(path: str | os.PathLike, progress=None, jobs: int | None = None) ->
     """Run every check on the checkpoint at `path`, reading all of its quantized data.
 
     Modules are checked in `jobs` threads (default: one per CPU; numpy releases the GIL in its
-    loops). `progress(module, nbytes)` is called after each module (for progress bars)."""
+    loops). `progress(nbytes, total_bytes)` is called after each module with its qweight
+    bytes (first with 0, so a progress bar knows its total)."""
     ckpt = open_checkpoint(path)
     findings = list(ckpt.findings)
     modules = [m for m in ckpt.modules if m.valid]
+    total = sum(ckpt.store.info(m.tensors["qweight"]).nbytes for m in modules)
+    if progress:
+        progress(0, total)
 
     def check(m: Module):
         v = module_verdict(ckpt, m, full=True)
@@ -78,7 +85,7 @@ def validate(path: str | os.PathLike, progress=None, jobs: int | None = None) ->
             nbytes = ckpt.store.info(m.tensors["qweight"]).nbytes
             qbytes += nbytes
             if progress:
-                progress(m, nbytes)
+                progress(nbytes, total)
     det = combine(verdicts)
     findings += convention_findings(ckpt, det)
     findings.sort(key=Finding.sort_key)
@@ -86,8 +93,21 @@ def validate(path: str | os.PathLike, progress=None, jobs: int | None = None) ->
 
 
 def module_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Finding]:
-    qz_name, sc_name = m.tensors["qzeros"], m.tensors["scales"]
-    file_qz, file_sc = ckpt.store.file_of(qz_name), ckpt.store.file_of(sc_name)
+    """Every per-module finding of verify, from the module's verdict `v`."""
+    return zero_point_findings(ckpt, m, v) + scale_findings(ckpt, m, v) + \
+        declared_findings(ckpt, m)
+
+
+def zero_point_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict,
+                        settled_only: bool = False) -> list[Finding]:
+    """GQ403, GQ405, GQ406, GQ407, GQ412: what the verdict and its evidence say about the
+    stored zero points (qzeros is the only tensor read here; `v` carries the codes' evidence).
+
+    `settled_only` (inspect): when `v` rests on a sample of the codes (`v.complete` false), give
+    only the findings that qzeros alone decide, which reading every row cannot take back. Without
+    it, a sampled verdict is used as it is (convert refuses on it before writing)."""
+    qz_name = m.tensors["qzeros"]
+    file_qz = ckpt.store.file_of(qz_name)
     out: list[Finding] = []
     maxq = (1 << m.bits) - 1
     decl = m.declared
@@ -97,14 +117,21 @@ def module_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Findi
                            f"constant {1 << (m.bits - 1)}: Marlin ignores qzeros and decodes "
                            "with the constant, other kernels read these values",
                            file=file_qz, tensor=qz_name, hint="set sym=false"))
+    st = v.stats
+    partial = settled_only and not v.complete
+    if not partial:
+        sigs, sig_ev = v.signatures, [e for e in v.evidence if any(
+            k in e for k in ("AutoGPTQ", "GPTQModel", "borrow"))]
+    else:  # a sample of the codes: only the signatures that the stored fields alone show
+        sigs, sig_ev = corruption_signatures(st, m.bits, codes=False) if st else ([], [])
+    if sigs:
+        out.append(Finding("GQ405", f"{', '.join(sigs)}: " + "; ".join(sig_ev),
+                           file=file_qz, tensor=qz_name, details={"signatures": sigs}))
+    if partial:
+        return out  # the rest rests on the codes of every row, which verify reads
     if v.inconsistent:
         out.append(Finding("GQ412", "the zero points fit neither gptq nor gptq_v2: "
                            + "; ".join(v.evidence), file=file_qz, tensor=qz_name))
-    if v.signatures:
-        out.append(Finding("GQ405", f"{', '.join(v.signatures)}: " + "; ".join(
-            e for e in v.evidence if any(k in e for k in ("AutoGPTQ", "GPTQModel", "borrow"))),
-            file=file_qz, tensor=qz_name, details={"signatures": v.signatures}))
-    st = v.stats
     if st is not None and v.verdict in (GPTQ, AMBIGUOUS) and st.stored_maxq and not pattern_sym:
         out.append(Finding(
             "GQ406", f"{st.stored_maxq} fields store {maxq}: vLLM gptq_gemm and ExLlamaV2 read "
@@ -115,6 +142,16 @@ def module_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Findi
         out.append(Finding("GQ407", f"{st.stored_zero} zero points are 0; gptq cannot store "
                            "them (a conversion to gptq would change those groups)",
                            file=file_qz, tensor=qz_name, details={"fields": st.stored_zero}))
+    return out
+
+
+def scale_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Finding]:
+    """GQ501, GQ502: scales not finite and positive, or dequantized weights beyond float16
+    (reads every scale; verify only)."""
+    sc_name = m.tensors["scales"]
+    file_sc = ckpt.store.file_of(sc_name)
+    out: list[Finding] = []
+    maxq = (1 << m.bits) - 1
     scales = ckpt.float32(sc_name)
     bad = ~np.isfinite(scales) | (scales <= 0)
     if bad.any():
@@ -131,11 +168,19 @@ def module_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Findi
             out.append(Finding("GQ502", f"{int(over.sum())} groups can dequantize beyond "
                                f"float16's {FP16_MAX:g}; worst {float(reach[g, n]):.4g} at group "
                                f"{g}, column {n}", file=file_sc, tensor=sc_name))
+    return out
+
+
+def declared_findings(ckpt: Checkpoint, m: Module) -> list[Finding]:
+    """GQ315, GQ316: the module's metadata (config, g_idx, name) against runtime expectations."""
+    out: list[Finding] = []
+    decl = m.declared
+    file_qz = ckpt.store.file_of(m.tensors["qzeros"])
     if m.act_order is False and decl is not None and decl.desc_act is True and \
             not (ckpt.config and ckpt.config.static_groups) and m.groups > 1:
         out.append(Finding("GQ315", "config says desc_act=true but g_idx is k // group_size "
                            "(and static_groups is not set)", file=file_qz,
-                           tensor=m.tensors.get("g_idx", qz_name)))
+                           tensor=m.tensors.get("g_idx", m.tensors["qzeros"])))
     if m.name.endswith(ROUTER_SUFFIXES):
         out.append(Finding("GQ316", "a MoE router gate is quantized; vLLM and TGI expect it in "
                            "full precision", file=file_qz, tensor=m.tensors["qweight"]))
@@ -149,3 +194,9 @@ def _effective_zeros(ckpt: Checkpoint, m: Module, convention: str) -> np.ndarray
     return effective_zeros(stored_fields(ckpt.view(m.tensors["qzeros"]), m.bits), m.bits,
                            convention)
 
+
+def summary_counts(findings: list[Finding], modules: int) -> dict[str, int]:
+    out = {"modules": modules, "errors": 0, "warnings": 0, "infos": 0}
+    for f in findings:
+        out[{"error": "errors", "warning": "warnings", "info": "infos"}[f.severity]] += 1
+    return out

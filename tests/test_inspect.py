@@ -59,12 +59,42 @@ def test_module_tensors_split_across_shards_are_joined(name):
     assert sorted(m["name"] for m in split) == sorted(expect)
 
 
+# Fixtures whose writers corrupt zero points on purpose: the codes verify reports too.
+CORRUPT_WRITER_CODES = {
+    "autogptq-b4-asym-gptq": {"GQ405", "GQ406"},
+    "autogptq-b3-asym-act-gptq": {"GQ406"},
+    "autogptq-b2-asym-gptq": {"GQ405", "GQ406"},
+    "autogptq-b4-sym-gptq": set(),
+    "gptqmodel-b4-asym-gptq": {"GQ405", "GQ406"},
+    "gptqmodel-b2-asym-act-gptq": {"GQ406"},
+    "gptqmodel-b8-asym-gptq": {"GQ406"},
+    "gptqmodel603-b3-asym-gptq": {"GQ405", "GQ406"},
+    "gptqmodel603-b3-sym-gptq": {"GQ403", "GQ405"},
+}
+
+
+def expected_zero_point_findings(name):
+    """{(code, tensor, fields)} from the generator's true zero points: an exact gptq writer stores
+    Z = 0 as maxq (GQ406 warning), gptq_v2 stores it as 0 (GQ407 info)."""
+    spec = SPECS[name]
+    code = "GQ406" if spec.convention == "gptq" else "GQ407"
+    return {(code, f"{m}.qzeros", t["zero_fields"])
+            for m, t in MANIFEST[name]["modules"].items() if t["zero_fields"]}
+
+
 def test_findings_of_valid_fixtures():
+    # inspect reports what it finds with verify's rules (GQ406/GQ407 from every qzeros field)
     expected = {"lmhead-b4-sym-gptq_v2": {"GQ311"}, "formatonly-b4-asym-gptq_v2": {"GQ209", "GQ401"}}
     expected.update({n: {"GQ401"} for n in SPECS if n.startswith("mislabelled")})
     for name in SPECS:
-        codes = {f["code"] for f in gptqfmt.inspect(CKPT / name).to_json()["findings"]}
-        assert codes == expected.get(name, set()), name
+        found = gptqfmt.inspect(CKPT / name).findings
+        if name in CORRUPT_WRITER_CODES:
+            assert {f.code for f in found} == CORRUPT_WRITER_CODES[name], name
+            continue
+        zp = {(f.code, f.tensor, f.details["fields"]) for f in found
+              if f.code in ("GQ406", "GQ407")}
+        assert zp == expected_zero_point_findings(name), name
+        assert {f.code for f in found} - {"GQ406", "GQ407"} == expected.get(name, set()), name
 
 
 def test_dynamic_overrides_and_exclusions():

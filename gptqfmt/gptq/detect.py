@@ -56,16 +56,20 @@ def symmetric_pattern(qzeros: np.ndarray, bits: int) -> str | None:
 
 @dataclass
 class ZeroStats:
-    """What the codes say about one module's stored zero points."""
+    """What the codes say about one module's stored zero points.
+
+    stored_maxq, stored_zero and top_runs need no codes: they count every field of qzeros, so
+    inspect (a sample of codes) and verify (all codes) agree on them. The rest are over the cells
+    whose codes were read."""
     cells: int = 0                 # interior cells in the statistic
     median: float = math.nan       # median of mean(code) - stored over interior cells
     se: float = math.inf           # its standard error
-    stored_maxq: int = 0
-    stored_zero: int = 0
+    stored_maxq: int = 0           # fields stored as maxq (all of qzeros)
+    stored_zero: int = 0           # fields stored as 0 (all of qzeros)
     wrapped: int = 0               # stored maxq, codes say Z = 0
     maxq_consistent: int = 0       # stored maxq, codes say Z = maxq
     sign_extension: int = 0        # words with AutoGPTQ's sign-extension signature
-    top_runs: int = 0              # words whose top fields are all maxq (a run of >= run_len)
+    top_runs: int = 0              # words whose top fields are all maxq (all of qzeros)
     top_runs_expected: float = 0.0  # the same count if maxq fields fell independently
     borrow_offset: float = math.nan  # median offset of fields right after a wrapped one
     borrow_cells: int = 0
@@ -83,10 +87,13 @@ class ZeroStats:
 def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: int,
                word_bits: int) -> ZeroStats:
     """Summarise cells: `stored` [G, N] unpacked qzeros fields, `sums` [G, N] code sums over
-    `counts` [G] codes per cell (rows with count 0 are ignored)."""
+    `counts` [G] codes per cell. Rows with count 0 (codes not read) enter only the counts that
+    need no codes (stored_maxq, stored_zero, top_runs)."""
     maxq = (1 << bits) - 1
     st = ZeroStats(stored_maxq=int(np.count_nonzero(stored == maxq)),
                    stored_zero=int(np.count_nonzero(stored == 0)))
+    if st.stored_maxq and bits != 3:
+        st.top_runs, st.top_runs_expected = _top_runs(stored, bits, word_bits, maxq)
     have = counts > 0
     if not have.any():
         return st
@@ -102,12 +109,10 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
         spread = (q3 - q1) / 1.349  # the IQR of a normal sample, as a robust sigma
         st.se = 1.2533 * max(spread, 1e-3) / math.sqrt(di.size)
     at_max = stored == maxq
-    if st.stored_maxq and bits != 3:
-        st.top_runs, st.top_runs_expected = _top_runs(stored, bits, word_bits, maxq)
-    if st.stored_maxq:
+    if at_max.any():
         low = m < maxq / 2
         st.wrapped = int(np.count_nonzero(at_max & low))
-        st.maxq_consistent = st.stored_maxq - st.wrapped
+        st.maxq_consistent = int(np.count_nonzero(at_max & ~low))
         if bits >= 4 and st.wrapped:  # at 2 bits a code step is too coarse to tell
             _word_signatures(st, stored, m, d, at_max, low, bits, word_bits, maxq)
     if bits == 3:
@@ -192,6 +197,9 @@ class ModuleVerdict:
     signatures: list[str] = field(default_factory=list)   # corruption kinds found
     pattern: str | None = None                            # symmetric pattern, if every field is
     inconsistent: bool = False      # the data contradict both conventions (corruption)
+    # False when the verdict rests on a sample of the codes (inspect on a large module): reading
+    # every row may change it (validate.zero_point_findings, settled_only)
+    complete: bool = True
 
     def to_json(self):
         return {"name": self.name, "verdict": self.verdict, "confidence": self.confidence,
@@ -214,30 +222,9 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
     if st is None:
         return ModuleVerdict(name, AMBIGUOUS, 0.0, ["zero points are not one symmetric constant "
                                                     "and no codes were read"])
-    ev, sigs = [], []
+    sigs, ev = corruption_signatures(st, bits, quantizer)
     inconsistent = False
     maxq = (1 << bits) - 1
-    runs = st.top_runs >= 3 and st.top_runs > 10 * st.top_runs_expected + 2
-    if st.sign_extension or runs:
-        sigs.append("autogptq_sign_extension")
-    if st.sign_extension:
-        ev.append(f"{st.sign_extension} qzeros words with AutoGPTQ 0.7.1 sign extension: a "
-                  f"wrapped Z = 0 with every higher field {maxq} although their codes disagree")
-    if runs:
-        ev.append(f"{st.top_runs} qzeros words end in a run of fields at {maxq} "
-                  f"({st.top_runs_expected:.2g} expected by chance): AutoGPTQ 0.7.1 sign "
-                  "extension overwrote the fields above a Z = 0")
-    base = st.median if math.isfinite(st.median) else 1.0
-    if st.borrow_cells >= 3 and abs(st.borrow_offset - base - 1) < 0.3 and \
-            (st.borrow_offset - base) / max(st.borrow_se, st.se, 1e-3) >= MIN_Z:
-        sigs.append("gptqmodel_borrow")
-        ev.append(f"fields right after a wrapped zero sit {st.borrow_offset:.2f} below their "
-                  f"codes (GPTQModel's packed subtract borrowed from them)")
-    if st.position_spread > 0.75 and quantizer_is_old_gptqmodel(quantizer):
-        sigs.append("gptqmodel_603_3bit")
-        ev.append(f"zero offsets vary by {st.position_spread:.2f} across field positions and "
-                  f"meta.quantizer is {quantizer}: GPTQModel <= 6.0.3 packed 3-bit constants "
-                  "with words 0 and 2 swapped")
     if st.wrapped:
         ev.append(f"{st.wrapped} stored {maxq} fields whose codes say Z = 0 (a wrapped zero; "
                   f"only gptq writers store that)")
@@ -283,6 +270,42 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
     if clamp and not inconsistent:
         return ModuleVerdict(name, clamp[0], clamp[1], ev, st, sigs)
     return ModuleVerdict(name, AMBIGUOUS, 0.0, ev, st, sigs, inconsistent=inconsistent)
+
+
+def corruption_signatures(st: ZeroStats, bits: int, quantizer: str | None = None,
+                          codes: bool = True) -> tuple[list[str], list[str]]:
+    """(signature names, evidence lines) of the known writer bugs that `st` shows.
+
+    With `codes=False`, only what the stored fields alone show (AutoGPTQ's runs of maxq at the
+    top of words): the evidence that does not change when more qweight rows are read."""
+    sigs: list[str] = []
+    ev: list[str] = []
+    maxq = (1 << bits) - 1
+    runs = st.top_runs >= 3 and st.top_runs > 10 * st.top_runs_expected + 2
+    sign_extension = st.sign_extension if codes else 0
+    if sign_extension or runs:
+        sigs.append("autogptq_sign_extension")
+    if sign_extension:
+        ev.append(f"{st.sign_extension} qzeros words with AutoGPTQ 0.7.1 sign extension: a "
+                  f"wrapped Z = 0 with every higher field {maxq} although their codes disagree")
+    if runs:
+        ev.append(f"{st.top_runs} qzeros words end in a run of fields at {maxq} "
+                  f"({st.top_runs_expected:.2g} expected by chance): AutoGPTQ 0.7.1 sign "
+                  "extension overwrote the fields above a Z = 0")
+    if not codes:
+        return sigs, ev
+    base = st.median if math.isfinite(st.median) else 1.0
+    if st.borrow_cells >= 3 and abs(st.borrow_offset - base - 1) < 0.3 and \
+            (st.borrow_offset - base) / max(st.borrow_se, st.se, 1e-3) >= MIN_Z:
+        sigs.append("gptqmodel_borrow")
+        ev.append(f"fields right after a wrapped zero sit {st.borrow_offset:.2f} below their "
+                  f"codes (GPTQModel's packed subtract borrowed from them)")
+    if st.position_spread > 0.75 and quantizer_is_old_gptqmodel(quantizer):
+        sigs.append("gptqmodel_603_3bit")
+        ev.append(f"zero offsets vary by {st.position_spread:.2f} across field positions and "
+                  f"meta.quantizer is {quantizer}: GPTQModel <= 6.0.3 packed 3-bit constants "
+                  "with words 0 and 2 swapped")
+    return sigs, ev
 
 
 def quantizer_is_old_gptqmodel(quantizer: str | None) -> bool:

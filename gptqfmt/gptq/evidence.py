@@ -30,28 +30,39 @@ def module_g_idx(ckpt: Checkpoint, m: Module) -> np.ndarray:
     return trivial_g_idx(m.in_features, m.group_size)
 
 
+def sampled_blocks(m: Module, qw: np.ndarray, full: bool) -> np.ndarray | None:
+    """The blocks of qweight rows whose codes are read: None for all of them (verify, or a
+    sample that is the whole tensor), else an evenly spread SAMPLE_BYTES of them (inspect)."""
+    if full:
+        return None
+    _, wpb = block(m.bits, m.word_bits)
+    total = qw.shape[0] // wpb
+    rows = codestats.sample_blocks(total, qw.shape[1], wpb, SAMPLE_BYTES, qw.dtype.itemsize)
+    return None if len(rows) == total else rows
+
+
 def module_cells(ckpt: Checkpoint, m: Module, full: bool):
-    """(stored fields, code sums, counts) of the groups whose codes were read: all groups with
-    `full`, else those a sample of qweight rows reaches (only their qzeros rows are unpacked)."""
+    """(stored fields [G, N], code sums [G, N], counts [G]) of every group: the codes of all
+    groups with `full`, else of those a sample of qweight rows reaches (count 0 for the others;
+    their stored fields still count where no codes are needed)."""
     qz = ckpt.view(m.tensors["qzeros"])
     qw = ckpt.view(m.tensors["qweight"])
-    _, wpb = block(m.bits, m.word_bits)
-    rows = None if full else codestats.sample_blocks(qw.shape[0] // wpb, qw.shape[1], wpb,
-                                                     SAMPLE_BYTES, qw.dtype.itemsize)
+    rows = sampled_blocks(m, qw, full)
     sums, counts = codestats.cell_sums(qw, m.bits, module_g_idx(ckpt, m), m.groups, rows)
-    read = np.flatnonzero(counts > 0)
-    if len(read) == len(counts):
-        return stored_fields(qz, m.bits), sums, counts
-    return stored_fields(qz[read], m.bits), sums[read], counts[read]
+    return stored_fields(qz, m.bits), sums, counts
 
 
 def module_verdict(ckpt: Checkpoint, m: Module, full: bool) -> ModuleVerdict:
     pattern = symmetric_pattern(ckpt.view(m.tensors["qzeros"]), m.bits)
     st = None
+    complete = True  # a symmetric pattern decides from qzeros alone
     if full or pattern is None:
         stored, sums, counts = module_cells(ckpt, m, full)
         st = zero_stats(stored, sums, counts, m.bits, m.word_bits)
-    return decide(m.name, m.bits, pattern, st, quantizer(ckpt))
+        complete = sampled_blocks(m, ckpt.view(m.tensors["qweight"]), full) is None
+    v = decide(m.name, m.bits, pattern, st, quantizer(ckpt))
+    v.complete = complete
+    return v
 
 
 def detect_checkpoint(ckpt: Checkpoint, full: bool = False) -> Detection:
