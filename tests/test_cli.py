@@ -110,7 +110,7 @@ def test_click_usage_errors_still_give_one_json_document(tmp_path):
     assert r.returncode == 2 and r.stdout == "" and "Invalid value for '--jobs'" in r.stderr
 
 
-def run_on_a_terminal(args):
+def run_on_a_terminal(args, env=None):
     """Run gptqfmt with stderr on a pseudo-terminal; returns (exit code, stdout, stderr)."""
     import fcntl
     import os
@@ -120,7 +120,8 @@ def run_on_a_terminal(args):
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a real screen
     p = subprocess.Popen([sys.executable, "-m", "gptqfmt", *map(str, args)],
-                         stdout=subprocess.PIPE, stderr=slave)
+                         stdout=subprocess.PIPE, stderr=slave,
+                         env=None if env is None else {**os.environ, **env})
     os.close(slave)
     err = b""
     while True:
@@ -131,18 +132,29 @@ def run_on_a_terminal(args):
         if not chunk:
             break
         err += chunk
-    out = p.stdout.read()
+    with p.stdout:
+        out = p.stdout.read()
     p.wait()
     os.close(master)
     return p.returncode, out.decode(), err.decode(errors="replace")
 
 
 def test_progress_bars_only_for_a_person(tmp_path):
-    code, out, err = run_on_a_terminal(["convert", FIX, tmp_path / "a"])
+    # tqdm redraws at most every 0.1 s; with TQDM_MININTERVAL=0 it draws every update, so
+    # what the bars show does not depend on timing
+    code, out, err = run_on_a_terminal(["convert", FIX, tmp_path / "a"],
+                                       env={"TQDM_MININTERVAL": "0"})
     assert code == 0 and "write" in err and "verify" in err and "module" in err
+    n_modules = len(json.loads(subprocess.run(
+        [sys.executable, "-m", "gptqfmt", "inspect", str(FIX), "--format", "json"],
+        capture_output=True, text=True).stdout)["modules"])
+    # bars with totals (a percentage and n/total), decimal units
+    assert f"{n_modules}/{n_modules}" in err and "100%" in err and "kB/" in err
     assert "write" not in out
     code, out, err = run_on_a_terminal(["convert", FIX, tmp_path / "b", "--format", "json"])
     assert code == 0 and err == "" and json.loads(out)["written"] is True
+    code, out, err = run_on_a_terminal(["verify", FIX], env={"TQDM_MININTERVAL": "0"})
+    assert code == 0 and "verify: 100%" in err and "kB/" in err  # a total, in decimal units
     code, out, err = run_on_a_terminal(["convert", FIX, tmp_path / "c", "--quiet"])
     assert code == 0 and err == ""
     r = subprocess.run([sys.executable, "-m", "gptqfmt", "convert", str(FIX), str(tmp_path / "d")],

@@ -46,7 +46,7 @@ def test_text_report_shape(run_cli):
     lines = r.stdout.splitlines()
     assert lines[0].startswith("config.json:quantization_config: GQ401 config declares gptq, "
                                "but the data are gptq_v2")
-    assert lines[-1].startswith("FAIL: 7 modules, 1 errors, 0 warnings, 0 infos; declared gptq")
+    assert lines[-1].startswith("FAIL: 7 modules, 1 error, 0 warnings, 0 infos; declared gptq")
     assert r.stderr == ""
 
 

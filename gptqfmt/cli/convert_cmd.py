@@ -5,12 +5,13 @@ import click
 
 from ..conversion import convert
 from .main import guarded
-from .output import emit_json, escape, finding_line
+from .output import emit_json, escape, finding_line, plural
 from .progress import Progress
 
 
-@click.command("convert")
-@click.argument("src", type=click.Path(exists=False, file_okay=False, dir_okay=True))
+@click.command("convert", short_help="Rewrite zero points gptq <-> gptq_v2 losslessly into a new "
+                                       "directory, proven equal before it appears.")
+@click.argument("src", type=click.Path(exists=False, file_okay=True, dir_okay=True))
 @click.argument("dst", type=click.Path(exists=False, file_okay=False, dir_okay=True))
 @click.option("--to", "to", type=click.Choice(["gptq_v2", "gptq"]), default="gptq_v2",
               show_default=True, help="Target zero-point convention.")
@@ -51,8 +52,9 @@ def convert_cmd(src, dst, fmt, to, src_convention, allow_lossy, dry_run, force, 
     t = doc["totals"]
     verb = "would convert" if dry_run else "converted"
     click.echo(f"{verb} {escape(src)} ({doc['from']}) -> {escape(dst)} ({doc['to']}): "
-               f"{len(doc['modules'])} modules, {t['changed']} of {t['fields']} zero-point "
-               f"fields changed, {t['ambiguous']} ambiguous, {t['lossy']} lossy")
+               f"{plural(len(doc['modules']), 'module')}, {t['changed']} of "
+               f"{plural(t['fields'], 'zero-point field')} changed, {t['ambiguous']} ambiguous, "
+               f"{t['lossy']} lossy")
     if t["changed"] == 0 and not dry_run:
         click.echo("no zero point changed (already in the target convention); configs "
                    "normalised")
@@ -60,7 +62,7 @@ def convert_cmd(src, dst, fmt, to, src_convention, allow_lossy, dry_run, force, 
         checks = report.gate.modules
         lossy = sum(1 for c in checks if c.lossy_cells)
         click.echo(f"verified ({report.backend}): {report.gate.bytes_compared} bytes outside "
-                   f"qzeros identical, {len(checks) - lossy} modules bitwise equal"
+                   f"qzeros identical, {plural(len(checks) - lossy, 'module')} bitwise equal"
                    + (f", {lossy} lossy as reported (max relative output error "
                       f"{max(c.rel_err for c in checks):.3g})" if lossy else ""))
     return 0

@@ -5,10 +5,11 @@ import click
 
 from ..inspection import InspectResult, inspect_checkpoint, inspect_json
 from .main import guarded
-from .output import emit_json, escape, finding_line, human_bytes, table
+from .output import emit_json, escape, finding_line, human_bytes, plural, table
 
 
-@click.command("inspect")
+@click.command("inspect", short_help="What is in a checkpoint: modules, bits, group size, and the "
+                                       "declared and detected zero-point convention.")
 @click.argument("path", type=click.Path(exists=False, dir_okay=True, file_okay=True))
 @guarded
 def inspect_cmd(path, fmt):
@@ -57,8 +58,9 @@ def render_text(result: InspectResult, doc: dict) -> list[str]:
                  f"desc_act={_yn(q['desc_act'])} pack_dtype={q['pack_dtype']}"
                  + (" (mixed per module)" if q["mixed"] else ""))
     mods = doc["modules"]
-    lines.append(f"modules      {len(mods)} quantized, {doc['other_tensors']['count']} other "
-                 f"tensors ({human_bytes(doc['other_tensors']['bytes'])})")
+    lines.append(f"modules      {len(mods)} quantized, "
+                 f"{plural(doc['other_tensors']['count'], 'other tensor')} "
+                 f"({human_bytes(doc['other_tensors']['bytes'])})")
     if mods:
         rows = [[escape(m["name"]), m["bits"] or "?", m["group_size"] or "?", _yn(m["desc_act"]),
                  f"{m['in_features']}x{m['out_features']}" if m["in_features"] else "?",
@@ -71,6 +73,6 @@ def render_text(result: InspectResult, doc: dict) -> list[str]:
         lines.append(f"findings     {len(findings)}")
         lines += ["  " + finding_line(f) for f in findings]
     s = doc["summary"]
-    lines.append(f"{doc['status']}: {s['errors']} errors, {s['warnings']} warnings, "
-                 f"{s['infos']} infos")
+    lines.append(f"{doc['status']}: {plural(s['errors'], 'error')}, "
+                 f"{plural(s['warnings'], 'warning')}, {plural(s['infos'], 'info')}")
     return lines

@@ -8,7 +8,7 @@ import click
 
 from ..errors import FindingError, GptqfmtError
 from ..version import __version__
-from .output import emit_json, escape, finding_line, note
+from .output import emit_json, finding_line, note, plural
 
 FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["text", "json"]),
                              default="text", show_default=True, help="Output format.")
@@ -27,6 +27,11 @@ def guarded(fn):
         except GptqfmtError as e:
             _report_failure(fmt, "error", e.exit_code, message=str(e))
             code = e.exit_code
+        except Interrupted as e:  # SIGINT/SIGTERM/SIGHUP; `finally` blocks (staging) have run
+            _report_failure(fmt, "error", e.exit_code, message=str(e))
+            code = e.exit_code
+        except BrokenPipeError:
+            raise  # stdout was closed (`| head`): not an internal error; run() exits quietly
         except Exception as e:  # noqa: BLE001 - the catch-all that keeps tracebacks off CI logs
             if debug:
                 traceback.print_exc()
@@ -35,8 +40,8 @@ def guarded(fn):
             code = 3
         raise SystemExit(code or 0)
 
-    wrapper = click.option("--debug", is_flag=True, hidden=True,
-                           help="Show tracebacks of internal errors.")(wrapper)
+    wrapper = click.option("--debug", is_flag=True,
+                           help="Show the traceback of an internal error (exit 3).")(wrapper)
     return FORMAT_OPTION(wrapper)
 
 
@@ -49,17 +54,22 @@ def _report_failure(fmt, status, exit_code, findings=(), message=None):
         emit_json(doc)
         return
     for f in findings:
-        click.echo(finding_line(f))
+        click.echo(finding_line(f))  # each with its hint: the next step, as in JSON
     if findings:
-        click.echo(f"FAIL: stopped by {len(findings)} finding{'s' if len(findings) > 1 else ''}")
+        click.echo(f"FAIL: stopped by {plural(len(findings), 'finding')}")
     if message:
-        note(f"gptqfmt: error: {escape(message)}")
+        note(f"gptqfmt: error: {message}")  # note() escapes, once
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="gptqfmt")
 def main():
-    """Inspect, verify and convert GPTQ checkpoints (safetensors)."""
+    """Inspect, verify and convert GPTQ checkpoints (safetensors).
+
+    PATH is a checkpoint directory (one model.safetensors, or shards with
+    model.safetensors.index.json) or one .safetensors file. Every command takes --format json
+    (exactly one JSON document on stdout) and --debug. Exit codes: 0 ok, 1 findings, 2 usage
+    or unreadable path, 3 internal error, 130/143/129 interrupted, 141 stdout closed."""
 
 
 def _register():
@@ -77,23 +87,141 @@ _register()
 
 def run(argv: list[str] | None = None) -> None:
     """Console entry point: like main(), but a usage error that click itself finds (a bad
-    option value, a missing argument) still prints one JSON document under --format json."""
+    option value, a missing argument) still prints one JSON document under --format json.
+
+    SIGINT, SIGTERM and SIGHUP unwind like Ctrl-C (convert removes its staging directory) and
+    exit 128 + the signal number: 130, 143, 129. A closed stdout (`| head -1`) exits 141
+    quietly."""
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
+    restore = _handle_signals()
     try:
-        code = main.main(args=args, prog_name="gptqfmt", standalone_mode=False)
+        try:
+            code = _invoke(args)
+            if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
+                sys.stdout.flush()  # a closed pipe shows here, not in the exit flush
+        except Interrupted as e:  # outside a command body (guarded reports those)
+            _report_outside_command(args, e.exit_code, str(e))
+            code = e.exit_code
+    except BrokenPipeError:
+        code = _stdout_closed()
+    finally:
+        restore()
+    raise SystemExit(code or 0)
+
+
+def _invoke(args: list[str]):
+    """main() without click's standalone handling; returns the exit code."""
+    import errno
+    import sys
+
+    from .. import faults
+
+    stdout = sys.stdout
+    try:
+        try:
+            faults.point("command")
+        except ValueError as e:  # a malformed GPTQFMT_FAULT (a test hook): one line, exit 2
+            _report_outside_command(args, 2, str(e))
+            return 2
+        return main.main(args=args, prog_name="gptqfmt", standalone_mode=False)
+    except SystemExit as e:
+        # click catches EPIPE itself: it swaps in a sys.stdout that swallows the error and exits
+        # 1 (older versions: from inside the except clause). Closed output is handled here.
+        ctx = e.__context__
+        if sys.stdout is not stdout or isinstance(ctx, OSError) and ctx.errno == errno.EPIPE:
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe") from None
+        return e.code
     except click.ClickException as e:
         if _wants_json(args):
             emit_json({"status": "error", "exit_code": e.exit_code, "findings": [],
                        "error": e.format_message()})
         else:
             e.show()
-        code = e.exit_code
-    except click.Abort:
-        note("gptqfmt: aborted")
-        code = 130
-    raise SystemExit(code or 0)
+        return e.exit_code
+    except click.Abort:  # EOF at a prompt, or a KeyboardInterrupt click caught itself
+        _report_outside_command(args, 130, "aborted")
+        return 130
+
+
+def _report_outside_command(args: list[str], exit_code: int, message: str) -> None:
+    if _wants_json(args):
+        emit_json({"status": "error", "exit_code": exit_code, "findings": [], "error": message})
+    else:
+        note(f"gptqfmt: error: {message}")
+
+
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP arrived (see _handle_signals). A BaseException, like
+    KeyboardInterrupt, so that no `except Exception` stops it and every `finally` on the way
+    runs; not a KeyboardInterrupt, which click would turn into Abort and lose the signal."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum = signum
+        self.exit_code = 128 + signum  # what a shell reports for a process the signal killed
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+
+
+HANDLED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def _handle_signals():
+    """Turn SIGINT, SIGTERM and SIGHUP into Interrupted in the main thread; returns a function
+    that puts the previous handlers back. The first signal unwinds; a second one while
+    unwinding takes the default action at once (Ctrl-C twice forces the exit; a staging
+    directory left behind is removed by the next convert). A signal the parent set to be
+    ignored (nohup, a background job) stays ignored."""
+    import os
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None  # signal handlers can only be set in the main thread
+    fired: list[int] = []
+
+    def handler(signum, frame):
+        if fired:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        fired.append(signum)
+        raise Interrupted(signum)
+
+    previous = {}
+    for name in HANDLED_SIGNALS:
+        signum = getattr(signal, name, None)  # no SIGHUP on Windows
+        if signum is not None and signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, handler)
+
+    def restore():
+        for signum, h in previous.items():
+            signal.signal(signum, h)
+    return restore
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (`gptqfmt inspect X | head -1`): a normal end, so no
+    message, as for other Unix tools. Python ignores SIGPIPE, so the write raised
+    BrokenPipeError instead of killing the process. As the Python docs recommend (signal
+    module, "Note on SIGPIPE"), stdout is pointed at /dev/null so that the interpreter's flush
+    at exit cannot raise again. The docs exit 1; here 1 means findings, so the exit is
+    141 = 128 + SIGPIPE, what a shell reports for a C tool killed by SIGPIPE: `set -o
+    pipefail` treats it as it treats `yes | head -1`, and a failing verify piped into head never
+    reads as a pass, as it would with 0."""
+    import os
+    import signal
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno())  # sys.stdout may be click's wrapper
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout (embedded): nothing to do
+        pass
+    return 128 + signal.SIGPIPE
 
 
 def _wants_json(args: list[str]) -> bool:

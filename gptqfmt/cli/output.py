@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import click
 
@@ -12,15 +11,15 @@ from ..findings import Finding
 
 def escape(s: str | None) -> str:
     """Make a name from an untrusted file safe for a terminal: control and other non-printable
-    characters (ANSI escapes included) become \\xNN / \\uNNNN."""
+    characters (ANSI escapes included) become \\xNN / \\uNNNN. Printable characters, the
+    backslash included, stay as they are, so a path prints as the user typed it. Apply it once,
+    where untrusted text meets the terminal (note() and finding_line() do)."""
     if s is None:
         return ""
     out = []
     for ch in s:
-        if ch.isprintable() and ch != "\\":
+        if ch.isprintable():
             out.append(ch)
-        elif ch == "\\":
-            out.append("\\\\")
         elif ord(ch) < 0x100:
             out.append(f"\\x{ord(ch):02x}")
         elif ord(ch) < 0x10000:
@@ -31,10 +30,18 @@ def escape(s: str | None) -> str:
 
 
 def finding_line(f: Finding) -> str:
+    """`file::tensor: CODE message (hint: next step)`: one line, the next step included, so a
+    refusal in text mode says what to do as the JSON does."""
     where = escape(f.file)
     if f.tensor:
         where = f"{where}::{escape(f.tensor)}" if where else escape(f.tensor)
-    return f"{where}: {f.code} {escape(f.message)}" if where else f"{f.code} {escape(f.message)}"
+    line = f"{where}: {f.code} {escape(f.message)}" if where else f"{f.code} {escape(f.message)}"
+    return f"{line} (hint: {escape(f.hint)})" if f.hint else line
+
+
+def plural(n: int, word: str) -> str:
+    """'1 error', '2 errors', '1 module', '0 modules'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def emit_json(doc) -> None:
@@ -59,10 +66,12 @@ def note(message: str) -> None:
 
 
 def human_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
+    """Decimal SI units (1 kB = 1000 B), as tqdm's progress bars and the Hugging Face Hub show
+    sizes: one convention in every output."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        n /= 1000
     return f"{n} B"
 
 
@@ -71,6 +80,3 @@ def table(rows: list[list[str]], header: list[str]) -> list[str]:
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*header).rstrip()] + [fmt.format(*map(str, r)).rstrip() for r in rows]
 
-
-def stderr_is_tty() -> bool:
-    return sys.stderr.isatty()

@@ -6,11 +6,13 @@ import click
 from ..validate import validate
 from ..verify.equivalence import check_usage, compare, reference_fp32
 from .main import guarded
-from .output import emit_json, escape, finding_line
+from ..errors import UsageError
+from .output import emit_json, escape, finding_line, plural
 from .progress import Progress
 
 
-@click.command("verify")
+@click.command("verify", short_help="Every check over all the data; exit 0/1 for CI. "
+                                     "--against: prove two checkpoints compute the same.")
 @click.argument("path", type=click.Path(exists=False, dir_okay=True, file_okay=True))
 @click.option("--strict", is_flag=True, help="Fail on warnings too.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -20,8 +22,9 @@ from .progress import Progress
               help="Check that PATH and this checkpoint compute the same Y = X @ W.")
 @click.option("--reference", type=click.Choice(["fp32"]), default=None,
               help="Compare runtime output with an fp32 dequant and classify the difference.")
-@click.option("--backend", type=click.Choice(["auto", "cpu", "cupy"]), default="auto",
-              show_default=True, help="Backend of --against and --reference.")
+@click.option("--backend", type=click.Choice(["auto", "cpu", "cupy"]), default=None,
+              help="Backend of --against and --reference (default: auto, CuPy when a CUDA "
+                   "device is usable).")
 @guarded
 def verify_cmd(path, fmt, strict, quiet, jobs, against, reference, backend):
     """Validate the checkpoint at PATH: container, index, configs, shapes, values, and the
@@ -32,10 +35,14 @@ def verify_cmd(path, fmt, strict, quiet, jobs, against, reference, backend):
     both compute the same outputs for every runtime, 1 when not."""
     if against or reference:
         check_usage(against, reference)
+        _refuse_inapplicable(against and "--against" or "--reference",
+                             strict=strict, jobs=jobs)
+        backend = backend or "auto"
         return (_against(path, against, backend, fmt) if against
                 else _reference(path, backend, fmt))
+    _refuse_inapplicable("a plain verify (without --against or --reference)", backend=backend)
     with Progress(enabled=fmt == "text" and not quiet, unit="B", desc="verify") as bar:
-        report = validate(path, progress=lambda m, nbytes: bar.update(nbytes), jobs=jobs)
+        report = validate(path, progress=bar.update, jobs=jobs)
     if fmt == "json":
         emit_json(report.to_json(strict))
     else:
@@ -44,11 +51,26 @@ def verify_cmd(path, fmt, strict, quiet, jobs, against, reference, backend):
         doc = report.to_json(strict)
         s, cf = doc["summary"], doc["checkpoint_format"]
         status = "FAIL" if report.failed(strict) else "OK"
-        click.echo(f"{status}: {s['modules']} modules, {s['errors']} errors, {s['warnings']} "
-                   f"warnings, {s['infos']} infos; declared {cf['declared'] or 'none'} "
+        click.echo(f"{status}: {plural(s['modules'], 'module')}, {plural(s['errors'], 'error')}, "
+                   f"{plural(s['warnings'], 'warning')}, {plural(s['infos'], 'info')}; "
+                   f"declared {cf['declared'] or 'none'} "
                    f"(runtimes read {cf['effective']}), detected {cf['detected']} "
                    f"(confidence {cf['confidence']:.4f})")
     return 1 if report.failed(strict) else 0
+
+
+def _refuse_inapplicable(mode: str, **given) -> None:
+    """An option that does not apply to the mode is refused, never silently ignored."""
+    names = {"strict": "--strict", "jobs": "--jobs", "backend": "--backend"}
+    ignored = [names[k] for k, v in given.items() if v]
+    if ignored:
+        why = {"--strict": "it decides on warnings of the checks, which this mode does not run; "
+                           "any difference already exits 1",
+               "--jobs": "this mode runs in one process",
+               "--backend": "only --against and --reference compute on a backend"}
+        verb = "does" if len(ignored) == 1 else "do"
+        raise UsageError(f"{' and '.join(ignored)} {verb} not apply to {mode}: "
+                         + "; ".join(why[n] for n in ignored))
 
 
 def _against(src, dst, backend, fmt) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import faults
 from ..errors import FindingError, OutputError, UsageError
 from ..findings import ERROR, Finding
 from ..gptq.checkpoint import Checkpoint, open_checkpoint
@@ -156,14 +157,21 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
             progress=None, on_module=None) -> ConvertReport:
     """Convert the checkpoint directory `src` into `dst` (see the module docstring).
 
+    `progress(nbytes, total_bytes)` is called as shards are written and `on_module(1,
+    total_modules)` as the gate checks modules (each first with 0, so a bar knows its total).
+
     Raises FindingError (exit 1) when the input is invalid or the conversion is refused, and
     UsageError (exit 2) for paths and options; nothing is written in either case."""
     if to not in CONVENTIONS or src_convention not in CONVENTIONS + ("auto",):
         raise UsageError(f"conventions are {CONVENTIONS}; got from={src_convention!r}, to={to!r}")
     backend = _backend(backend)
     src_path, dst_path = Path(src), Path(dst)
+    if src_path.is_file():
+        raise UsageError(f"{src}: a file; convert reads a checkpoint directory, since the "
+                         f"configs beside the weights are rewritten too: pass its directory "
+                         f"({src_path.parent})")
     if not src_path.is_dir():
-        raise UsageError(f"{src}: not a checkpoint directory")
+        raise UsageError(f"{src}: no such directory")
     check_destination(src_path, dst_path, force)
     ckpt = open_checkpoint(src_path)
     det = detect_checkpoint(ckpt, full=False)
@@ -228,8 +236,8 @@ class Job:
         qz = {s: [] for s in store.files}
         for m in self.ckpt.modules:
             qz[store.file_of(m.tensors["qzeros"])].append(QzerosJob(m.tensors["qzeros"], m.bits))
-        return [(store.root / s, tmp / s, qz[s], self.src_conv, self.dst_conv, self.allow_lossy)
-                for s in sorted(store.files)]
+        return [(store.root / s, tmp / s, qz[s], self.src_conv, self.dst_conv, self.allow_lossy,
+                 i) for i, s in enumerate(sorted(store.files))]
 
 
 def check_destination(src: Path, dst: Path, force: bool) -> None:
@@ -263,6 +271,9 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
         # each shard is flushed to disk in the background while the next one is written
         args = job.shard_args(tmp)
         flushes = []
+        total = sum(a[0].stat().st_size for a in args)
+        progress = (lambda n, p=progress: p(n, total)) if progress else None
+        progress and progress(0)
         if job.jobs > 1 and len(args) > 1:
             ctx = multiprocessing.get_context("forkserver")  # no fork beside running threads
             with ProcessPoolExecutor(max_workers=min(job.jobs, len(args)),
@@ -275,10 +286,12 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
                 n = write_shard(*a)
                 flushes.append(flusher.submit(atomic.fsync_path, a[1]))
                 progress and progress(n)
+        faults.point("shards-written")
         root = job.ckpt.store.root
         _copy_other_files(root, tmp, set(job.ckpt.store.files))
         rewrite_configs(root, tmp, job.dst_conv,
                         provenance(job.src_conv, job.dst_conv, report.totals))
+        faults.point("before-gate")
         report.gate = run_gate(job.ckpt, tmp, job.src_conv, job.dst_conv, on_module)
         if report.backend == "cupy" and report.gate.ok:
             gpu_gate(job, tmp, report)
@@ -343,11 +356,12 @@ def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str,
                                f"cell compared, Y = X @ W bitwise on {GEMM_COLUMNS}+ columns "
                                f"per module")
     out = open_checkpoint(tmp)
+    on_module and on_module(0, len(src.modules))
     try:
         with ThreadPoolExecutor(1) as pool:  # byte comparison beside the module checks
             compared = pool.submit(compare_bytes, src, out, result)
             rng = np.random.default_rng(0)
-            for m in src.modules:
+            for i, m in enumerate(src.modules):
                 stored = stored_fields(src.view(m.tensors["qzeros"]), m.bits)
                 maxq = (1 << m.bits) - 1
                 lossy = None
@@ -357,7 +371,8 @@ def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str,
                 src.store.release(m.tensors.values())
                 out.store.release(m.tensors.values())
                 result.modules.append(chk)
-                on_module and on_module(1)
+                on_module and on_module(1, len(src.modules))
+                faults.point("gate-module", i)
                 if not chk.zeros_equal or (chk.lossy_cells == 0 and not chk.gemm_equal):
                     result.failures.append(f"{m.name}: the converted module does not compute "
                                            "what the source computed")
