@@ -90,6 +90,8 @@ _CATALOGUE = [
     Code("GQ411", WARNING, "lossy conversion performed (--allow-lossy)"),
     Code("GQ412", ERROR, "a module's zero points match neither convention"),
     Code("GQ413", WARNING, "convert --from names a convention the data contradict"),
+    Code("GQ414", WARNING, "a module's zero points sit unusually far from either convention"),
+    Code("GQ415", ERROR, "convert: no config, and the modules' shapes disagree on one config"),
     # GQ5xx: numerical
     Code("GQ501", ERROR, "scales not finite or not positive"),
     Code("GQ502", ERROR, "dequantized weights overflow float16"),

@@ -71,22 +71,30 @@ def validate(path: str | os.PathLike, progress=None, jobs: int | None = None) ->
     if progress:
         progress(0, total)
 
-    def check(m: Module):
+    def evidence(m: Module) -> ModuleVerdict:
         v = module_verdict(ckpt, m, full=True)
-        found = module_findings(ckpt, m, v)
         ckpt.store.release(m.tensors.values())  # resident memory: one module at a time
-        return v, found
+        return v
+
+    def check(mv: tuple[Module, ModuleVerdict]) -> list[Finding]:
+        m, v = mv
+        found = module_findings(ckpt, m, v)
+        ckpt.store.release(m.tensors.values())
+        return found
 
     verdicts, qbytes = [], 0
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        for m, (v, found) in zip(modules, pool.map(check, modules)):
+        for m, v in zip(modules, pool.map(evidence, modules)):
             verdicts.append(v)
-            findings += found
             nbytes = ckpt.store.info(m.tensors["qweight"]).nbytes
             qbytes += nbytes
             if progress:
                 progress(nbytes, total)
-    det = combine(verdicts)
+        # the findings read each module's verdict in the light of all of them (pooled evidence,
+        # misfits against the module count): qzeros and scales only, small beside qweight
+        det = combine(verdicts)
+        for found in pool.map(check, zip(modules, det.modules)):
+            findings += found
     findings += convention_findings(ckpt, det)
     findings.sort(key=Finding.sort_key)
     return Report(str(path), ckpt, det, findings, qbytes)
@@ -132,6 +140,11 @@ def zero_point_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict,
     if v.inconsistent:
         out.append(Finding("GQ412", "the zero points fit neither gptq nor gptq_v2: "
                            + "; ".join(v.evidence), file=file_qz, tensor=qz_name))
+    if v.outlier:
+        out.append(Finding("GQ414", "the zero points sit further from either convention than "
+                           "clean modules do: " + "; ".join(v.evidence), file=file_qz,
+                           tensor=qz_name, hint="compare this module's zero points with its "
+                           "source, or re-export it"))
     if st is not None and v.verdict in (GPTQ, AMBIGUOUS) and st.stored_maxq and not pattern_sym:
         out.append(Finding(
             "GQ406", f"{st.stored_maxq} fields store {maxq}: vLLM gptq_gemm and ExLlamaV2 read "

@@ -147,8 +147,10 @@ def test_fixture_converts_or_is_refused_exactly(tmp_path, name, to):
     index = src_dir / "model.safetensors.index.json"
     where = (json.loads(index.read_text())["weight_map"] if index.exists() else None)
 
+    single = None if where else next(src_dir.glob("*.safetensors")).name  # AutoGPTQ: gptq_model-*
+
     def file_of(t):
-        return src_dir / (where[t] if where else "model.safetensors")
+        return src_dir / (where[t] if where else single)
     for mod, c in counts.items():
         if c is None:
             counts[mod] = stored_maxq_count(file_of(f"{mod}.qzeros"), f"{mod}.qzeros",
@@ -166,8 +168,25 @@ def test_fixture_converts_or_is_refused_exactly(tmp_path, name, to):
     check_output(src_dir, dst, spec, src_conv, to)
 
 
+def holds_config(src_dir) -> bool:
+    """Whether a file of src_dir holds a quantization config (else convert writes one)."""
+    if (src_dir / "quantize_config.json").exists() or (src_dir / "quant_config.json").exists():
+        return True
+    cfg = src_dir / "config.json"
+    return cfg.exists() and "quantization_config" in json.loads(cfg.read_text())
+
+
 def check_output(src_dir, dst, spec, src_conv, to):
-    assert sorted(p.name for p in dst.iterdir()) == sorted(p.name for p in src_dir.iterdir())
+    # a source without any config file gets a quantize_config.json naming the target
+    # (tests/test_convert_configs.py checks its values)
+    added = [] if holds_config(src_dir) else ["quantize_config.json"]
+    assert sorted(p.name for p in dst.iterdir()) == sorted(
+        [p.name for p in src_dir.iterdir()] + added)
+    if added:
+        new = json.loads((dst / "quantize_config.json").read_text())
+        assert new["checkpoint_format"] == new["format"] == to
+        assert (new["bits"], new["group_size"], new["desc_act"], new["sym"]) == \
+            (spec.bits, spec.group_size, spec.act_order, spec.sym)
     for p in src_dir.glob("*.safetensors"):
         fs, ts = read_all(p)
         fd, td = read_all(dst / p.name)

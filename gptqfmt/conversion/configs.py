@@ -1,13 +1,48 @@
-"""Rewrite the convention in configs, keeping every other key, their order and `meta`."""
+"""The output's configs: they must say what the output holds.
+
+A source config (quantize_config.json, config.json["quantization_config"], quant_config.json) is
+rewritten with `checkpoint_format` and `format` set to the target, keeping every other key, their
+order and `meta`. A source without any config file gets a quantize_config.json derived from what
+the checkpoint declares (AutoGPTQ's safetensors `__metadata__`) and from its shapes and zero
+points; when no single config can describe the checkpoint, convert refuses instead.
+
+What loaders read (why both keys, and why these keys):
+- vLLM's GPTQConfig.from_config reads `bits`, `group_size`, `desc_act` (required: a missing one
+  raises) and `checkpoint_format`, and GPTQLinearMethod takes gptq_v2 only for
+  `checkpoint_format == "gptq_v2"` exactly (vllm/model_executor/layers/quantization/gptq.py after
+  PR 26092). Its newest AutoGPTQConfig (auto_gptq.py, vllm-project/vllm 055e47c2) also requires
+  `sym` and claims the model only with `quant_method == "gptq"`. Both fall back to
+  quantize_config.json when config.json has no quantization_config (get_config_filenames).
+- GPTQModel (gptqmodel/quantization/config.py, ModelCloud/GPTQModel 007b7930) reads
+  quantize_config.json, then quant_config.json, then config.json (from_pretrained); in
+  from_quant_config `format` decides and `checkpoint_format` counts only without it; to_dict
+  writes both keys (its comment: vLLM and SGLang read only `checkpoint_format`), plus
+  `pack_dtype`, `lm_head` and `sym`.
+- transformers' GPTQConfig lets `checkpoint_format` override `format`; llama.cpp's converter and
+  ExLlamaV2 read `checkpoint_format` only (docs/runtimes.md).
+- AutoGPTQ 0.7.1 (BaseQuantizeConfig.from_pretrained) takes its own fields from
+  quantize_config.json and logs the others as ignored; it has no gptq_v2 reading at all.
+So the derived file carries `quant_method`, `bits`, `group_size`, `desc_act`, `sym`, `lm_head`,
+`pack_dtype`, and `checkpoint_format` and `format` both set to the target.
+"""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
+
+from ..findings import Finding
+from ..gptq.checkpoint import Checkpoint, Module
+from ..gptq.detect import stored_fields, sym_field
+from ..gptq.layout import n_groups
 from ..version import __version__
 from .atomic import create
 
-CONFIG_FILES = ("quantize_config.json", "config.json")
+# config.json only counts when it holds a quantization_config; quant_config.json is read by
+# AutoGPTQ and GPTQModel when quantize_config.json is missing, so a stale label there misleads too.
+CONFIG_FILES = ("quantize_config.json", "config.json", "quant_config.json")
+DERIVED_FILE = "quantize_config.json"
 
 
 def set_convention(doc: dict, to: str, provenance: dict) -> dict:
@@ -26,25 +61,155 @@ def provenance(src: str, dst: str, counts: dict) -> dict:
     return {"converter": "gptqfmt", "version": __version__, "from": src, "to": dst, **counts}
 
 
-def rewrite_configs(src_dir: Path, out_dir: Path, to: str, prov: dict) -> list[str]:
-    """Write converted copies of the config files present in src_dir; return their names."""
+def _read(p: Path):
+    return json.loads(p.read_bytes().decode("utf-8"))
+
+
+def _declares(name: str, doc) -> bool:
+    """Whether the parsed file `name` holds a quantization config (what load_config reads)."""
+    if name == "config.json":
+        return isinstance(doc, dict) and isinstance(doc.get("quantization_config"), dict)
+    return isinstance(doc, dict)
+
+
+def declaring_configs(src_dir: Path) -> list[str]:
+    """The config files in src_dir that hold a quantization config: the ones rewrite_configs
+    relabels. Empty means the output needs a derived quantize_config.json."""
+    return [n for n in CONFIG_FILES if (src_dir / n).is_file() and _declares(n, _read(src_dir / n))]
+
+
+def rewrite_configs(src_dir: Path, out_dir: Path, to: str, prov: dict,
+                    derived: dict | None = None) -> list[str]:
+    """Write converted copies of the config files present in src_dir, plus `derived` (see
+    derive_config) as quantize_config.json; return the names written."""
     written = []
     for name in CONFIG_FILES:
         p = src_dir / name
-        if not p.is_file():
+        if not p.is_file() or (derived is not None and name == DERIVED_FILE):
+            continue  # the derived file replaces one that holds no config (`null`)
+        doc = _read(p)
+        if not _declares(name, doc):
+            with open(p, "rb") as fin, create(out_dir / name) as fout:  # as it is
+                fout.write(fin.read())
+            written.append(name)
             continue
-        doc = json.loads(p.read_text(encoding="utf-8"))
         if name == "config.json":
-            if not isinstance(doc, dict) or not isinstance(doc.get("quantization_config"), dict):
-                with open(p, "rb") as fin, create(out_dir / name) as fout:  # as it is
-                    fout.write(fin.read())
-                written.append(name)
-                continue
             doc = dict(doc)
             doc["quantization_config"] = set_convention(doc["quantization_config"], to, prov)
         else:
             doc = set_convention(doc, to, prov)
-        with create(out_dir / name) as f:
-            f.write((json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+        _write_json(out_dir / name, doc)
         written.append(name)
+    if derived is not None:
+        _write_json(out_dir / DERIVED_FILE, set_convention(derived, to, {**prov,
+                                                                          "config": "derived"}))
+        written.append(DERIVED_FILE)
     return written
+
+
+def _write_json(path: Path, doc) -> None:
+    with create(path) as f:
+        f.write((json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+
+
+def derive_config(ckpt: Checkpoint, src_conv: str, to: str) -> tuple[dict | None, list[Finding]]:
+    """The quantize_config.json for a source without a config file, and the findings about it:
+    a GQ206 warning saying what is written and where each value comes from, or the errors that
+    refuse the conversion (no single config describes the modules).
+
+    Values declared by the checkpoint (AutoGPTQ's `__metadata__`, as config.py reads it) are
+    kept: verify has checked them against the shapes already (GQ304-GQ306); shapes that no one
+    config describes are refused (GQ415). The others come from
+    the shapes: bits and word size per module, group size from g_idx, desc_act true when any
+    g_idx is non-trivial, sym true exactly when every zero point is 2^(bits-1) (a checkpoint that
+    says sym must hold the constant: Marlin ignores qzeros), lm_head when an lm_head is
+    quantized."""
+    modules = [m for m in ckpt.modules if m.valid]
+    cfg = ckpt.config
+    decl = cfg.base if cfg is not None else None
+    found: list[Finding] = []
+    declared: dict = {}
+    if decl is not None:
+        declared = {k: getattr(decl, k) for k in ("bits", "group_size", "desc_act", "sym",
+                                                  "pack_dtype") if getattr(decl, k) is not None}
+    bits = _one(modules, lambda m: m.bits, "bits", found)
+    pack_dtype = _one(modules, lambda m: m.pack_dtype, "pack_dtype", found)
+    group_size = _group_size(modules, found)
+    if found:
+        return None, found
+    from_shapes = {
+        "bits": bits, "group_size": group_size,
+        "desc_act": any(m.act_order for m in modules),
+        "sym": all(_symmetric(ckpt, m, src_conv) for m in modules),
+        "pack_dtype": pack_dtype}
+    values = {**from_shapes, **declared}
+    body = {"bits": values["bits"], "group_size": values["group_size"],
+            "desc_act": values["desc_act"], "sym": values["sym"]}
+    if cfg is not None and cfg.static_groups:
+        body["static_groups"] = True
+    body.update({"lm_head": any(m.name == "lm_head" or m.name.endswith(".lm_head")
+                                for m in modules),
+                 "pack_dtype": values["pack_dtype"], "quant_method": "gptq",
+                 "checkpoint_format": to, "format": to})
+    shaped = [k for k in from_shapes if k not in declared]
+    where = (f"{' and '.join(cfg.sources)} ({', '.join(declared)}) and " if declared else "")
+    summary = ", ".join(f"{k}={json.dumps(v)}" for k, v in body.items())
+    found.append(Finding(
+        "GQ206", f"no quantize_config.json, config.json quantization_config or "
+        f"quant_config.json: DST gets a {DERIVED_FILE} derived from {where}the tensor shapes "
+        f"and zero points ({', '.join(shaped)}): {summary}",
+        hint="check the derived values; the safetensors files and their __metadata__ are "
+             "left unchanged",
+        details={"written": body, "declared": sorted(declared), "from_shapes": shaped}))
+    return body, found
+
+
+def _one(modules: list[Module], value, key: str, found: list[Finding]):
+    """The value every module has, or a refusal naming the groups that differ."""
+    groups: dict = {}
+    for m in modules:
+        groups.setdefault(value(m), []).append(m.name)
+    if len(groups) <= 1:
+        return next(iter(groups), None)
+    unit = {"bits": " bits", "pack_dtype": " words"}.get(key, "")
+    parts = "; ".join(f"{v}{unit} in {len(names)} module{'s' if len(names) != 1 else ''} "
+                      f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                      for v, names in sorted(groups.items(), key=lambda kv: str(kv[0])))
+    found.append(Finding(
+        "GQ415", f"no config file declares {key}, and the modules' shapes disagree: {parts}. One "
+        f"{DERIVED_FILE} without `dynamic` cannot describe them, and convert does not invent "
+        "`dynamic` rules (vLLM matches them against its fused module names, not these); nothing "
+        "was written",
+        hint=f"put a {DERIVED_FILE} with the base values and `dynamic` overrides for the other "
+             "modules into the source, then convert again",
+        details={key: {str(v): names for v, names in groups.items()}}))
+    return None
+
+
+def _group_size(modules: list[Module], found: list[Finding]) -> int | None:
+    """The group size of the modules with several groups (a one-group module fits any group size
+    at least its in_features, and -1); -1 when every module has one group."""
+    multi = [m for m in modules if m.groups > 1]
+    if not multi:
+        return -1
+    gs = _one(multi, lambda m: m.group_size, "group_size", found)
+    if gs is None:
+        return None
+    misfit = [m.name for m in modules if n_groups(m.in_features, gs) != m.groups]
+    if misfit:
+        found.append(Finding(
+            "GQ415", f"no config file declares group_size, and no single one fits the shapes: "
+            f"group_size={gs} from {multi[0].name}, but {', '.join(misfit[:3])} "
+            f"{'has' if len(misfit) == 1 else 'have'} another group count; nothing was written",
+            hint=f"put a {DERIVED_FILE} with `dynamic` overrides into the source, then convert "
+                 "again"))
+        return None
+    return gs
+
+
+def _symmetric(ckpt: Checkpoint, m: Module, conv: str) -> bool:
+    qz = m.tensors["qzeros"]
+    try:
+        return bool(np.all(stored_fields(ckpt.view(qz), m.bits) == sym_field(m.bits, conv)))
+    finally:
+        ckpt.store.release([qz])

@@ -8,6 +8,10 @@ Exact CPU path:
    with qweight, scales and g_idx byte-identical this is equality of the dequantized weights;
 3. an independent confirmation with runtime semantics: Y = X @ W for a random X over a sample of
    output columns, W dequantized from each file's own tensors in fp32, compared bitwise.
+
+Before those, `check_labels` runs verify's label checks on the staged output: its configs must
+declare the target convention the way runtimes read it (a DST that `gptqfmt verify` would fail
+with GQ401, GQ204, GQ209 or any other config error is never committed).
 """
 from __future__ import annotations
 
@@ -17,9 +21,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..gptq.checkpoint import Checkpoint, Module
-from ..gptq.detect import stored_fields
+from ..errors import FindingError
+from ..findings import ERROR
+from ..gptq.checkpoint import Checkpoint, Module, open_checkpoint
+from ..gptq.detect import ModuleVerdict, combine, stored_fields
 from ..gptq.evidence import module_g_idx
+from ..gptq.labels import convention_findings, effective_declared
 from ..gptq.packing import unpack
 from ..verify.cpu import dequant_fields, effective_zeros
 
@@ -52,6 +59,48 @@ class GateResult:
     @property
     def ok(self) -> bool:
         return not self.failures
+
+
+def check_labels(path, target: str) -> list[str]:
+    """What verify would fail the staged output at `path` for, on its configs and labels: one
+    message per problem, each saying what the staged configs declare; empty when they declare
+    `target` as every runtime reads it.
+
+    The output's convention is known (convert wrote `target`), so the data are not read again:
+    verify's convention_findings runs with a detection that says `target` for every module, and
+    effective_declared (what vLLM, transformers and ExLlamaV2 read) must be `target`. Every
+    error of opening the output counts too (config errors such as GQ204, GQ205, GQ209, and
+    declared values against the shapes, GQ304-GQ307): the source had none, or was refused."""
+    try:
+        out = open_checkpoint(path)
+    except FindingError as e:
+        return [f"the output cannot be opened: {f.one_line()}" for f in e.findings]
+    try:
+        says = declarations(out)
+        det = combine([ModuleVerdict(name=m.name, verdict=target, confidence=1.0,
+                                     evidence=[f"written as {target} by convert"])
+                       for m in out.modules if m.valid])
+        errors = [f for f in out.findings + convention_findings(out, det) if f.severity == ERROR]
+        msgs = [f"{says}; verify would report {f.one_line()}" for f in errors]
+        declared = effective_declared(out)
+        if declared != target and not any(f.code == "GQ401" for f in errors):
+            msgs.append(f"{says}: runtimes read {declared}, but the output holds {target}")
+        return msgs
+    finally:
+        out.close()
+
+
+def declarations(ckpt: Checkpoint) -> str:
+    """What the configs of `ckpt` declare, in words, for messages."""
+    cfg = ckpt.config
+    read = f"runtimes read {effective_declared(ckpt)}"
+    if cfg is None:
+        return f"the staged output has no config ({read})"
+    if not cfg.declared_in:
+        return (f"the staged configs ({', '.join(cfg.sources)}) declare neither "
+                f"checkpoint_format nor format ({read})")
+    return ("the staged configs declare " + ", ".join(
+        f"{d.file} {d.key}={d.value!r}" for d in cfg.declared_in) + f" ({read})")
 
 
 def compare_bytes(src: Checkpoint, dst: Checkpoint, result: GateResult) -> None:

@@ -21,9 +21,9 @@ from ..gptq.labels import effective_declared
 from ..validate import module_findings
 from ..version import __version__
 from . import atomic
-from .configs import CONFIG_FILES, provenance, rewrite_configs
+from .configs import CONFIG_FILES, declaring_configs, derive_config, provenance, rewrite_configs
 from .fields import CONVENTIONS, convert_fields
-from .gate import GEMM_COLUMNS, GateResult, check_module, compare_bytes
+from .gate import GEMM_COLUMNS, GateResult, check_labels, check_module, compare_bytes
 from .write import QzerosJob, copy_plain, write_shard
 
 RUNTIME_READINGS = ("vLLM gptq_gemm and ExLlamaV2 read Z = {top}; AutoGPTQ's exllama kernels "
@@ -179,6 +179,10 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
     notes: list[Finding] = []
     from_conv = resolve_from(src_convention, ckpt, det, notes)
     plans, findings = plan(ckpt, det, from_conv, to, allow_lossy)
+    derived = None
+    if not declaring_configs(ckpt.store.root):  # the output must say what it holds
+        derived, about = derive_config(ckpt, from_conv, to)
+        findings += about
     findings = notes + findings
     refusals = [f for f in findings if f.severity == ERROR]
     if refusals:
@@ -188,7 +192,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
     if dry_run:
         return report
     report.written = False
-    job = Job(ckpt, dst_path, from_conv, to, allow_lossy, force, jobs)
+    job = Job(ckpt, dst_path, from_conv, to, allow_lossy, force, jobs, derived)
     try:
         _write_verify_commit(job, report, progress, on_module)
     except OSError as e:
@@ -229,6 +233,7 @@ class Job:
     allow_lossy: bool
     force: bool
     jobs: int
+    derived_config: dict | None = None  # quantize_config.json for a source without configs
 
     def shard_args(self, tmp: Path) -> list[tuple]:
         """write_shard's arguments for every shard, with the qzeros each one holds."""
@@ -290,7 +295,11 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
         root = job.ckpt.store.root
         _copy_other_files(root, tmp, set(job.ckpt.store.files))
         rewrite_configs(root, tmp, job.dst_conv,
-                        provenance(job.src_conv, job.dst_conv, report.totals))
+                        provenance(job.src_conv, job.dst_conv, report.totals), job.derived_config)
+        # the staged configs must declare what the shards hold, as verify reads them
+        mislabelled = check_labels(tmp, job.dst_conv)
+        if mislabelled:
+            raise FindingError(*[Finding("GQ503", msg, file=str(job.dst)) for msg in mislabelled])
         faults.point("before-gate")
         report.gate = run_gate(job.ckpt, tmp, job.src_conv, job.dst_conv, on_module)
         if report.backend == "cupy" and report.gate.ok:

@@ -156,6 +156,18 @@ def _normalise(doc: dict) -> dict:
     return out
 
 
+# AutoGPTQ's save_quantized writes these safetensors __metadata__ keys (str() of each value):
+# 0.7.1 (AutoGPTQ/AutoGPTQ v0.7.1 = b8b41270f3dd5d657aee049d7b64538ab5dd244e,
+# auto_gptq/modeling/_base.py) format, auto_gptq_version, gptq_bits, gptq_group_size,
+# gptq_desc_act, gptq_damp_percent, gptq_is_marlin_format; main
+# (9f7d37072917ab3a7545835f23e808294a542153) replaces gptq_is_marlin_format with
+# gptq_checkpoint_format and gptq_quant_method. Neither writes
+# sym, static_groups or true_sequential (gptq_sym is read should a tool write it); GPTQModel,
+# optimum and transformers write only {"format": "pt"} (plus what a caller passes).
+ST_METADATA_BOOLS = {"gptq_desc_act": "desc_act", "gptq_is_marlin_format": "is_marlin_format",
+                     "gptq_sym": "sym"}
+
+
 def _from_st_metadata(md: dict[str, str]) -> dict:
     out: dict[str, Any] = {}
     for key, conv in (("bits", int), ("group_size", int)):
@@ -163,10 +175,13 @@ def _from_st_metadata(md: dict[str, str]) -> dict:
             out[key] = conv(md[f"gptq_{key}"])
         except (KeyError, ValueError):
             pass
-    if md.get("gptq_desc_act") in ("True", "False"):
-        out["desc_act"] = md["gptq_desc_act"] == "True"
+    for src, key in ST_METADATA_BOOLS.items():
+        if md.get(src) in ("True", "False"):
+            out[key] = md[src] == "True"
     if "gptq_checkpoint_format" in md:
         out["checkpoint_format"] = md["gptq_checkpoint_format"].lower()
+    if "gptq_quant_method" in md:
+        out["quant_method"] = md["gptq_quant_method"]
     return out
 
 
@@ -240,9 +255,12 @@ def _reconcile(sources, usable, findings) -> QuantConfig:
         desc = ", ".join(f"{f} says {v!r}" for f, v in conv_seen.items())
         findings.append(Finding("GQ205", f"checkpoint_format: {desc}", file=next(iter(conv_seen))))
     primary = usable[0][1] if usable else {}
+    # A missing key matters in a file runtimes read. AutoGPTQ's __metadata__ never records sym
+    # (see ST_METADATA_BOOLS), so its absence there says nothing; the data decide.
+    config_files = [label for label, _ in usable if label != "__metadata__"]
     for key, why in (("sym", "AutoGPTQ and GPTQModel assume true, TGI false, vLLM refuses"),
                      ("desc_act", "vLLM refuses to load without it")):
-        if usable and key not in values:
+        if usable and key not in values and (config_files or key != "sym"):
             findings.append(Finding("GQ208", f"{key} is not set: {why}", file=usable[0][0]))
     dynamic = _dynamic_rules(primary.get("dynamic"), usable[0][0] if usable else None, findings)
     meta = primary.get("meta") if isinstance(primary.get("meta"), dict) else {}

@@ -23,15 +23,35 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from statistics import NormalDist
 
 import numpy as np
 
 from .packing import block, constant_words, unpack, unsigned
 
 GPTQ, GPTQ_V2, AMBIGUOUS = "gptq", "gptq_v2", "ambiguous"
-MIN_Z = 4.0          # standard errors between the median and the 0.5 threshold to decide
+MIN_Z = 4.0          # effective standard errors between the median and 0.5 for one module to decide
 MAX_OFFSET = 0.35    # how far the median may sit from 0 or 1 and still count as that convention
+# The statistic's spread around its convention's value that clean weights cause on top of the
+# sampling error (skewed rows, one-signed groups, which cells are interior), in codes, per bits:
+# the weights' own skew is a fraction of the scale, so it grows with 2^bits. Chosen so that the
+# largest standardised residual of every clean module of the calibration corpus stays below 4.5
+# (scripts/calibrate_detection.py --residuals: 4.03 at 8 bits over 256 models, about what the
+# largest of that many Gaussian draws gives; figures in the README's detection section).
+TAU = {2: 0.06, 3: 0.04, 4: 0.04, 8: 0.25}
+MIN_LLR = math.log(1e4)  # pooled log-likelihood ratio (10^4 : 1) for a checkpoint to decide
+# Chance, per clean checkpoint, of calling one of its modules a misfit: the per-module threshold
+# is Bonferroni-corrected for the number of modules tested, so it survives hundreds of them.
+MISFIT_ALPHA = 1e-4
+MISFIT_STRONG = 3.0  # effective standard errors beyond that threshold for an error, not a warning
+# Zero points that do not follow the codes (random or scrambled ones) leave the median where it
+# was but spread mean(code) - stored over the cells: a robust sigma above this fraction of maxq
+# fits neither convention. Clean modules of the calibration corpus reach at most 0.054 (2 bits);
+# random zero points 0.08 (2 bits) and 0.25 or more (3, 4, 8 bits). Judged only where each cell's
+# mean rests on MIN_CODES codes or more (a sample's few codes per cell spread wider).
+SPREAD_MAX = 0.15
+MIN_CODES = 32
 
 
 def sym_field(bits: int, convention: str) -> int:
@@ -75,6 +95,8 @@ class ZeroStats:
     borrow_cells: int = 0
     borrow_se: float = math.inf
     position_spread: float = 0.0   # spread of per-field-position medians
+    spread: float = math.nan       # robust sigma of mean(code) - stored over interior cells
+    codes_per_cell: int = 0        # fewest codes behind one cell's mean (a sample reads few)
 
     def to_json(self) -> dict:
         out = {}
@@ -99,6 +121,7 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
         return st
     if not have.all():
         stored, sums, counts = stored[have], sums[have], counts[have]
+    st.codes_per_cell = int(counts.min())
     m = sums.astype(np.float32) / counts[:, None].astype(np.float32)
     d = m - stored
     interior = (stored > 0) & (stored < maxq)
@@ -106,8 +129,8 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
     if di.size:
         q1, med, q3 = _quartiles(di)
         st.cells, st.median = int(di.size), med
-        spread = (q3 - q1) / 1.349  # the IQR of a normal sample, as a robust sigma
-        st.se = 1.2533 * max(spread, 1e-3) / math.sqrt(di.size)
+        st.spread = (q3 - q1) / 1.349  # the IQR of a normal sample, as a robust sigma
+        st.se = 1.2533 * max(st.spread, 1e-3) / math.sqrt(di.size)
     at_max = stored == maxq
     if at_max.any():
         low = m < maxq / 2
@@ -135,14 +158,21 @@ def _top_runs(s, bits, word_bits, maxq) -> tuple[int, float]:
 
     AutoGPTQ 0.7.1 ORs Z - 1 = 0xFFFFFFFF into the word, so a Z = 0 at field j sets every field
     from j to the top: runs up to the top word boundary, far more than independent fields give.
-    Needs no codes, so it works at 2 bits too."""
+    Needs no codes, so it works at 2 bits too. Chance is reckoned per output column (a field
+    of a word is one column): a column whose weights lean one way stores maxq in most of its
+    groups (gptq_v2 data at 2 bits), so the null is the product of the top columns' own maxq
+    rates, each shrunk towards the module's rate (a column of one group says little)."""
     fpw = word_bits // bits
     if s.shape[1] % fpw or fpw < 2:
         return 0, 0.0
-    at = s.reshape(-1, fpw) == maxq
+    at = s == maxq
+    g = at.shape[0]
+    shrink = 4.0
+    p_col = (at.sum(axis=0) + shrink * at.mean()) / (g + shrink)
     run = max(2, min(4, fpw // 2))
-    top = np.logical_and.reduce(at[:, fpw - run:], axis=1)
-    return int(top.sum()), float(at.shape[0] * at.mean() ** run)
+    top = np.logical_and.reduce(at.reshape(g, -1, fpw)[:, :, fpw - run:], axis=2)
+    expected = g * float(np.prod(p_col.reshape(-1, fpw)[:, fpw - run:], axis=1).sum())
+    return int(top.sum()), expected
 
 
 def _word_signatures(st, s, m, d, at_max, low, bits, word_bits, maxq):
@@ -161,7 +191,16 @@ def _word_signatures(st, s, m, d, at_max, low, bits, word_bits, maxq):
     impossible = at_max & (m > 0.3 * maxq) & (m < 0.7 * maxq)  # neither Z = 0 nor Z = 2^bits
     above = np.zeros_like(impossible)
     above[:, :-1] = np.logical_or.accumulate(impossible[:, :0:-1], axis=1)[:, ::-1]
-    st.sign_extension = int((wrapped & top_run & above).any(axis=1).sum())
+    # A genuine Z = 0 above a wrapped one (two one-signed groups in a word) also sits at maxq
+    # with codes off both ends now and then, so the signature needs a third of the fields above
+    # wrapped zeros to be impossible: clean writers gave 0 to 0.15 of them, AutoGPTQ 0.7.1
+    # 0.41 to 0.82 (tests/test_inspect_verify_agree.py).
+    base = wrapped & top_run
+    over = np.zeros_like(base)
+    over[:, 1:] = np.logical_or.accumulate(base, axis=1)[:, :-1]
+    candidates = int(np.count_nonzero(over & at_max))
+    if candidates and np.count_nonzero(over & impossible) * 3 >= candidates:
+        st.sign_extension = int((base & above).any(axis=1).sum())
     nxt = np.zeros_like(wrapped)
     nxt[:, 1:] = wrapped[:, :-1]
     nxt &= (s > 0) & (s < maxq)
@@ -200,10 +239,14 @@ class ModuleVerdict:
     # False when the verdict rests on a sample of the codes (inspect on a large module): reading
     # every row may change it (validate.zero_point_findings, settled_only)
     complete: bool = True
+    llr: float = 0.0        # log-likelihood ratio gptq : gptq_v2 of the statistic (0 without one)
+    misfit: float = 0.0     # |median - nearest convention's value| in effective standard errors
+    outlier: bool = False   # misfit beyond what the checkpoint's module count explains (warning)
 
     def to_json(self):
         return {"name": self.name, "verdict": self.verdict, "confidence": self.confidence,
                 "evidence": self.evidence, "signatures": self.signatures,
+                "llr": round(self.llr, 3), "misfit": round(self.misfit, 3),
                 "stats": self.stats.to_json() if self.stats else None}
 
 
@@ -223,7 +266,6 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
         return ModuleVerdict(name, AMBIGUOUS, 0.0, ["zero points are not one symmetric constant "
                                                     "and no codes were read"])
     sigs, ev = corruption_signatures(st, bits, quantizer)
-    inconsistent = False
     maxq = (1 << bits) - 1
     if st.wrapped:
         ev.append(f"{st.wrapped} stored {maxq} fields whose codes say Z = 0 (a wrapped zero; "
@@ -232,44 +274,75 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
         ev.append(f"{st.maxq_consistent} stored {maxq} fields whose codes say Z = {maxq} (gptq "
                   f"would read them as Z = {maxq + 1} or 0)")
     stat_verdict = None
+    llr = misfit = 0.0
     if st.cells:
-        z = abs(st.median - 0.5) / st.se
+        sigma = effective_se(st.se, bits)
+        z = abs(st.median - 0.5) / sigma
         nearest = GPTQ if st.median > 0.5 else GPTQ_V2
         off = abs(st.median - (1.0 if nearest == GPTQ else 0.0))
+        # log N(median; 1, sigma^2) - log N(median; 0, sigma^2): what the module adds to the
+        # checkpoint's evidence (combine pools it over modules)
+        llr, misfit = (st.median - 0.5) / sigma**2, off / sigma
         ev.append(f"median of mean(code) - stored over {st.cells} cells is {st.median:.3f} "
-                  f"(+/- {st.se:.3f}): gptq predicts 1, gptq_v2 predicts 0")
-        if off > MAX_OFFSET and z >= MIN_Z:
-            ev.append(f"the codes sit {off:.2f} away from either convention's zero")
-            inconsistent = True
+                  f"(+/- {st.se:.3f} sampling, {sigma:.3f} with the weights' own skew): gptq "
+                  "predicts 1, gptq_v2 predicts 0")
+        if st.codes_per_cell >= MIN_CODES and st.spread > SPREAD_MAX * maxq:
+            ev.append(f"the zero points do not follow the codes: mean(code) - stored spreads "
+                      f"over {st.spread:.2f} codes ({st.spread / maxq:.2f} of maxq; clean "
+                      f"modules stay below {SPREAD_MAX})")
+            if bits == 3 and quantizer_is_old_gptqmodel(quantizer) and not sigs:
+                sigs.append("gptqmodel_603_3bit")  # too few cells per position to show it
+                ev.append(f"meta.quantizer is {quantizer}: GPTQModel <= 6.0.3 packed 3-bit "
+                          "constants with words 0 and 2 swapped, which scrambles them")
+            return ModuleVerdict(name, AMBIGUOUS, 0.0, ev, st, sigs, inconsistent=not sigs,
+                                 misfit=misfit)
+        if off > MAX_OFFSET and misfit >= MIN_Z:
+            ev.append(f"the codes sit {off:.2f} away from either convention's zero "
+                      f"({misfit:.1f} standard errors)")
+            llr = 0.0  # evidence for neither convention is not evidence for the nearer one
         elif off > MAX_OFFSET:
             ev.append(f"too little evidence: the median sits {off:.2f} from either zero")
         elif st.position_spread > 0.75:
             ev.append(f"the offset varies by {st.position_spread:.2f} across field positions: "
                       "the zero points were not packed field by field")
+            llr = 0.0
         elif z >= MIN_Z:
             stat_verdict = (nearest, _z_confidence(z))
         else:
-            ev.append(f"too little evidence: {z:.1f} standard errors from the midpoint "
-                      f"(needs {MIN_Z:.0f})")
-    inconsistent = inconsistent and not sigs  # a known writer bug explains the misfit
-    # Clamp evidence: a clean gptq file stores maxq only for Z = 0 (codes low); a gptq_v2 file
-    # stores maxq only for Z = maxq (codes high).
-    # Corruption in gptq files also leaves maxq fields with high codes, so a wrapped zero
-    # outweighs them; gptq_v2 needs maxq fields with high codes and not one wrapped zero.
-    clamp = None
-    if sigs or st.wrapped >= 3:
-        clamp = (GPTQ, 0.99 if sigs else 0.95)
-    elif st.maxq_consistent >= 3 and st.wrapped == 0:
-        clamp = (GPTQ_V2, 0.95)
+            ev.append(f"too little evidence alone: {z:.1f} standard errors from the midpoint "
+                      f"(needs {MIN_Z:.0f}); pooled with the other modules")
+    clamp = clamp_verdict(st, sigs)
     if stat_verdict and clamp and stat_verdict[0] != clamp[0]:
         ev.append(f"the statistic says {stat_verdict[0]} but the stored {maxq} fields say "
                   f"{clamp[0]}")
-        return ModuleVerdict(name, AMBIGUOUS, 0.0, ev, st, sigs, inconsistent=True)
+        return ModuleVerdict(name, AMBIGUOUS, 0.0, ev, st, sigs, inconsistent=True, llr=0.0,
+                             misfit=misfit)
     if stat_verdict:
-        return ModuleVerdict(name, stat_verdict[0], stat_verdict[1], ev, st, sigs)
-    if clamp and not inconsistent:
-        return ModuleVerdict(name, clamp[0], clamp[1], ev, st, sigs)
-    return ModuleVerdict(name, AMBIGUOUS, 0.0, ev, st, sigs, inconsistent=inconsistent)
+        return ModuleVerdict(name, stat_verdict[0], stat_verdict[1], ev, st, sigs, llr=llr,
+                             misfit=misfit)
+    if clamp and not (misfit >= MIN_Z and not sigs):
+        return ModuleVerdict(name, clamp[0], clamp[1], ev, st, sigs, llr=llr, misfit=misfit)
+    return ModuleVerdict(name, AMBIGUOUS, 0.0, ev, st, sigs, llr=llr, misfit=misfit)
+
+
+def effective_se(se: float, bits: int) -> float:
+    """The statistic's standard error with the weights' own skew added (TAU)."""
+    return math.hypot(se, TAU.get(bits, TAU[8]))
+
+
+def clamp_verdict(st: ZeroStats, sigs: list[str]) -> tuple[str, float] | None:
+    """What the stored maxq fields say. A clean gptq file stores maxq only for Z = 0 (codes
+    low: 'wrapped'); a gptq_v2 file only for Z = maxq (codes high). A few fields of each kind
+    occur by chance (a Z = 0 group whose codes sit high, a sample of few codes), so the side
+    with at least 3 fields and 80 % of them decides; a known writer bug decides gptq."""
+    if sigs:
+        return GPTQ, 0.99
+    w, c = st.wrapped, st.maxq_consistent
+    if w >= 3 and w >= 0.8 * (w + c):
+        return GPTQ, 0.95
+    if c >= 3 and c >= 0.8 * (w + c):
+        return GPTQ_V2, 0.95
+    return None
 
 
 def corruption_signatures(st: ZeroStats, bits: int, quantizer: str | None = None,
@@ -330,34 +403,92 @@ class Detection:
 
 
 def combine(verdicts: list[ModuleVerdict]) -> Detection:
-    """One verdict for the checkpoint. Decided modules must agree; undecided ones are pooled
-    (inverse-variance weighted medians) when no module decided."""
+    """One verdict for the checkpoint from every module's evidence, and the modules' verdicts
+    in its light (new ModuleVerdicts; the inputs are not changed).
+
+    - Modules that decide alone (a symmetric pattern, clamp evidence, or a statistic MIN_Z
+      effective standard errors from the midpoint) must agree; if they do not, the checkpoint
+      is ambiguous ("modules disagree").
+    - Otherwise the statistic's log-likelihood ratios are summed over modules: at 8 bits a
+      module's statistic rarely decides alone, but a few hundred of them decide together. The
+      checkpoint decides at MIN_LLR.
+    - A module undecided alone takes the checkpoint's convention unless its own evidence points
+      the other way by MIN_Z.
+    - A module is a misfit (fits neither convention) only when its statistic lies further from
+      the nearer convention than the module count explains: beyond the Bonferroni threshold for
+      MISFIT_ALPHA per checkpoint, an outlier (warning); MISFIT_STRONG beyond it, inconsistent
+      (error). A known writer bug (signature) explains a misfit and is reported as such.
+    """
     if not verdicts:
         return Detection(AMBIGUOUS, 0.0, [], ["no quantized module to look at"])
     counts = {c: sum(v.verdict == c for v in verdicts) for c in (GPTQ, GPTQ_V2, AMBIGUOUS)}
     n = len(verdicts)
-    summary = (f"{counts[GPTQ]} gptq, {counts[GPTQ_V2]} gptq_v2, {counts[AMBIGUOUS]} ambiguous "
-               f"of {n} modules")
+    summary = (f"{counts[GPTQ]} gptq, {counts[GPTQ_V2]} gptq_v2, {counts[AMBIGUOUS]} undecided "
+               f"alone of {n} modules")
+    pooled = sum(v.llr for v in verdicts)
+    pool_ev = (f"pooled log-likelihood ratio gptq : gptq_v2 over "
+               f"{sum(1 for v in verdicts if v.llr)} module statistics is {pooled:.1f} "
+               f"(decides at +/-{MIN_LLR:.1f})")
+    flagged = _misfits(verdicts)
     if counts[GPTQ] and counts[GPTQ_V2]:
-        return Detection(AMBIGUOUS, 0.0, verdicts, [summary + ": modules disagree"])
+        return Detection(AMBIGUOUS, 0.0, flagged, [summary + ": modules disagree"])
+    verdict, confidence = AMBIGUOUS, 0.0
     for conv in (GPTQ, GPTQ_V2):
         if counts[conv]:
-            conf = min(v.confidence for v in verdicts if v.verdict == conv)
-            return Detection(conv, conf, verdicts, [summary])
-    pooled = [v.stats for v in verdicts if v.stats and v.stats.cells and
-              math.isfinite(v.stats.se)]
-    if pooled:
-        w = np.array([1 / s.se**2 for s in pooled])
-        med = float(np.dot(w, [s.median for s in pooled]) / w.sum())
-        se = float(1 / math.sqrt(w.sum()))
-        pool = ZeroStats(cells=sum(s.cells for s in pooled), median=med, se=se)
-        v = decide("(all modules)", 4, None, pool)
-        if v.verdict != AMBIGUOUS:
-            return Detection(v.verdict, v.confidence, verdicts,
-                             [summary, "pooled over modules: " + v.evidence[-1]])
-        return Detection(AMBIGUOUS, 0.0, verdicts, [summary, "pooled over modules: "
-                                                    + "; ".join(v.evidence)])
-    return Detection(AMBIGUOUS, 0.0, verdicts, [summary])
+            verdict = conv
+            confidence = min(v.confidence for v in verdicts if v.verdict == conv)
+    if verdict != AMBIGUOUS and abs(pooled) >= MIN_LLR and (pooled > 0) != (verdict == GPTQ):
+        return Detection(AMBIGUOUS, 0.0, flagged, [
+            summary, pool_ev + f": the undecided modules together say the opposite of the "
+            f"{counts[verdict]} that decide; modules disagree"])
+    if verdict == AMBIGUOUS and abs(pooled) >= MIN_LLR:
+        verdict = GPTQ if pooled > 0 else GPTQ_V2
+        confidence = round(1.0 - math.exp(-abs(pooled)), 4)
+    if verdict == AMBIGUOUS:
+        return Detection(AMBIGUOUS, 0.0, flagged, [summary, pool_ev])
+    return Detection(verdict, confidence, [_adopt(v, verdict, confidence) for v in flagged],
+                     [summary, pool_ev])
+
+
+def _adopt(v: ModuleVerdict, verdict: str, confidence: float) -> ModuleVerdict:
+    """A module undecided alone takes the checkpoint's verdict, unless it fits neither
+    convention, its offsets vary by field position, or nothing was read of it. (A module whose
+    own statistic points the other way by MIN_Z decided alone, and then combine reports the
+    disagreement.)"""
+    st = v.stats
+    if v.verdict != AMBIGUOUS or v.inconsistent or v.outlier or st is None \
+            or v.misfit >= MIN_Z or st.position_spread > 0.75:
+        return v
+    return replace(v, verdict=verdict, confidence=confidence, evidence=v.evidence + [
+        f"{verdict} with the checkpoint's other modules (pooled evidence)"])
+
+
+def misfit_threshold(n_modules: int) -> float:
+    """Effective standard errors beyond which one of `n_modules` clean modules lies with
+    probability MISFIT_ALPHA (two-sided, Bonferroni)."""
+    return NormalDist().inv_cdf(1.0 - MISFIT_ALPHA / (2 * max(1, n_modules)))
+
+
+def _misfits(verdicts: list[ModuleVerdict]) -> list[ModuleVerdict]:
+    tested = [v for v in verdicts if v.stats is not None and v.stats.cells]
+    limit = misfit_threshold(len(tested))
+    out = []
+    for v in verdicts:
+        st = v.stats
+        if st is None or not st.cells or v.signatures or v.inconsistent:
+            out.append(v)
+            continue
+        off = min(abs(st.median - 1.0), abs(st.median))
+        if off <= MAX_OFFSET or v.misfit < limit:
+            out.append(v)
+            continue
+        strong = v.misfit >= limit + MISFIT_STRONG
+        note = (f"{v.misfit:.1f} standard errors from the nearer convention, beyond the "
+                f"{limit:.1f} that {len(tested)} clean modules reach with probability "
+                f"{MISFIT_ALPHA:g}")
+        out.append(replace(v, verdict=AMBIGUOUS, confidence=0.0, inconsistent=strong,
+                           outlier=not strong, evidence=v.evidence + [note]))
+    return out
 
 
 def stored_fields(qzeros: np.ndarray, bits: int) -> np.ndarray:

@@ -211,15 +211,39 @@ def _open_indexed(root: Path) -> TensorStore:
         store.findings.append(Finding("GQ127", f"metadata.total_size is {declared_total!r}, "
                                       "not an integer", file=INDEX_NAME))
     elif declared_total is not None and len(store.files) == len(shard_names) and not bad_names:
-        actual_total = sum(i.nbytes for f in store.files.values() for i in f.tensors.values())
-        if actual_total != declared_total:
+        tensor_total, file_total = total_sizes(store.files.values())
+        if declared_total not in (tensor_total, file_total):
             store.findings.append(Finding(
-                "GQ127", f"metadata.total_size is {declared_total}; tensors take {actual_total} "
-                "bytes", file=INDEX_NAME))
+                "GQ127", f"metadata.total_size is {declared_total}; expected the tensor bytes "
+                f"({tensor_total}, as huggingface_hub and transformers write it) or the shard "
+                f"file bytes ({file_total}, headers included, as GPTQModel writes it)",
+                file=INDEX_NAME, hint="loaders ignore total_size; regenerate the index if the "
+                "shards were edited by hand"))
     if not store.files:
         raise FindingError(*store.findings, Finding("GQ128", "no shard of the index could be "
                                                     "read", file=INDEX_NAME))
     return store
+
+
+def total_sizes(files) -> tuple[int, int]:
+    """The two values producers write as an index's `metadata.total_size`: (sum of tensor data
+    bytes, sum of shard file bytes including each 8-byte length and header).
+
+    - huggingface_hub `split_state_dict_into_shards_factory` adds `get_storage_size(tensor)` per
+      tensor (src/huggingface_hub/serialization/_base.py, huggingface/huggingface_hub @
+      ee0a4510f4bc15e26cb722be2efc2bdb01383ca0 and release 2.4.0). transformers'
+      `PreTrainedModel.save_pretrained` writes that split's metadata (modeling_utils.py:
+      4.46.3 `{"total_size"}`; 5.24.0 `{"total_parameters", "total_size"}`), and so did
+      GPTQModel 1.4 to 4.x (`split_torch_state_dict_into_shards`, ModelCloud/GPTQModel bafa0a155).
+    - GPTQModel >= 5.0 writes its own shards: `streaming_state_dict_to_shards` sums
+      `_write_shard_file`'s return value, `out.tell()` after the length, header and data, i.e. the
+      file size (gptqmodel/utils/model.py; models/writer.py `save_quantized` puts it in
+      `{"metadata": {"total_size": ...}}`; ModelCloud/GPTQModel v7.3.4 =
+      783a0fbb9e3dcddc281a4291ec19d5fa86aec091, since 10f3d1fe0, first released in v5.0.0).
+    """
+    files = list(files)
+    return (sum(i.nbytes for f in files for i in f.tensors.values()),
+            sum(f.size for f in files))
 
 
 def _read_index(path: Path) -> tuple[dict[str, str], int | None]:
