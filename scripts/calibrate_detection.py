@@ -152,13 +152,15 @@ def main(argv=None):
     ap.add_argument("--attacks", type=int, default=16, help="per kind and bits")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--residuals", action="store_true")
+    ap.add_argument("--bits", type=int, nargs="*", default=list(BITS),
+                    help="only these bits (a quick check of one rule)")
     a = ap.parse_args(argv)
     t0 = time.time()
-    combos = list(itertools.product(BITS, (False, True), (GPTQ, GPTQ_V2)))
+    combos = list(itertools.product(a.bits, (False, True), (GPTQ, GPTQ_V2)))
     cases = [(seed, *combos[seed % len(combos)]) for seed in range(a.clean)]
     if a.residuals:
-        worst = {b: 0.0 for b in BITS}
-        spread = {b: 0.0 for b in BITS}
+        worst = {b: 0.0 for b in a.bits}
+        spread = {b: 0.0 for b in a.bits}
         for bits, w, sp in run(residual_case, cases, a.jobs):
             worst[bits] = max(worst[bits], w)
             spread[bits] = max(spread[bits], sp)
@@ -170,7 +172,10 @@ def main(argv=None):
     n_mod = 0
     false = {"verify": [], "inspect": []}
     per = {}
-    for bits, act, conv, n, res in run(clean_case, cases, a.jobs):
+    for done, (bits, act, conv, n, res) in enumerate(run(clean_case, cases, a.jobs), 1):
+        if done % 64 == 0:
+            print(f"  ... {done} of {a.clean} clean checkpoints ({time.time() - t0:.0f} s)",
+                  file=sys.stderr, flush=True)
         n_mod += n
         key = (bits, act)
         per.setdefault(key, [0, 0, 0])
@@ -188,8 +193,9 @@ def main(argv=None):
         print(f"  {mode}: {len(false[mode])} of {a.clean} clean checkpoints with any alarm")
         for item in false[mode][:10]:
             print("    ", item)
+    sys.stdout.flush()
     kinds = ["mislabel", "autogptq", "gptqmodel", "shift+3", "random"]
-    attacks = [(seed, bits, kind) for kind in kinds for bits in BITS
+    attacks = [(seed, bits, kind) for kind in kinds for bits in a.bits
                for seed in range(a.attacks)
                if not (kind in ("autogptq", "gptqmodel") and bits == 3)]
     caught = {}

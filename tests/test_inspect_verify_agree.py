@@ -159,18 +159,22 @@ def test_clean_gptq_with_many_zero_points_is_not_called_corrupt(sampled):
 def test_zero_stats_counts_stored_fields_of_unread_groups():
     """Counts that need no codes cover every group; those that need codes only the read ones.
     Groups 0-3 read (stored 5, mean code 6: the gptq offset of 1), groups 4-31 unread, of which
-    4-7 have their top four fields at maxq (AutoGPTQ's run), one 4-bit int32 word per group.
-    (Runs in most groups of the same columns would be those columns' own lean, not a bug.)"""
+    4-19 have the top four fields of one word at maxq (AutoGPTQ's run), a different word in
+    each, as Z = 0 falls in different columns; 4-bit int32 words, 8 per group. (Runs always in
+    the same columns and groups would be those columns' and groups' own lean, not a bug.)"""
     import numpy as np
 
     from gptqfmt.gptq.detect import corruption_signatures, zero_stats
-    stored = np.full((32, 8), 5, dtype=np.uint8)
-    stored[4:8, 4:] = 15
+    stored = np.full((32, 64), 5, dtype=np.uint8)
+    for g in range(4, 20):
+        w = g % 8
+        stored[g, w * 8 + 4: w * 8 + 8] = 15
     counts = np.array([32] * 4 + [0] * 28)
-    sums = np.where(counts[:, None] > 0, 32 * 6, 0) * np.ones((1, 8), dtype=np.int64)
+    sums = np.where(counts[:, None] > 0, 32 * 6, 0) * np.ones((1, 64), dtype=np.int64)
     st = zero_stats(stored, sums, counts, 4, 32)
-    assert (st.stored_maxq, st.stored_zero, st.top_runs) == (16, 0, 4)
-    assert (st.wrapped, st.maxq_consistent, st.cells, st.median) == (0, 0, 32, 1.0)
+    assert (st.stored_maxq, st.stored_zero, st.top_runs) == (64, 0, 16)
+    assert (st.wrapped, st.maxq_consistent, st.cells, st.median) == (0, 0, 256, 1.0)
+    assert st.top_runs_expected < 0.1
     assert corruption_signatures(st, 4, codes=False)[0] == ["autogptq_sign_extension"]
 
 

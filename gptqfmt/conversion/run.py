@@ -281,8 +281,8 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
         progress and progress(0)
         if job.jobs > 1 and len(args) > 1:
             ctx = multiprocessing.get_context("forkserver")  # no fork beside running threads
-            with ProcessPoolExecutor(max_workers=min(job.jobs, len(args)),
-                                     mp_context=ctx) as pool:
+            with ProcessPoolExecutor(max_workers=min(job.jobs, len(args)), mp_context=ctx,
+                                     initializer=_ignore_interrupts) as pool:
                 for a, n in zip(args, pool.map(_write_shard_args, args)):
                     flushes.append(flusher.submit(atomic.fsync_path, a[1]))
                     progress and progress(n)
@@ -334,6 +334,14 @@ def gpu_gate(job: Job, tmp: Path, report: ConvertReport) -> None:
 
 def _write_shard_args(a):
     return write_shard(*a)
+
+
+def _ignore_interrupts() -> None:
+    """Workers share the terminal's process group, so Ctrl-C reaches them too: they leave it
+    to the parent, which unwinds and removes the staging directory (no worker tracebacks)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _backend(requested: str) -> str:

@@ -90,7 +90,7 @@ class ZeroStats:
     maxq_consistent: int = 0       # stored maxq, codes say Z = maxq
     sign_extension: int = 0        # words with AutoGPTQ's sign-extension signature
     top_runs: int = 0              # words whose top fields are all maxq (all of qzeros)
-    top_runs_expected: float = 0.0  # the same count if maxq fields fell independently
+    top_runs_expected: float = 0.0  # the same count by chance (group and column rates)
     borrow_offset: float = math.nan  # median offset of fields right after a wrapped one
     borrow_cells: int = 0
     borrow_se: float = math.inf
@@ -157,21 +157,26 @@ def _top_runs(s, bits, word_bits, maxq) -> tuple[int, float]:
     """Words whose highest fields are all maxq, against the count expected by chance.
 
     AutoGPTQ 0.7.1 ORs Z - 1 = 0xFFFFFFFF into the word, so a Z = 0 at field j sets every field
-    from j to the top: runs up to the top word boundary, far more than independent fields give.
-    Needs no codes, so it works at 2 bits too. Chance is reckoned per output column (a field
-    of a word is one column): a column whose weights lean one way stores maxq in most of its
-    groups (gptq_v2 data at 2 bits), so the null is the product of the top columns' own maxq
-    rates, each shrunk towards the module's rate (a column of one group says little)."""
+    from j to the top: runs up to the top word boundary, far more than chance gives. Needs no
+    codes, so it works at 2 bits too. Chance allows for how maxq fields cluster in clean data:
+    by output column (a column whose weights lean one way stores maxq in most of its groups)
+    and by group (an outlier input channel sets Z = maxq for half the columns of its group).
+    Each field's rate is its group's rate times its column's rate over the module's, each
+    shrunk towards the module's rate (a column of one group says little)."""
     fpw = word_bits // bits
     if s.shape[1] % fpw or fpw < 2:
         return 0, 0.0
     at = s == maxq
     g = at.shape[0]
-    shrink = 4.0
-    p_col = (at.sum(axis=0) + shrink * at.mean()) / (g + shrink)
+    base = float(at.mean())
+    if base == 0.0:
+        return 0, 0.0
+    p_col = (at.sum(axis=0) + 4 * base) / (g + 4)
+    p_grp = (at.sum(axis=1) + 4 * base) / (at.shape[1] + 4)
+    p = np.minimum(1.0, p_grp[:, None] * p_col[None, :] / base)
     run = max(2, min(4, fpw // 2))
     top = np.logical_and.reduce(at.reshape(g, -1, fpw)[:, :, fpw - run:], axis=2)
-    expected = g * float(np.prod(p_col.reshape(-1, fpw)[:, fpw - run:], axis=1).sum())
+    expected = float(np.prod(p.reshape(g, -1, fpw)[:, :, fpw - run:], axis=2).sum())
     return int(top.sum()), expected
 
 
@@ -242,6 +247,7 @@ class ModuleVerdict:
     llr: float = 0.0        # log-likelihood ratio gptq : gptq_v2 of the statistic (0 without one)
     misfit: float = 0.0     # |median - nearest convention's value| in effective standard errors
     outlier: bool = False   # misfit beyond what the checkpoint's module count explains (warning)
+    pooled_runs: bool = False  # AutoGPTQ's runs found over all modules' qzeros (combine)
 
     def to_json(self):
         return {"name": self.name, "verdict": self.verdict, "confidence": self.confidence,
@@ -368,8 +374,12 @@ def corruption_signatures(st: ZeroStats, bits: int, quantizer: str | None = None
     if not codes:
         return sigs, ev
     base = st.median if math.isfinite(st.median) else 1.0
-    if st.borrow_cells >= 3 and abs(st.borrow_offset - base - 1) < 0.3 and \
-            (st.borrow_offset - base) / max(st.borrow_se, st.se, 1e-3) >= MIN_Z:
+    # judged on 8 fields or more, with cell means of MIN_CODES codes or more and the weights'
+    # own skew in the error: fewer gave false borrows on clean 4-bit models
+    # (scripts/calibrate_detection.py)
+    if st.borrow_cells >= 8 and st.codes_per_cell >= MIN_CODES and \
+            abs(st.borrow_offset - base - 1) < 0.3 and (st.borrow_offset - base) / max(
+                st.borrow_se, effective_se(st.se, bits), 1e-3) >= MIN_Z:
         sigs.append("gptqmodel_borrow")
         ev.append(f"fields right after a wrapped zero sit {st.borrow_offset:.2f} below their "
                   f"codes (GPTQModel's packed subtract borrowed from them)")
@@ -429,7 +439,7 @@ def combine(verdicts: list[ModuleVerdict]) -> Detection:
     pool_ev = (f"pooled log-likelihood ratio gptq : gptq_v2 over "
                f"{sum(1 for v in verdicts if v.llr)} module statistics is {pooled:.1f} "
                f"(decides at +/-{MIN_LLR:.1f})")
-    flagged = _misfits(verdicts)
+    flagged = _pooled_runs(_misfits(verdicts))
     if counts[GPTQ] and counts[GPTQ_V2]:
         return Detection(AMBIGUOUS, 0.0, flagged, [summary + ": modules disagree"])
     verdict, confidence = AMBIGUOUS, 0.0
@@ -461,6 +471,41 @@ def _adopt(v: ModuleVerdict, verdict: str, confidence: float) -> ModuleVerdict:
         return v
     return replace(v, verdict=verdict, confidence=confidence, evidence=v.evidence + [
         f"{verdict} with the checkpoint's other modules (pooled evidence)"])
+
+
+def _pooled_runs(verdicts: list[ModuleVerdict]) -> list[ModuleVerdict]:
+    """AutoGPTQ's sign-extension runs over all modules' qzeros: a small module shows a few runs
+    (too few alone), a checkpoint of them shows many. Decided when the modules together hold
+    at least 10 runs, 3 times what chance gives, with a Poisson tail below 1e-9; the modules
+    with more runs than chance then carry the signature. (Found from qzeros alone, so inspect
+    reports it as verify does.)"""
+    stats = [v.stats for v in verdicts if v.stats is not None]
+    top = sum(st.top_runs for st in stats)
+    expected = sum(st.top_runs_expected for st in stats)
+    if top < 10 or top < 3 * expected or _poisson_tail(top, expected) >= 1e-9:
+        return verdicts
+    out = []
+    for v in verdicts:
+        st = v.stats
+        if st is None or "autogptq_sign_extension" in v.signatures or \
+                st.top_runs < 2 or st.top_runs <= 2 * st.top_runs_expected + 1:
+            out.append(v)
+            continue
+        out.append(replace(v, signatures=v.signatures + ["autogptq_sign_extension"],
+                           pooled_runs=True, inconsistent=False, outlier=False,
+                           evidence=v.evidence + [
+            f"{st.top_runs} qzeros words end in a run of fields at maxq ({st.top_runs_expected:.2g}"
+            f" expected by chance; {top} against {expected:.2g} over the checkpoint): AutoGPTQ "
+            "0.7.1 sign extension overwrote the fields above a Z = 0"]))
+    return out
+
+
+def _poisson_tail(k: int, mean: float) -> float:
+    """P(X >= k) for X ~ Poisson(mean), from the log of the first term (k well above mean)."""
+    if mean <= 0:
+        return 0.0
+    log_term = -mean + k * math.log(mean) - math.lgamma(k + 1)
+    return min(1.0, math.exp(log_term) / max(1e-12, 1 - mean / (k + 1)))
 
 
 def misfit_threshold(n_modules: int) -> float:

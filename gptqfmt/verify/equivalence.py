@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import UsageError
 from ..gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from ..gptq.detect import AMBIGUOUS, stored_fields
-from ..gptq.evidence import detect_checkpoint, module_g_idx, module_verdict
+from ..gptq.evidence import detect_checkpoint, module_g_idx
 from ..gptq.labels import effective_declared
 from . import DTYPE_KIND, F32, RUNTIMES, get_backend
 from .cpu import effective_zeros
@@ -155,6 +155,8 @@ def reference_fp32(path: str | os.PathLike, backend: str = "auto",
     rule_decl = RUNTIMES["vLLM gptq_gemm, ExLlamaV2"][declared]
     rule_data = RUNTIMES["vLLM gptq_gemm, ExLlamaV2"][detected]
     rng = np.random.default_rng(seed)
+    # each module's verdict in the light of all of them (misfits are judged against the count)
+    verdicts = {v.name: v for v in detect_checkpoint(ck, full=True).modules}
     out = []
     for m in ck.modules:
         if not m.valid:
@@ -171,8 +173,7 @@ def reference_fp32(path: str | os.PathLike, backend: str = "auto",
         diff = y_rt.astype(np.float64) - y_ref
         scale_sum = x.astype(np.float16).astype(np.float64) @ \
             ck.float32(m.tensors["scales"]).astype(np.float64)[g][:, cols]
-        verdict = module_verdict(ck, m, full=True)
-        out.append(_classify(m.name, y_rt, diff, scale_sum, y_ref, verdict))
+        out.append(_classify(m.name, y_rt, diff, scale_sum, y_ref, verdicts[m.name]))
         ck.store.release(m.tensors.values())
     return declared, detected, out, be.name
 
