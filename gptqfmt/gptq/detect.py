@@ -167,17 +167,23 @@ def _top_runs(s, bits, word_bits, maxq) -> tuple[int, float]:
     if s.shape[1] % fpw or fpw < 2:
         return 0, 0.0
     at = s == maxq
-    g = at.shape[0]
-    base = float(at.mean())
+    g, n = at.shape
+    grp = at.sum(axis=1)
+    base = float(grp.sum()) / at.size
     if base == 0.0:
         return 0, 0.0
-    p_col = (at.sum(axis=0) + 4 * base) / (g + 4)
-    p_grp = (at.sum(axis=1) + 4 * base) / (at.shape[1] + 4)
-    p = np.minimum(1.0, p_grp[:, None] * p_col[None, :] / base)
     run = max(2, min(4, fpw // 2))
-    top = np.logical_and.reduce(at.reshape(g, -1, fpw)[:, :, fpw - run:], axis=2)
-    expected = float(np.prod(p.reshape(g, -1, fpw)[:, :, fpw - run:], axis=2).sum())
-    return int(top.sum()), expected
+    top = int(np.logical_and.reduce(at.reshape(g, -1, fpw)[:, :, fpw - run:], axis=2).sum())
+    # a field's rate is p_grp[g] * c[w, j], capped at 1; the sum over groups and words of the
+    # run's product factorises wherever the cap does not bite, which keeps this linear
+    c = (at.sum(axis=0).reshape(-1, fpw)[:, fpw - run:] + 4 * base) / (g + 4) / base
+    p_grp = (grp + 4 * base) / (n + 4)
+    capped = p_grp * c.max() > 1
+    expected = float((p_grp[~capped] ** run).sum() * np.prod(c, axis=1).sum())
+    if capped.any():
+        expected += float(np.prod(np.minimum(1.0, p_grp[capped, None, None] * c[None]),
+                                  axis=2).sum())
+    return top, expected
 
 
 def _word_signatures(st, s, m, d, at_max, low, bits, word_bits, maxq):

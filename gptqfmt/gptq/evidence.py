@@ -21,7 +21,7 @@ SAMPLE_BYTES = 64 * 1024  # qweight bytes read per module in inspect's first pas
 # every module not yet read whole, until it decides, every module is read, or this many more
 # bytes of qweight have been read (a byte budget, not a time budget, so that inspect's answer
 # does not depend on the machine's load).
-EXTRA_BYTES = 512 * 1024 * 1024
+EXTRA_BYTES = 256 * 1024 * 1024
 
 
 def quantizer(ckpt: Checkpoint) -> str | None:
