@@ -42,8 +42,10 @@ def layer_tensors(i: int, asym: bool = False):
     for lin, k, n in LINEARS:
         p = f"model.layers.{i}.{lin}"
         g = k // GS
-        if asym:  # random zero points: the detector has to sample qweight
-            zeros = pack(rng.integers(0, 16, (g, n)).astype(np.uint8), BITS, 32, axis=1)
+        if asym:  # zero points as asymmetric quantization leaves them (around the middle,
+            # with the extremes of one-signed groups): the detector has to sample qweight
+            z = np.clip(np.rint(rng.normal(7.5, 2.0, (g, n))), 0, 15).astype(np.uint8)
+            zeros = pack(z, BITS, 32, axis=1)
         else:
             zeros = np.broadcast_to(constant_words(7, BITS, 32).view(np.int32),
                                     (g, n * BITS // 32))
@@ -88,7 +90,7 @@ def build(root: Path, asym: bool = False) -> None:
         weight_map.update({t[0]: name for t in tensors})
     (root / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": weight_map}))
-    q = {"bits": BITS, "group_size": GS, "desc_act": False, "sym": True, "quant_method": "gptq",
+    q = {"bits": BITS, "group_size": GS, "desc_act": False, "sym": not asym, "quant_method": "gptq",
          "checkpoint_format": "gptq"}
     (root / "quantize_config.json").write_text(json.dumps(q))
     (root / "config.json").write_text(json.dumps({"model_type": "llama",

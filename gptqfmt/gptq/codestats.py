@@ -65,31 +65,64 @@ def rows_per_group(bits: int, word_bits: int, group_size: int, in_features: int)
 
 def cell_sums(qweight: np.ndarray, bits: int, g_idx: np.ndarray, groups: int,
               row_blocks: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(sums [G, N] uint64, counts [G] int64) over the packed rows in `row_blocks` (all if None).
+    """(sums [G, N] uint64, counts [G] int64) over the packed rows in `row_blocks` (all if None);
+    groups with no row read have count 0."""
+    read, s, c = read_cell_sums(qweight, bits, g_idx, groups, row_blocks)
+    sums = np.zeros((groups, qweight.shape[1]), dtype=np.uint64)
+    counts = np.zeros(groups, dtype=np.int64)
+    sums[read], counts[read] = s, c
+    return sums, counts
 
-    `row_blocks` are indices of blocks of packed rows (a block = the words holding whole values:
-    1 row, or 3 rows at 3 bits), so sampling never splits a value.
+
+def read_cell_sums(qweight: np.ndarray, bits: int, g_idx: np.ndarray, groups: int,
+                   row_blocks: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(read [R] group indices, sums [R, N] uint64, counts [R] int64) over the packed rows in
+    `row_blocks` (all if None): only the R groups some row was read of, so that a sample of a
+    large module allocates what it reads, not a cell per group.
+
+    `row_blocks` are sorted indices of blocks of packed rows (a block = the words holding whole
+    values: 1 row, or 3 rows at 3 bits), so sampling never splits a value. Blocks are taken a
+    chunk at a time (a slice where they are contiguous, a gather where sampled) and each chunk
+    is reduced per group with one `reduceat`, so a sample of scattered rows costs what its
+    bytes cost, not a Python step per row.
     """
     words_bits = qweight.dtype.itemsize * 8
     vpb, wpb = block(bits, words_bits)
     n = qweight.shape[1]
     total_blocks = qweight.shape[0] // wpb
-    blocks = np.arange(total_blocks) if row_blocks is None else np.asarray(row_blocks)
-    sums = np.zeros((groups, n), dtype=np.uint64)
-    counts = np.zeros(groups, dtype=np.int64)
     g_idx = np.asarray(g_idx, dtype=np.int64)
     trivial_rpg = _trivial_rows_per_group(g_idx, bits, words_bits, groups)
     step = max(1, CHUNK_WORDS // max(1, n * wpb))
-    for run in _runs(blocks):
-        for start in range(run[0], run[1], step):
-            stop = min(run[1], start + step)
-            words = qweight[start * wpb: stop * wpb]
-            chans = np.arange(start * vpb, stop * vpb)
-            if trivial_rpg:
-                _add_by_word(sums, counts, words, bits, start * wpb, trivial_rpg, vpb // wpb)
-            else:
-                _add_by_field(sums, counts, words, bits, g_idx[chans])
-    return sums, counts
+    blocks = None if row_blocks is None else np.asarray(row_blocks, dtype=np.int64)
+    if blocks is None:
+        read = np.arange(groups)
+    else:  # the groups the blocks' values fall in
+        chans = (blocks[:, None] * vpb + np.arange(vpb)).reshape(-1)
+        read = np.unique(g_idx[chans]) if trivial_rpg is None else \
+            np.unique(blocks * wpb // trivial_rpg)
+    slot = np.full(groups, -1, dtype=np.int64)
+    slot[read] = np.arange(len(read))
+    sums = np.zeros((len(read), n), dtype=np.uint64)
+    counts = np.zeros(len(read), dtype=np.int64)
+    nblocks = total_blocks if blocks is None else len(blocks)
+    for c0 in range(0, nblocks, step):
+        c1 = min(nblocks, c0 + step)
+        if blocks is None or blocks[c1 - 1] - blocks[c0] == c1 - 1 - c0:  # contiguous
+            b0 = c0 if blocks is None else int(blocks[c0])
+            words = qweight[b0 * wpb: (b0 + c1 - c0) * wpb]
+            rows = np.arange(b0 * wpb, (b0 + c1 - c0) * wpb)
+        else:
+            rows = (blocks[c0:c1, None] * wpb + np.arange(wpb)).reshape(-1)
+            words = qweight[rows]
+        if trivial_rpg:
+            _add_rows(sums, counts, word_field_sums(words, bits), slot[rows // trivial_rpg],
+                      vpb // wpb)
+        else:
+            chans = (rows // wpb)[::wpb, None] * vpb + np.arange(vpb)
+            _add_rows(sums, counts, unpack(words, bits, axis=0), slot[g_idx[chans.reshape(-1)]],
+                      1)
+    return read, sums, counts
 
 
 def _trivial_rows_per_group(g_idx, bits, word_bits, groups) -> int | None:
@@ -105,37 +138,22 @@ def _trivial_rows_per_group(g_idx, bits, word_bits, groups) -> int | None:
     return gs // vpw
 
 
-def _add_by_word(sums, counts, words, bits, row0, rpg, vpw):
-    s = word_field_sums(words, bits)                     # [rows, N]: sum of each word's fields
-    for g, a, b in _segments(np.arange(row0, row0 + len(words)) // rpg):
-        sums[g] += s[a:b].sum(axis=0, dtype=np.uint32)  # <= 2^32 / 255 rows per chunk
-        counts[g] += (b - a) * vpw
-
-
-def _add_by_field(sums, counts, words, bits, groups_of_chans):
-    codes = unpack(words, bits, axis=0)                  # [chans, N] uint8
-    order = np.argsort(groups_of_chans, kind="stable")
-    codes = codes[order]
-    for g, a, b in _segments(groups_of_chans[order]):
-        sums[g] += codes[a:b].sum(axis=0, dtype=np.uint64)
-        counts[g] += b - a
-
-
-def _segments(sorted_groups: np.ndarray):
-    """(group, begin, end) of each run of equal values in a sorted array."""
-    starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
-    ends = np.r_[starts[1:], len(sorted_groups)]
-    return zip(sorted_groups[starts].tolist(), starts.tolist(), ends.tolist())
-
-
-def _runs(blocks: np.ndarray):
-    """Consecutive runs [a, b) in a sorted array of block indices."""
-    if len(blocks) == 0:
+def _add_rows(sums, counts, values, slots, per_row):
+    """Add each row of `values` [R, N] to its group's slot in `sums`; each row holds `per_row`
+    codes. (np.add.reduceat along rows is some 50x slower than slicing: one sum per run of
+    equal slots, or one vectorised add when no two rows share a slot, as in a sparse sample.)"""
+    if not np.all(slots[1:] >= slots[:-1]):
+        order = np.argsort(slots, kind="stable")
+        values, slots = values[order], slots[order]
+    starts = np.flatnonzero(np.r_[True, slots[1:] != slots[:-1]])
+    if len(starts) == len(slots):
+        sums[slots] += values
+        counts[slots] += per_row
         return
-    breaks = np.flatnonzero(np.diff(blocks) != 1)
-    starts = np.r_[blocks[0], blocks[breaks + 1]]
-    ends = np.r_[blocks[breaks], blocks[-1]] + 1
-    yield from zip(starts.tolist(), ends.tolist())
+    ends = np.r_[starts[1:], len(slots)]
+    for g, a, b in zip(slots[starts].tolist(), starts.tolist(), ends.tolist()):
+        sums[g] += values[a:b].sum(axis=0, dtype=np.uint64)
+        counts[g] += (b - a) * per_row
 
 
 def sample_blocks(total_blocks: int, n_cols: int, wpb: int, budget_bytes: int,

@@ -67,9 +67,11 @@ def symmetric_pattern(qzeros: np.ndarray, bits: int) -> str | None:
     if u.size == 0 or u.shape[-1] % wpb:
         return None
     blocks = u.reshape(-1, wpb)
+    head = blocks[:max(1, u.shape[-1] // wpb)]  # the first row refutes most modules cheaply
     for conv in (GPTQ, GPTQ_V2):
-        if np.array_equal(blocks, np.broadcast_to(constant_words(sym_field(bits, conv), bits, w),
-                                                  blocks.shape)):
+        const = constant_words(sym_field(bits, conv), bits, w)
+        if np.array_equal(head, np.broadcast_to(const, head.shape)) and \
+                np.array_equal(blocks, np.broadcast_to(const, blocks.shape)):
             return conv
     return None
 
@@ -106,16 +108,131 @@ class ZeroStats:
         return out
 
 
+@dataclass(frozen=True)
+class FieldCounts:
+    """What every field of qzeros shows without any code: the part of ZeroStats that does not
+    change when more qweight rows are read."""
+    stored_maxq: int = 0
+    stored_zero: int = 0
+    top_runs: int = 0
+    top_runs_expected: float = 0.0
+
+
+FIELD_CHUNK = 1 << 15  # superwords per chunk of field_counts (temporaries stay in cache)
+
+
+def field_counts(qzeros: np.ndarray, bits: int) -> FieldCounts:
+    """FieldCounts of packed qzeros [G, N*bits/W], straight from the words (2/4/8 bits: fields
+    never straddle a word): some fifteen in-place integer operations per 64 bits of qzeros
+    instead of unpacking every field, a chunk of rows at a time. Same answer as `zero_stats`
+    computes from the unpacked fields (tests/test_detect.py holds the two against each other).
+
+    A field is maxq when adding 1 to its low bits carries into its top bit and that bit is set;
+    it is not 0 when adding maxq/2 to its low bits carries or its top bit is set; neither sum
+    can carry into the next field. Worked example, 4-bit int32: the word x = 0xF0F00FF7 holds
+    fields (low first) 7, F, F, 0, 0, F, 0, F, and x & 0x77777777 = 0x70700777.
+    ((0x70700777 + 0x11111111) & x & 0x88888888 = 0x80800880: 4 fields at maxq (1, 2, 5, 7);
+    ((0x70700777 + 0x77777777) | x) & 0x88888888 = 0x80880888: 5 fields not 0, so 3 at 0.
+    Its top four fields are 0, F, 0, F: not AutoGPTQ's run (all four at maxq)."""
+    w = qzeros.dtype.itemsize * 8
+    u = unsigned(np.ascontiguousarray(qzeros))
+    if bits == 3 or w % bits or u.ndim != 2:
+        return _field_counts_unpacked(stored_fields(qzeros, bits), bits, w)
+    # 64-bit superwords: one operation handles 64/W words
+    x = u.view(np.uint64) if w < 64 and (u.shape[1] * w) % 64 == 0 else u
+    ut = x.dtype.type
+    sw = x.dtype.itemsize * 8
+    k, fpw = sw // w, w // bits
+    run = _run_length(fpw) if fpw >= 2 else 0
+
+    def every_field(value: int):
+        return ut(sum(value << (j * bits) for j in range(sw // bits)))
+    low, one, half, top_bit = (every_field(v) for v in (
+        (1 << (bits - 1)) - 1, 1, (1 << (bits - 1)) - 1, 1 << (bits - 1)))
+    # the top bit of the run's first field in each word
+    run_starts = ut(sum(1 << (i * w + (fpw - run) * bits + bits - 1) for i in range(k) if run))
+    g, nx = x.shape
+    per_lane = (1 << bits) - 1     # rows whose 0/1 fields can be summed without a carry
+    # chunks of whole partial sums (a partial sum's lanes are taken apart in Python steps)
+    rows = max(1, FIELD_CHUNK // max(1, nx))
+    rows = rows if rows < per_lane else rows // per_lane * per_lane
+    at, tmp, nz = (np.empty((min(rows, g), nx), ut) for _ in range(3))
+    cnt = np.empty((min(rows, g), nx), np.uint8)
+    grp = np.empty(g, np.int64)
+    nonzero = top = 0
+    cols = np.zeros((nx, k, max(run, 1)), np.uint64)
+    for r0 in range(0, g, rows):
+        xs = x[r0:r0 + rows]
+        n = len(xs)
+        a, t, o, c = at[:n], tmp[:n], nz[:n], cnt[:n]
+        np.bitwise_and(xs, low, out=t)
+        np.add(t, one, out=a)
+        np.bitwise_and(a, xs, out=a)
+        np.bitwise_and(a, top_bit, out=a)        # a field's top bit: the field is maxq
+        np.add(t, half, out=o)
+        np.bitwise_or(o, xs, out=o)
+        np.bitwise_and(o, top_bit, out=o)        # a field's top bit: the field is not 0
+        grp[r0:r0 + n] = np.add.reduce(np.bitwise_count(a, out=c), axis=1, dtype=np.uint32)
+        nonzero += int(np.add.reduce(np.bitwise_count(o, out=c), axis=None, dtype=np.uint64))
+        if not run:
+            continue
+        # the run's first field keeps its bit only if the run's fields are all maxq
+        np.copyto(t, a)
+        span = 1
+        while span < run:
+            np.right_shift(t, ut(span * bits), out=o)
+            np.bitwise_and(t, o, out=t)
+            span *= 2
+        np.bitwise_and(t, run_starts, out=t)
+        top += int(np.add.reduce(np.bitwise_count(t, out=c), axis=None, dtype=np.uint64))
+        np.right_shift(a, ut(bits - 1), out=a)   # 0/1 in each field's low bit
+        for p0 in range(0, n, per_lane):          # column counts at the run's fields
+            lane_sums = np.add.reduce(a[p0:p0 + per_lane], axis=0)
+            for i in range(k):
+                for jj in range(run):
+                    cols[:, i, jj] += (lane_sums >> ut(i * w + (fpw - run + jj) * bits)) & \
+                        ut(per_lane)
+    stored_maxq = int(grp.sum())
+    stored_zero = g * nx * (sw // bits) - nonzero
+    if not stored_maxq or not run:
+        return FieldCounts(stored_maxq, stored_zero)
+    return FieldCounts(stored_maxq, stored_zero, top,
+                       _runs_expected(grp, cols.reshape(-1, run).astype(np.int64), g,
+                                      nx * k * fpw, run))
+
+
+def _field_counts_unpacked(s: np.ndarray, bits: int, word_bits: int) -> FieldCounts:
+    maxq = (1 << bits) - 1
+    at = s == maxq
+    stored_maxq = int(np.count_nonzero(at))
+    stored_zero = int(np.count_nonzero(s == 0))
+    fpw = word_bits // bits
+    if not stored_maxq or bits == 3 or s.shape[1] % fpw or fpw < 2:
+        return FieldCounts(stored_maxq, stored_zero)
+    g = at.shape[0]
+    run = _run_length(fpw)
+    top = int(np.logical_and.reduce(at.reshape(g, -1, fpw)[:, :, fpw - run:], axis=2).sum())
+    cols = at.sum(axis=0).reshape(-1, fpw)[:, fpw - run:]
+    return FieldCounts(stored_maxq, stored_zero, top,
+                       _runs_expected(at.sum(axis=1), cols, g, at.shape[1], run))
+
+
+def _run_length(fields_per_word: int) -> int:
+    """Fields at the top of a word that must all be maxq to count as AutoGPTQ's run."""
+    return max(2, min(4, fields_per_word // 2))
+
+
 def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: int,
-               word_bits: int) -> ZeroStats:
+               word_bits: int, fields: FieldCounts | None = None) -> ZeroStats:
     """Summarise cells: `stored` [G, N] unpacked qzeros fields, `sums` [G, N] code sums over
     `counts` [G] codes per cell. Rows with count 0 (codes not read) enter only the counts that
-    need no codes (stored_maxq, stored_zero, top_runs)."""
+    need no codes (stored_maxq, stored_zero, top_runs), which `fields` gives instead when the
+    caller has them from the packed words (field_counts): then `stored` may hold only the rows
+    whose codes were read."""
     maxq = (1 << bits) - 1
-    st = ZeroStats(stored_maxq=int(np.count_nonzero(stored == maxq)),
-                   stored_zero=int(np.count_nonzero(stored == 0)))
-    if st.stored_maxq and bits != 3:
-        st.top_runs, st.top_runs_expected = _top_runs(stored, bits, word_bits, maxq)
+    f = fields or _field_counts_unpacked(stored, bits, word_bits)
+    st = ZeroStats(stored_maxq=f.stored_maxq, stored_zero=f.stored_zero, top_runs=f.top_runs,
+                   top_runs_expected=f.top_runs_expected)
     have = counts > 0
     if not have.any():
         return st
@@ -153,8 +270,9 @@ def _quartiles(x: np.ndarray) -> tuple[float, float, float]:
     return float(x[(n - 1) // 4]), med, float(x[(3 * (n - 1)) // 4])
 
 
-def _top_runs(s, bits, word_bits, maxq) -> tuple[int, float]:
-    """Words whose highest fields are all maxq, against the count expected by chance.
+def _runs_expected(grp: np.ndarray, cols: np.ndarray, g: int, n: int, run: int) -> float:
+    """Words whose top `run` fields are all maxq by chance, from the maxq count of each group
+    (`grp` [G]) and of each word's top fields over the groups (`cols` [N/fpw, run]).
 
     AutoGPTQ 0.7.1 ORs Z - 1 = 0xFFFFFFFF into the word, so a Z = 0 at field j sets every field
     from j to the top: runs up to the top word boundary, far more than chance gives. Needs no
@@ -163,27 +281,17 @@ def _top_runs(s, bits, word_bits, maxq) -> tuple[int, float]:
     and by group (an outlier input channel sets Z = maxq for half the columns of its group).
     Each field's rate is its group's rate times its column's rate over the module's, each
     shrunk towards the module's rate (a column of one group says little)."""
-    fpw = word_bits // bits
-    if s.shape[1] % fpw or fpw < 2:
-        return 0, 0.0
-    at = s == maxq
-    g, n = at.shape
-    grp = at.sum(axis=1)
-    base = float(grp.sum()) / at.size
-    if base == 0.0:
-        return 0, 0.0
-    run = max(2, min(4, fpw // 2))
-    top = int(np.logical_and.reduce(at.reshape(g, -1, fpw)[:, :, fpw - run:], axis=2).sum())
+    base = float(grp.sum()) / (g * n)
     # a field's rate is p_grp[g] * c[w, j], capped at 1; the sum over groups and words of the
     # run's product factorises wherever the cap does not bite, which keeps this linear
-    c = (at.sum(axis=0).reshape(-1, fpw)[:, fpw - run:] + 4 * base) / (g + 4) / base
+    c = (cols + 4 * base) / (g + 4) / base
     p_grp = (grp + 4 * base) / (n + 4)
     capped = p_grp * c.max() > 1
     expected = float((p_grp[~capped] ** run).sum() * np.prod(c, axis=1).sum())
     if capped.any():
         expected += float(np.prod(np.minimum(1.0, p_grp[capped, None, None] * c[None]),
                                   axis=2).sum())
-    return top, expected
+    return expected
 
 
 def _word_signatures(st, s, m, d, at_max, low, bits, word_bits, maxq):

@@ -14,6 +14,7 @@ below run over field positions within one block of words (at most 64), never ove
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from math import lcm
 
 import numpy as np
@@ -95,10 +96,14 @@ def pack(codes: np.ndarray, bits: int, word_bits: int = 32, axis: int = 0) -> np
     return np.ascontiguousarray(np.moveaxis(words, 0, axis))
 
 
+@lru_cache(maxsize=256)
 def constant_words(value: int, bits: int, word_bits: int = 32) -> np.ndarray:
-    """The repeating block of words (unsigned) in which every field equals `value`."""
+    """The repeating block of words (unsigned) in which every field equals `value` (read-only:
+    one array per (value, bits, word_bits), shared by every caller)."""
     vpb, _ = block(bits, word_bits)
-    return pack(np.full(vpb, value, dtype=np.uint8), bits, word_bits).view(_UNSIGNED[word_bits])
+    out = pack(np.full(vpb, value, dtype=np.uint8), bits, word_bits).view(_UNSIGNED[word_bits])
+    out.flags.writeable = False
+    return out
 
 
 def unsigned(words: np.ndarray) -> np.ndarray:

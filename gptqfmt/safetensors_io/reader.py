@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 
 import numpy as np
 
@@ -22,6 +23,7 @@ class SafetensorsFile:
         self.path = os.fspath(path)
         self.name = display_name or self.path
         self._mm = None
+        self._lock = threading.Lock()  # modules are read in threads: map once
         try:
             with open(self.path, "rb") as f:
                 self.size = os.fstat(f.fileno()).st_size
@@ -56,6 +58,10 @@ class SafetensorsFile:
         return self.header.data_start + info.begin
 
     def _map(self):
+        with self._lock:
+            return self._map_locked()
+
+    def _map_locked(self):
         if self._mm is None:
             try:
                 with open(self.path, "rb") as f:

@@ -1,0 +1,136 @@
+"""Counts over every qzeros field straight from the packed words (field_counts) against a
+slow field-by-field reference, and the sampling policy's use of them."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gptqfmt.gptq import detect
+from gptqfmt.gptq.detect import GPTQ, FieldCounts, ModuleVerdict, ZeroStats, field_counts
+from gptqfmt.gptq.evidence import detect_sequential
+from gptqfmt.gptq.packing import pack
+
+COMBOS = [(b, w) for b in (2, 3, 4, 8) for w in (8, 16, 32, 64) if b != 3 or w == 32]
+
+
+def reference(fields: np.ndarray, bits: int, word_bits: int) -> FieldCounts:
+    """Field by field, word by word; the chance of runs as a full group x column matrix."""
+    maxq = 2**bits - 1
+    at = fields == maxq
+    g, n = at.shape
+    stored_maxq, stored_zero = int(at.sum()), int((fields == 0).sum())
+    fpw = word_bits // bits
+    if not stored_maxq or bits == 3 or fpw < 2:
+        return FieldCounts(stored_maxq, stored_zero)
+    run = max(2, min(4, fpw // 2))
+    top = sum(all(at[r, w * fpw + j] for j in range(fpw - run, fpw))
+              for r in range(g) for w in range(n // fpw))
+    base = at.mean()
+    p_col = (at.sum(axis=0) + 4 * base) / (g + 4)
+    p_grp = (at.sum(axis=1) + 4 * base) / (n + 4)
+    p = np.minimum(1.0, p_grp[:, None] * p_col[None, :] / base)
+    expected = float(np.prod(p.reshape(g, -1, fpw)[:, :, fpw - run:], axis=2).sum())
+    return FieldCounts(stored_maxq, stored_zero, top, expected)
+
+
+def check(fields, bits, word_bits):
+    got = field_counts(pack(fields, bits, word_bits, axis=1), bits)
+    want = reference(fields, bits, word_bits)
+    assert (got.stored_maxq, got.stored_zero, got.top_runs) == \
+        (want.stored_maxq, want.stored_zero, want.top_runs)
+    assert got.top_runs_expected == pytest.approx(want.top_runs_expected, rel=1e-9, abs=1e-12)
+
+
+def test_worked_example_of_the_docstring():
+    # fields (low first) 7, F, F, 0, 0, F, 0, F
+    qz = np.array([[0xF0F00FF7]], dtype=np.uint32).view(np.int32)
+    f = field_counts(qz, 4)
+    assert (f.stored_maxq, f.stored_zero, f.top_runs) == (4, 3, 0)
+    # fields 0, 0, 0, 0, F, F, F, F: AutoGPTQ's run of four at the top
+    f = field_counts(np.array([[0xFFFF0000]], dtype=np.uint32).view(np.int32), 4)
+    assert (f.stored_maxq, f.stored_zero, f.top_runs) == (4, 4, 1)
+
+
+@pytest.mark.parametrize(("bits", "word_bits"), COMBOS)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_field_counts_match_the_reference(bits, word_bits, data):
+    vpb = {3: 32}.get(bits, word_bits // bits if word_bits >= bits else 1)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    g = data.draw(st.integers(1, 40))
+    n = vpb * data.draw(st.integers(1, 12))
+    maxq = 2**bits - 1
+    fields = rng.integers(0, maxq + 1, (g, n)).astype(np.uint8)
+    fields[rng.random((g, n)) < data.draw(st.sampled_from([0.0, 0.05, 0.5, 1.0]))] = maxq
+    fields[rng.random((g, n)) < data.draw(st.sampled_from([0.0, 0.1]))] = 0
+    if data.draw(st.booleans()):  # AutoGPTQ's runs in some words
+        fpw = max(1, word_bits // bits)
+        for r, w in zip(rng.integers(0, g, 5), rng.integers(0, n // fpw if bits != 3 else 1, 5)):
+            fields[r, w * fpw + fpw // 2: (w + 1) * fpw] = maxq
+    chunk = data.draw(st.sampled_from([1, 7, 64, detect.FIELD_CHUNK]))
+    saved, detect.FIELD_CHUNK = detect.FIELD_CHUNK, chunk  # several chunks and partial sums
+    try:
+        check(fields, bits, word_bits)
+    finally:
+        detect.FIELD_CHUNK = saved
+
+
+def test_zero_stats_with_field_counts_from_the_words_equals_from_the_fields():
+    """evidence passes only the read groups' fields plus FieldCounts of every field: the
+    statistics must not change."""
+    rng = np.random.default_rng(3)
+    fields = rng.integers(0, 16, (16, 64)).astype(np.uint8)
+    fields[2, 60:64] = 15
+    sums = rng.integers(0, 2000, (16, 64)).astype(np.uint64)
+    counts = np.zeros(16, np.int64)
+    counts[[1, 5, 9]] = 128
+    whole = detect.zero_stats(fields, sums, counts, 4, 32)
+    read = np.flatnonzero(counts)
+    part = detect.zero_stats(fields[read], sums[read], counts[read], 4, 32,
+                             field_counts(pack(fields, 4, 32, axis=1), 4))
+    assert whole == part
+
+
+def verdict(name, complete=False, inconsistent=False, llr=0.0):
+    st = ZeroStats(cells=10, median=0.6, se=1.0)
+    return ModuleVerdict(name, "ambiguous", 0.0, [], st, complete=complete,
+                         inconsistent=inconsistent, llr=llr)
+
+
+def test_sampling_rounds_skip_modules_that_fit_neither_and_stop_at_the_budget(monkeypatch):
+    from gptqfmt.gptq import evidence
+    monkeypatch.setattr(evidence, "SAMPLE_BYTES", 10)
+    monkeypatch.setattr(evidence, "EXTRA_BYTES", 100)
+    reads = []
+
+    def read(i, sample):
+        reads.append((i, sample))
+        return verdict(f"m{i}", inconsistent=(i == 0))
+    det = detect_sequential(read, [10**6] * 3, full=False)
+    assert det.verdict == "ambiguous"
+    first = [(i, 10) for i in range(3)]
+    # module 0 fits neither convention: never read again; 1 and 2 grow 4x a round until
+    # 100 bytes more are spent (40 + 40 in round 2, 160 for module 1 in round 3, then stop)
+    assert reads == first + [(1, 40), (2, 40), (1, 160)]
+
+
+def test_sampling_stops_when_the_pooled_evidence_decides(monkeypatch):
+    from gptqfmt.gptq import evidence
+    monkeypatch.setattr(evidence, "SAMPLE_BYTES", 10)
+    reads = []
+
+    def read(i, sample):
+        reads.append((i, sample))
+        return verdict(f"m{i}", llr=0.0 if sample == 10 else 6.0)
+    det = detect_sequential(read, [10**6] * 2, full=False)
+    assert det.verdict == GPTQ and reads == [(0, 10), (1, 10), (0, 40), (1, 40)]
+
+
+def test_threads_do_not_change_the_answer():
+    from gptqfmt.gptq.checkpoint import open_checkpoint
+    from gptqfmt.gptq.evidence import detect_checkpoint
+    from tests.conftest import CKPT
+    ckpt = open_checkpoint(CKPT / "b8-asym-act-gptq-sharded")
+    one, many = detect_checkpoint(ckpt, jobs=1), detect_checkpoint(ckpt, jobs=4)
+    assert one.to_json() == many.to_json()
+    assert [m.to_json() for m in one.modules] == [m.to_json() for m in many.modules]
