@@ -4,6 +4,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import gptqfmt
 from gptqfmt.gptq.checkpoint import open_checkpoint
@@ -110,3 +112,31 @@ def test_mislabelled_copies_are_detected_not_believed():
 def test_to_json_has_no_nan():
     st = ZeroStats()
     assert all(not (isinstance(v, float) and math.isnan(v)) for v in st.to_json().values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(-3000, 3000), min_size=1, max_size=60),
+       far=st.booleans())
+def test_quartiles_by_counting_equal_quartiles_by_partition(values, far):
+    """zero_stats counts integer numerators when every cell rests on the same number of codes;
+    a wide spread of values takes the partition instead; both must give the same quartiles."""
+    from gptqfmt.gptq.detect import _quartiles, _quartiles_of_integers
+    k = np.array(values + ([10**9] if far else []), dtype=np.int64)
+    assert _quartiles_of_integers(k) == _quartiles(k.astype(np.float64))
+
+
+def test_zero_stats_is_the_same_with_equal_and_unequal_code_counts():
+    """The counting path (equal counts) and the partition path (unequal) on the same cells."""
+    rng = np.random.default_rng(5)
+    stored = rng.integers(0, 16, (8, 64)).astype(np.uint8)
+    sums = (stored.astype(np.int64) + 1) * 32 + rng.integers(-16, 16, (8, 64))
+    counts = np.full(8, 32)
+    equal = zero_stats(stored, sums.astype(np.uint64), counts, 4, 32)
+    # the same means with every count doubled in one group: the partition path
+    sums2, counts2 = sums.copy(), counts.copy()
+    sums2[0] *= 2
+    counts2[0] *= 2
+    unequal = zero_stats(stored, sums2.astype(np.uint64), counts2, 4, 32)
+    assert equal.cells == unequal.cells == int(((stored > 0) & (stored < 15)).sum())
+    assert equal.median == pytest.approx(unequal.median, abs=1e-6)
+    assert equal.spread == pytest.approx(unequal.spread, abs=1e-6)
