@@ -133,7 +133,7 @@ def zero_point_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict,
     else:  # a sample of the codes: only the signatures that the stored fields alone show
         sigs, sig_ev = corruption_signatures(st, m.bits, codes=False) if st else ([], [])
         if v.pooled_runs and "autogptq_sign_extension" not in sigs:  # qzeros alone, pooled
-            sigs, sig_ev = sigs + ["autogptq_sign_extension"], sig_ev + v.evidence[-1:]
+            sigs, sig_ev = sigs + ["autogptq_sign_extension"], sig_ev + [v.pooled_runs]
     if sigs:
         out.append(Finding("GQ405", f"{', '.join(sigs)}: " + "; ".join(sig_ev),
                            file=file_qz, tensor=qz_name, details={"signatures": sigs}))

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 import gptqfmt
 from gptqfmt.gptq.checkpoint import open_checkpoint
-from gptqfmt.gptq.codestats import cell_sums
-from gptqfmt.gptq.detect import AMBIGUOUS, GPTQ, GPTQ_V2, ZeroStats, combine, decide, zero_stats
+from gptqfmt.gptq.codestats import read_cell_sums
+from gptqfmt.gptq.detect import AMBIGUOUS, GPTQ, GPTQ_V2, ModuleVerdict, ZeroStats, combine, decide, \
+    zero_stats
 from gptqfmt.gptq.evidence import detect_checkpoint
 from gptqfmt.gptq.packing import pack
 from tests.conftest import CKPT, GEN, MANIFEST, SPECS
@@ -64,7 +65,7 @@ def test_statistic_alone_decides_a_real_sized_asymmetric_layer(bits, convention)
     # at 8 bits a code step is small next to the spread of group means: it takes more cells
     qw, stored, g_idx, groups = big_layer(bits, convention, seed=bits,
                                           n=4096 if bits == 8 else 512)
-    sums, counts = cell_sums(qw, bits, g_idx, groups)
+    _, sums, counts = read_cell_sums(qw, bits, g_idx, groups)  # every row
     st = zero_stats(stored, sums, counts, bits, 32)
     expect = 1.0 if convention == GPTQ else 0.0
     assert abs(st.median - expect) < 0.35 and st.se < 0.125
@@ -140,3 +141,19 @@ def test_zero_stats_is_the_same_with_equal_and_unequal_code_counts():
     assert equal.cells == unequal.cells == int(((stored > 0) & (stored < 15)).sum())
     assert equal.median == pytest.approx(unequal.median, abs=1e-6)
     assert equal.spread == pytest.approx(unequal.spread, abs=1e-6)
+
+
+def test_pooled_runs_keep_their_evidence_line_when_the_module_is_adopted():
+    """Twelve small modules with 2 AutoGPTQ runs each (too few alone, 24 together): each carries
+    the signature and the line that says why, also when it then takes the checkpoint's
+    convention, which appends a line after it (validate reports the line from here)."""
+    mods = [ModuleVerdict(f"m{i}", AMBIGUOUS, 0.0, [], ZeroStats(
+        cells=100, median=0.9, se=0.05, top_runs=2, top_runs_expected=0.001), llr=2.0)
+        for i in range(12)]
+    det = combine(mods)
+    assert det.verdict == GPTQ
+    for v in det.modules:
+        assert v.signatures == ["autogptq_sign_extension"]
+        assert v.pooled_runs.startswith("2 qzeros words end in a run") and \
+            v.pooled_runs in v.evidence
+        assert v.verdict == GPTQ and v.evidence[-1] != v.pooled_runs  # adopted after it

@@ -63,17 +63,6 @@ def rows_per_group(bits: int, word_bits: int, group_size: int, in_features: int)
     return gs // vpw
 
 
-def cell_sums(qweight: np.ndarray, bits: int, g_idx: np.ndarray, groups: int,
-              row_blocks: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(sums [G, N] uint64, counts [G] int64) over the packed rows in `row_blocks` (all if None);
-    groups with no row read have count 0."""
-    read, s, c = read_cell_sums(qweight, bits, g_idx, groups, row_blocks)
-    sums = np.zeros((groups, qweight.shape[1]), dtype=np.uint64)
-    counts = np.zeros(groups, dtype=np.int64)
-    sums[read], counts[read] = s, c
-    return sums, counts
-
-
 def read_cell_sums(qweight: np.ndarray, bits: int, g_idx: np.ndarray, groups: int,
                    row_blocks: np.ndarray | None = None
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -83,9 +72,8 @@ def read_cell_sums(qweight: np.ndarray, bits: int, g_idx: np.ndarray, groups: in
 
     `row_blocks` are sorted indices of blocks of packed rows (a block = the words holding whole
     values: 1 row, or 3 rows at 3 bits), so sampling never splits a value. Blocks are taken a
-    chunk at a time (a slice where they are contiguous, a gather where sampled) and each chunk
-    is reduced per group with one `reduceat`, so a sample of scattered rows costs what its
-    bytes cost, not a Python step per row.
+    chunk at a time (a slice where they are contiguous, one gather where sampled), so a sample
+    of scattered rows costs what its bytes cost, not a Python step per row.
     """
     words_bits = qweight.dtype.itemsize * 8
     vpb, wpb = block(bits, words_bits)

@@ -29,6 +29,7 @@ from statistics import NormalDist
 import numpy as np
 
 from .packing import block, constant_words, unpack, unsigned
+from .packing import maxq as code_max
 
 GPTQ, GPTQ_V2, AMBIGUOUS = "gptq", "gptq_v2", "ambiguous"
 MIN_Z = 4.0          # effective standard errors between the median and 0.5 for one module to decide
@@ -100,6 +101,11 @@ class ZeroStats:
     spread: float = math.nan       # robust sigma of mean(code) - stored over interior cells
     codes_per_cell: int = 0        # fewest codes behind one cell's mean (a sample reads few)
 
+    def field_counts(self) -> FieldCounts:
+        """The part that needs no codes (unchanged by reading more rows)."""
+        return FieldCounts(self.stored_maxq, self.stored_zero, self.top_runs,
+                           self.top_runs_expected)
+
     def to_json(self) -> dict:
         out = {}
         for k, v in self.__dict__.items():
@@ -136,7 +142,7 @@ def field_counts(qzeros: np.ndarray, bits: int) -> FieldCounts:
     Its top four fields are 0, F, 0, F: not AutoGPTQ's run (all four at maxq)."""
     w = qzeros.dtype.itemsize * 8
     u = unsigned(np.ascontiguousarray(qzeros))
-    if bits == 3 or w % bits or u.ndim != 2:
+    if w % bits or u.ndim != 2:  # 3 bits: fields straddle words
         return _field_counts_unpacked(stored_fields(qzeros, bits), bits, w)
     # 64-bit superwords: one operation handles 64/W words
     x = u.view(np.uint64) if w < 64 and (u.shape[1] * w) % 64 == 0 else u
@@ -152,7 +158,7 @@ def field_counts(qzeros: np.ndarray, bits: int) -> FieldCounts:
     # the top bit of the run's first field in each word
     run_starts = ut(sum(1 << (i * w + (fpw - run) * bits + bits - 1) for i in range(k) if run))
     g, nx = x.shape
-    per_lane = (1 << bits) - 1     # rows whose 0/1 fields can be summed without a carry
+    per_lane = code_max(bits)      # rows whose 0/1 fields can be summed without a carry
     # chunks of whole partial sums (a partial sum's lanes are taken apart in Python steps)
     rows = max(1, FIELD_CHUNK // max(1, nx))
     rows = rows if rows < per_lane else rows // per_lane * per_lane
@@ -202,7 +208,7 @@ def field_counts(qzeros: np.ndarray, bits: int) -> FieldCounts:
 
 
 def _field_counts_unpacked(s: np.ndarray, bits: int, word_bits: int) -> FieldCounts:
-    maxq = (1 << bits) - 1
+    maxq = code_max(bits)
     at = s == maxq
     stored_maxq = int(np.count_nonzero(at))
     stored_zero = int(np.count_nonzero(s == 0))
@@ -229,7 +235,7 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
     need no codes (stored_maxq, stored_zero, top_runs), which `fields` gives instead when the
     caller has them from the packed words (field_counts): then `stored` may hold only the rows
     whose codes were read."""
-    maxq = (1 << bits) - 1
+    maxq = code_max(bits)
     f = fields or _field_counts_unpacked(stored, bits, word_bits)
     st = ZeroStats(stored_maxq=f.stored_maxq, stored_zero=f.stored_zero, top_runs=f.top_runs,
                    top_runs_expected=f.top_runs_expected)
@@ -383,7 +389,9 @@ class ModuleVerdict:
     llr: float = 0.0        # log-likelihood ratio gptq : gptq_v2 of the statistic (0 without one)
     misfit: float = 0.0     # |median - nearest convention's value| in effective standard errors
     outlier: bool = False   # misfit beyond what the checkpoint's module count explains (warning)
-    pooled_runs: bool = False  # AutoGPTQ's runs found over all modules' qzeros (combine)
+    # the evidence line when AutoGPTQ's runs were found over all modules' qzeros (combine);
+    # later lines may follow it (adoption), so readers take it from here
+    pooled_runs: str = ""
 
     def to_json(self):
         return {"name": self.name, "verdict": self.verdict, "confidence": self.confidence,
@@ -408,7 +416,7 @@ def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
         return ModuleVerdict(name, AMBIGUOUS, 0.0, ["zero points are not one symmetric constant "
                                                     "and no codes were read"])
     sigs, ev = corruption_signatures(st, bits, quantizer)
-    maxq = (1 << bits) - 1
+    maxq = code_max(bits)
     if st.wrapped:
         ev.append(f"{st.wrapped} stored {maxq} fields whose codes say Z = 0 (a wrapped zero; "
                   f"only gptq writers store that)")
@@ -495,7 +503,7 @@ def corruption_signatures(st: ZeroStats, bits: int, quantizer: str | None = None
     top of words): the evidence that does not change when more qweight rows are read."""
     sigs: list[str] = []
     ev: list[str] = []
-    maxq = (1 << bits) - 1
+    maxq = code_max(bits)
     runs = st.top_runs >= 3 and st.top_runs > 10 * st.top_runs_expected + 2
     sign_extension = st.sign_extension if codes else 0
     if sign_extension or runs:
@@ -627,12 +635,13 @@ def _pooled_runs(verdicts: list[ModuleVerdict]) -> list[ModuleVerdict]:
                 st.top_runs < 2 or st.top_runs <= 2 * st.top_runs_expected + 1:
             out.append(v)
             continue
+        line = (f"{st.top_runs} qzeros words end in a run of fields at maxq "
+                f"({st.top_runs_expected:.2g} expected by chance; {top} against "
+                f"{expected:.2g} over the checkpoint): AutoGPTQ 0.7.1 sign extension "
+                "overwrote the fields above a Z = 0")
         out.append(replace(v, signatures=v.signatures + ["autogptq_sign_extension"],
-                           pooled_runs=True, inconsistent=False, outlier=False,
-                           evidence=v.evidence + [
-            f"{st.top_runs} qzeros words end in a run of fields at maxq ({st.top_runs_expected:.2g}"
-            f" expected by chance; {top} against {expected:.2g} over the checkpoint): AutoGPTQ "
-            "0.7.1 sign extension overwrote the fields above a Z = 0"]))
+                           pooled_runs=line, inconsistent=False, outlier=False,
+                           evidence=v.evidence + [line]))
     return out
 
 

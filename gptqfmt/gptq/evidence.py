@@ -85,7 +85,7 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
 
     def read(i: int, sample: int) -> ModuleVerdict:
         v = module_verdict(ckpt, mods[i], full, sample, known.get(i))
-        known[i] = (v.pattern, _fields(v))
+        known[i] = (v.pattern, v.stats.field_counts() if v.stats else None)
         ckpt.store.release(mods[i].tensors.values())
         return v
     pool = ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1)
@@ -123,9 +123,3 @@ def detect_sequential(read, sizes: list[int], full: bool, map_=map) -> Detection
             verdicts[i] = v
         det = combine(verdicts)
     return det
-
-
-def _fields(v: ModuleVerdict) -> FieldCounts | None:
-    st = v.stats
-    return None if st is None else FieldCounts(st.stored_maxq, st.stored_zero, st.top_runs,
-                                               st.top_runs_expected)

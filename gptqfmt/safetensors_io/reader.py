@@ -59,22 +59,19 @@ class SafetensorsFile:
 
     def _map(self):
         with self._lock:
-            return self._map_locked()
-
-    def _map_locked(self):
-        if self._mm is None:
-            try:
-                with open(self.path, "rb") as f:
-                    if os.fstat(f.fileno()).st_size != self.size:
-                        raise FindingError(Finding(
-                            "GQ118", f"changed while being read: {self.size} bytes when its "
-                            f"header was read, {os.fstat(f.fileno()).st_size} now",
-                            file=self.name))
-                    self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            except OSError as e:
-                raise FindingError(Finding("GQ118", f"cannot map: {e.strerror or e}",
-                                           file=self.name)) from None
-        return self._mm
+            if self._mm is None:
+                try:
+                    with open(self.path, "rb") as f:
+                        if os.fstat(f.fileno()).st_size != self.size:
+                            raise FindingError(Finding(
+                                "GQ118", f"changed while being read: {self.size} bytes when "
+                                f"its header was read, {os.fstat(f.fileno()).st_size} now",
+                                file=self.name))
+                        self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                except OSError as e:
+                    raise FindingError(Finding("GQ118", f"cannot map: {e.strerror or e}",
+                                               file=self.name)) from None
+            return self._mm
 
     def release(self):
         """Drop this process's mapped pages (they stay in the page cache): keeps resident memory
