@@ -8,7 +8,7 @@ signal the CLI handles (SIGINT, SIGTERM, SIGHUP) unwinds it as a real one does. 
 
 `n` is the stage's index, counted from 0, for the stages that have one: ``S.T`` for
 ``mid-shard`` (shard S in sorted order, its qzeros tensor T in file order), ``M`` for
-``gate-module``; missing parts are 0. Examples: ``mid-shard:2.1`` kills the process after the
+``gate-module``, ``R`` for ``detect-round`` (0: the first); missing parts are 0. Examples: ``mid-shard:2.1`` kills the process after the
 second qzeros tensor of the third shard has been written; ``before-rename:SIGTERM`` sends SIGTERM
 just before the staging directory becomes DST. The stages are listed in `STAGES`.
 
@@ -37,6 +37,8 @@ STAGES = {
     "gate-module": ("convert: the verify gate has checked module M (0-based)", 1),
     "before-fsync": ("convert: gate passed, before the staging directory is fsynced", 0),
     "before-rename": ("convert: everything fsynced, before the rename to DST", 0),
+    "detect-round": ("inspect (and convert's detection): round R of module reads done, in the "
+                     "parent, its worker processes or threads still running", 1),
     "after-rename": ("convert: DST in place, before its parent directory is fsynced", 0),
 }
 

@@ -43,7 +43,7 @@ import make_calibration as mc  # noqa: E402
 from gptqfmt.gptq import codestats  # noqa: E402
 from gptqfmt.gptq.detect import (AMBIGUOUS, GPTQ, GPTQ_V2, decide, effective_se,  # noqa: E402
                                  symmetric_pattern, zero_stats)
-from gptqfmt.gptq.evidence import SAMPLE_BYTES, detect_sequential  # noqa: E402
+from gptqfmt.gptq.evidence import SAMPLE_BYTES, PerModule, detect_sequential  # noqa: E402
 from gptqfmt.gptq.packing import block  # noqa: E402
 
 BITS = (2, 3, 4, 8)
@@ -72,7 +72,8 @@ def verdict(m: mc.ModuleData, sample: int | None):
 
 def detect(mods: list[mc.ModuleData], full: bool):
     sizes = [m.codes.size * m.bits // 8 for m in mods]
-    return detect_sequential(lambda i, s: verdict(mods[i], None if full else s), sizes, full)
+    return detect_sequential(PerModule(lambda i, s: verdict(mods[i], None if full else s)),
+                             sizes, full)
 
 
 def alarms(det, truth: str) -> list[str]:

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from gptqfmt.gptq import detect
 from gptqfmt.gptq.detect import GPTQ, FieldCounts, ModuleVerdict, ZeroStats, field_counts
-from gptqfmt.gptq.evidence import detect_sequential
+from gptqfmt.gptq.evidence import PerModule, detect_sequential
 from gptqfmt.gptq.packing import pack
 
 COMBOS = [(b, w) for b in (2, 3, 4, 8) for w in (8, 16, 32, 64) if b != 3 or w == 32]
@@ -34,11 +34,21 @@ def reference(fields: np.ndarray, bits: int, word_bits: int) -> FieldCounts:
 
 
 def check(fields, bits, word_bits):
-    got = field_counts(pack(fields, bits, word_bits, axis=1), bits)
+    packed = pack(fields, bits, word_bits, axis=1)
+    got = field_counts(packed, bits, chance=True)
     want = reference(fields, bits, word_bits)
     assert (got.stored_maxq, got.stored_zero, got.top_runs) == \
         (want.stored_maxq, want.stored_zero, want.top_runs)
     assert got.top_runs_expected == pytest.approx(want.top_runs_expected, rel=1e-9, abs=1e-12)
+    # inspect's cheaper call: the same runs, no field counts, chance only with 2 runs or more
+    lazy = field_counts(packed, bits, counts=False)
+    assert (lazy.stored_maxq, lazy.stored_zero, lazy.top_runs) == (None, None, want.top_runs)
+    if bits == 3 or word_bits == bits:  # no runs to count: nothing left out
+        assert lazy.top_runs_expected == got.top_runs_expected
+    elif want.top_runs >= detect.RUNS_CHANCE_MIN:
+        assert lazy.top_runs_expected == got.top_runs_expected
+    else:
+        assert lazy.top_runs_expected is None
 
 
 def test_worked_example_of_the_docstring():
@@ -87,7 +97,7 @@ def test_zero_stats_with_field_counts_from_the_words_equals_from_the_fields():
     whole = detect.zero_stats(fields, sums, counts, 4, 32)
     read = np.flatnonzero(counts)
     part = detect.zero_stats(fields[read], sums[read], counts[read], 4, 32,
-                             field_counts(pack(fields, 4, 32, axis=1), 4))
+                             field_counts(pack(fields, 4, 32, axis=1), 4, chance=True))
     assert whole == part
 
 
@@ -106,7 +116,7 @@ def test_sampling_rounds_skip_modules_that_fit_neither_and_stop_at_the_budget(mo
     def read(i, sample):
         reads.append((i, sample))
         return verdict(f"m{i}", inconsistent=(i == 0))
-    det = detect_sequential(read, [10**6] * 3, full=False)
+    det = detect_sequential(PerModule(read), [10**6] * 3, full=False)
     assert det.verdict == "ambiguous"
     first = [(i, 10) for i in range(3)]
     # module 0 fits neither convention: never read again; 1 and 2 grow 4x a round until
@@ -122,7 +132,7 @@ def test_sampling_stops_when_the_pooled_evidence_decides(monkeypatch):
     def read(i, sample):
         reads.append((i, sample))
         return verdict(f"m{i}", llr=0.0 if sample == 10 else 6.0)
-    det = detect_sequential(read, [10**6] * 2, full=False)
+    det = detect_sequential(PerModule(read), [10**6] * 2, full=False)
     assert det.verdict == GPTQ and reads == [(0, 10), (1, 10), (0, 40), (1, 40)]
 
 
@@ -134,3 +144,84 @@ def test_threads_do_not_change_the_answer():
     one, many = detect_checkpoint(ckpt, jobs=1), detect_checkpoint(ckpt, jobs=4)
     assert one.to_json() == many.to_json()
     assert [m.to_json() for m in one.modules] == [m.to_json() for m in many.modules]
+
+
+def with_runs(name, top, expected=None):
+    st = ZeroStats(cells=10, median=0.9, se=0.05, top_runs=top, top_runs_expected=expected)
+    return ModuleVerdict(name, "ambiguous", 0.0, [], st, llr=2.0)
+
+
+def test_pooled_runs_fill_in_the_chance_they_need():
+    """inspect computes a module's runs by chance only when it has 2 runs or more; once the
+    checkpoint's runs reach 10, the pooled test needs every module's, and asks for those left
+    out (and only then)."""
+    asked = []
+
+    def chance(i):
+        asked.append(i)
+        return 0.001
+    tops = [2, 2, 2, 2, 1, 1, 0]           # 10 runs: the pooled test runs
+    mods = [with_runs(f"m{i}", t, 0.001 if t >= detect.RUNS_CHANCE_MIN else None)
+            for i, t in enumerate(tops)]
+    det = detect_sequential(PerModule(lambda i, s: mods[i], chance), [10] * len(mods), full=True)
+    assert asked == [4, 5, 6]
+    assert all(v.stats.top_runs_expected == 0.001 for v in det.modules)
+    assert [v.signatures for v in det.modules] == [["autogptq_sign_extension"]] * 4 + [[]] * 3
+    asked.clear()
+    few = mods[2:]                          # 6 runs: no pooled test, nothing to read
+    det = detect_sequential(PerModule(lambda i, s: few[i], chance), [10] * len(few), full=True)
+    assert asked == [] and det.modules[-1].stats.top_runs_expected is None
+
+
+def test_combine_refuses_pooled_runs_without_every_chance():
+    mods = [with_runs(f"m{i}", 2, 0.001) for i in range(5)] + [with_runs("m5", 0)]
+    assert detect.runs_chance_missing(mods) == [5]
+    with pytest.raises(ValueError, match="runs_chance_missing"):
+        detect.combine(mods)
+    filled = detect.with_runs_chance(mods[5], 0.25)
+    assert filled.stats.top_runs_expected == 0.25 and mods[5].stats.top_runs_expected is None
+    assert detect.combine(mods[:5] + [filled]).verdict == GPTQ
+
+
+def test_inspect_reads_every_modules_chance_when_the_pooled_test_needs_it(monkeypatch):
+    """The I/O side of the fill: with the pooled test always on, inspect of AutoGPTQ's fixture
+    gives every module its runs by chance, and the verdicts of the eager computation."""
+    from gptqfmt.gptq.checkpoint import open_checkpoint
+    from gptqfmt.gptq.evidence import detect_checkpoint
+    from tests.conftest import CKPT
+    path = CKPT / "autogptq-b4-asym-gptq"
+    monkeypatch.setattr(detect, "POOLED_RUNS_MIN", 0)
+    lazy = detect_checkpoint(open_checkpoint(path), jobs=1)
+    assert all(v.stats.top_runs_expected is not None for v in lazy.modules if v.stats)
+    monkeypatch.setattr(detect, "RUNS_CHANCE_MIN", 0)
+    eager = detect_checkpoint(open_checkpoint(path), jobs=1)
+    assert [v.to_json() for v in lazy.modules] == [v.to_json() for v in eager.modules]
+
+
+def verdicts_without_stats(det):
+    return det.to_json(), [{k: v for k, v in m.to_json().items() if k != "stats"}
+                           for m in det.modules]
+
+
+def test_leaving_out_the_chance_changes_no_verdict(monkeypatch):
+    """Every shipped fixture: inspect's lazy runs by chance gives the verdicts, evidence and
+    signatures that computing it for every module gives."""
+    from gptqfmt.gptq.checkpoint import open_checkpoint
+    from gptqfmt.gptq.evidence import detect_checkpoint
+    from tests.conftest import CKPT
+    lazy = {}
+    paths = sorted(p for p in CKPT.iterdir() if (p / "quantize_config.json").exists()
+                   or (p / "config.json").exists())
+    assert len(paths) > 50
+    for p in paths:
+        try:
+            lazy[p.name] = verdicts_without_stats(detect_checkpoint(open_checkpoint(p), jobs=1))
+        except Exception as e:  # invalid fixtures refuse to open, the same way both times
+            lazy[p.name] = type(e).__name__
+    monkeypatch.setattr(detect, "RUNS_CHANCE_MIN", 0)
+    for p in paths:
+        try:
+            eager = verdicts_without_stats(detect_checkpoint(open_checkpoint(p), jobs=1))
+        except Exception as e:
+            eager = type(e).__name__
+        assert lazy[p.name] == eager, p.name

@@ -114,3 +114,19 @@ def test_unpack_reads_random_words_like_reference(bits, word_bits):
 def test_errors_name_the_numbers(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize(("bits", "word_bits"), [c for c in COMBOS if c[0] != 3])
+def test_byte_path_and_word_path_agree(bits, word_bits):
+    """unpack reads 2/4/8-bit fields from the words' bytes along the last axis and along axis 0
+    of a matrix, and shifts whole words otherwise (here: axis 0 of a 3-d array)."""
+    rng = np.random.default_rng(bits + word_bits)
+    u = rng.integers(0, 2**word_bits, size=(5, 7), dtype=np.dtype(f"uint{word_bits}"))
+    words = u.view(np.dtype(f"int{word_bits}"))
+    assert np.array_equal(unpack(words, bits, axis=0), unpack(words[:, None], bits, axis=0)[:, 0])
+    assert np.array_equal(unpack(words, bits, axis=1),
+                          unpack(words.T[:, None], bits, axis=0)[:, 0].T)
+    assert np.array_equal(unpack(words[0], bits, axis=0), unpack(words, bits, axis=1)[0])
+    # a non-contiguous view reads the same as its copy
+    assert np.array_equal(unpack(words[:, ::2], bits, axis=1),
+                          unpack(words[:, ::2].copy(), bits, axis=1))

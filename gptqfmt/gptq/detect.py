@@ -82,18 +82,22 @@ class ZeroStats:
     """What the codes say about one module's stored zero points.
 
     stored_maxq, stored_zero and top_runs need no codes: they count every field of qzeros, so
-    inspect (a sample of codes) and verify (all codes) agree on them. The rest are over the cells
-    whose codes were read."""
+    inspect (a sample of codes) and verify (all codes) agree on them (inspect leaves the first
+    two None on modules it samples: no finding it reports there needs them). The rest are over
+    the cells whose codes were read."""
     cells: int = 0                 # interior cells in the statistic
     median: float = math.nan       # median of mean(code) - stored over interior cells
     se: float = math.inf           # its standard error
-    stored_maxq: int = 0           # fields stored as maxq (all of qzeros)
-    stored_zero: int = 0           # fields stored as 0 (all of qzeros)
+    # fields stored as maxq, and as 0 (all of qzeros; None where inspect did not count them)
+    stored_maxq: int | None = 0
+    stored_zero: int | None = 0
     wrapped: int = 0               # stored maxq, codes say Z = 0
     maxq_consistent: int = 0       # stored maxq, codes say Z = maxq
     sign_extension: int = 0        # words with AutoGPTQ's sign-extension signature
     top_runs: int = 0              # words whose top fields are all maxq (all of qzeros)
-    top_runs_expected: float = 0.0  # the same count by chance (group and column rates)
+    # the same count by chance (group and column rates); None where not computed (a module with
+    # fewer than RUNS_CHANCE_MIN runs needs it only for the pooled test: runs_chance_missing)
+    top_runs_expected: float | None = 0.0
     borrow_offset: float = math.nan  # median offset of fields right after a wrapped one
     borrow_cells: int = 0
     borrow_se: float = math.inf
@@ -118,20 +122,26 @@ class ZeroStats:
 class FieldCounts:
     """What every field of qzeros shows without any code: the part of ZeroStats that does not
     change when more qweight rows are read."""
-    stored_maxq: int = 0
-    stored_zero: int = 0
+    stored_maxq: int | None = 0   # None: not counted (field_counts(counts=False))
+    stored_zero: int | None = 0
     top_runs: int = 0
-    top_runs_expected: float = 0.0
+    top_runs_expected: float | None = 0.0   # None: not computed (see ZeroStats)
 
 
 FIELD_CHUNK = 1 << 15  # superwords per chunk of field_counts (temporaries stay in cache)
+# A module's own runs signature needs 3 runs and adoption of the pooled one 2: below that its
+# runs-by-chance matters only to the pooled test, which reads it when the checkpoint's runs
+# reach POOLED_RUNS_MIN (the column counts behind it cost twice the rest of field_counts).
+RUNS_CHANCE_MIN = 2
+POOLED_RUNS_MIN = 10
 
 
-def field_counts(qzeros: np.ndarray, bits: int) -> FieldCounts:
+def field_counts(qzeros: np.ndarray, bits: int, chance: bool | None = None,
+                 counts: bool = True) -> FieldCounts:
     """FieldCounts of packed qzeros [G, N*bits/W], straight from the words (2/4/8 bits: fields
-    never straddle a word): some fifteen in-place integer operations per 64 bits of qzeros
-    instead of unpacking every field, a chunk of rows at a time. Same answer as `zero_stats`
-    computes from the unpacked fields (tests/test_detect.py holds the two against each other).
+    never straddle a word): a few in-place integer operations per 64 bits of qzeros instead of
+    unpacking every field, a chunk of rows at a time. Same answer as `zero_stats` computes from
+    the unpacked fields (tests/test_field_counts.py holds the two against each other).
 
     A field is maxq when adding 1 to its low bits carries into its top bit and that bit is set;
     it is not 0 when adding maxq/2 to its low bits carries or its top bit is set; neither sum
@@ -139,58 +149,116 @@ def field_counts(qzeros: np.ndarray, bits: int) -> FieldCounts:
     fields (low first) 7, F, F, 0, 0, F, 0, F, and x & 0x77777777 = 0x70700777.
     ((0x70700777 + 0x11111111) & x & 0x88888888 = 0x80800880: 4 fields at maxq (1, 2, 5, 7);
     ((0x70700777 + 0x77777777) | x) & 0x88888888 = 0x80880888: 5 fields not 0, so 3 at 0.
-    Its top four fields are 0, F, 0, F: not AutoGPTQ's run (all four at maxq)."""
+    Its top four fields are 0, F, 0, F (top 16 bits 0xF0F0, not 0xFFFF): not AutoGPTQ's run.
+
+    `counts`: count the maxq and 0 fields (False leaves them None: inspect's verdicts do not
+    need them, and they are most of the cost). `chance`: compute top_runs_expected (True),
+    leave it None (False), or compute it only when the module has RUNS_CHANCE_MIN runs or more
+    (None)."""
     w = qzeros.dtype.itemsize * 8
     u = unsigned(np.ascontiguousarray(qzeros))
     if w % bits or u.ndim != 2:  # 3 bits: fields straddle words
-        return _field_counts_unpacked(stored_fields(qzeros, bits), bits, w)
-    # 64-bit superwords: one operation handles 64/W words
-    x = u.view(np.uint64) if w < 64 and (u.shape[1] * w) % 64 == 0 else u
-    ut = x.dtype.type
-    sw = x.dtype.itemsize * 8
-    k, fpw = sw // w, w // bits
+        f = _field_counts_unpacked(stored_fields(qzeros, bits), bits, w)
+        return f if counts else replace(f, stored_maxq=None, stored_zero=None)
+    fpw = w // bits
     run = _run_length(fpw) if fpw >= 2 else 0
+    top = _top_runs(u, bits, run) if run else 0
+    stored_maxq, stored_zero = _maxq_zero_counts(u, bits) if counts else (None, None)
+    if not run or stored_maxq == 0:
+        expected: float | None = 0.0
+    elif chance is False or (chance is None and top < RUNS_CHANCE_MIN):
+        expected = None
+    else:
+        grp, cols = _maxq_by_group_and_run_column(u, bits, run)
+        expected = _runs_expected(grp, cols, grp.shape[0], u.shape[1] * fpw, run) \
+            if grp.any() else 0.0
+    return FieldCounts(stored_maxq, stored_zero, top, expected)
 
-    def every_field(value: int):
-        return ut(sum(value << (j * bits) for j in range(sw // bits)))
-    low, one, half, top_bit = (every_field(v) for v in (
-        (1 << (bits - 1)) - 1, 1, (1 << (bits - 1)) - 1, 1 << (bits - 1)))
-    # the top bit of the run's first field in each word
-    run_starts = ut(sum(1 << (i * w + (fpw - run) * bits + bits - 1) for i in range(k) if run))
-    g, nx = x.shape
-    per_lane = code_max(bits)      # rows whose 0/1 fields can be summed without a carry
-    # chunks of whole partial sums (a partial sum's lanes are taken apart in Python steps)
+
+def _superwords(u: np.ndarray) -> np.ndarray:
+    """Unsigned words [G, n] as 64-bit superwords where rows allow: one operation then handles
+    64/W words."""
+    w = u.dtype.itemsize * 8
+    return u.view(np.uint64) if w < 64 and (u.shape[1] * w) % 64 == 0 else u
+
+
+def _every_field(value: int, bits: int, ut) -> np.unsignedinteger:
+    """`value` repeated in every `bits`-wide field of an unsigned integer of type `ut`."""
+    return ut(sum(value << j for j in range(0, np.dtype(ut).itemsize * 8, bits)))
+
+
+def _chunk_rows(g: int, nx: int, multiple: int = 1) -> int:
+    """Rows per chunk of FIELD_CHUNK superwords (at least one; a multiple of `multiple` when
+    there are that many)."""
     rows = max(1, FIELD_CHUNK // max(1, nx))
-    rows = rows if rows < per_lane else rows // per_lane * per_lane
+    return rows if rows < multiple else rows // multiple * multiple
+
+
+def _maxq_bits(xs, a, t, low, one, top_bit) -> None:
+    """Each field's top bit in `a`: set where the field is maxq; `t` keeps the low bits."""
+    np.bitwise_and(xs, low, out=t)
+    np.add(t, one, out=a)
+    np.bitwise_and(a, xs, out=a)
+    np.bitwise_and(a, top_bit, out=a)
+
+
+def _maxq_zero_counts(u: np.ndarray, bits: int) -> tuple[int, int]:
+    """(fields at maxq, fields at 0) of unsigned words u [G, n] (see field_counts)."""
+    x = _superwords(u)
+    ut = x.dtype.type
+    low, one, top_bit = (_every_field(v, bits, ut) for v in (
+        (1 << (bits - 1)) - 1, 1, 1 << (bits - 1)))
+    g, nx = x.shape
+    rows = _chunk_rows(g, nx)
     at, tmp, nz = (np.empty((min(rows, g), nx), ut) for _ in range(3))
     cnt = np.empty((min(rows, g), nx), np.uint8)
-    grp = np.empty(g, np.int64)
-    nonzero = top = 0
-    cols = np.zeros((nx, k, max(run, 1)), np.uint64)
+    maxq_fields = nonzero = 0
     for r0 in range(0, g, rows):
         xs = x[r0:r0 + rows]
         n = len(xs)
         a, t, o, c = at[:n], tmp[:n], nz[:n], cnt[:n]
-        np.bitwise_and(xs, low, out=t)
-        np.add(t, one, out=a)
-        np.bitwise_and(a, xs, out=a)
-        np.bitwise_and(a, top_bit, out=a)        # a field's top bit: the field is maxq
-        np.add(t, half, out=o)
+        _maxq_bits(xs, a, t, low, one, top_bit)
+        np.add(t, low, out=o)                    # low = maxq/2 in every field
         np.bitwise_or(o, xs, out=o)
         np.bitwise_and(o, top_bit, out=o)        # a field's top bit: the field is not 0
-        grp[r0:r0 + n] = np.add.reduce(np.bitwise_count(a, out=c), axis=1, dtype=np.uint32)
+        maxq_fields += int(np.add.reduce(np.bitwise_count(a, out=c), axis=None, dtype=np.uint64))
         nonzero += int(np.add.reduce(np.bitwise_count(o, out=c), axis=None, dtype=np.uint64))
-        if not run:
-            continue
-        # the run's first field keeps its bit only if the run's fields are all maxq
-        np.copyto(t, a)
-        span = 1
-        while span < run:
-            np.right_shift(t, ut(span * bits), out=o)
-            np.bitwise_and(t, o, out=t)
-            span *= 2
-        np.bitwise_and(t, run_starts, out=t)
-        top += int(np.add.reduce(np.bitwise_count(t, out=c), axis=None, dtype=np.uint64))
+    return maxq_fields, u.size * (u.dtype.itemsize * 8 // bits) - nonzero
+
+
+def _top_runs(u: np.ndarray, bits: int, run: int) -> int:
+    """Words of u [G, n] whose top `run` fields are all maxq: their top r = run*bits bits all
+    set, which for an unsigned word is word >= 2^W - 2^(W-r) (4-bit int32: >= 0xFFFF0000), one
+    comparison per word."""
+    w = u.dtype.itemsize * 8
+    r = run * bits
+    return int(np.count_nonzero(u >= u.dtype.type((1 << w) - (1 << (w - r)))))
+
+
+def _maxq_by_group_and_run_column(u: np.ndarray, bits: int, run: int
+                                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(maxq fields of each group [G], groups storing maxq at each of the run's fields of each
+    word [n words, run]) of unsigned words u [G, n]: the rates behind the runs by chance."""
+    x = _superwords(u)
+    ut = x.dtype.type
+    w, sw = u.dtype.itemsize * 8, x.dtype.itemsize * 8
+    k, fpw = sw // w, w // bits
+    low, one, top_bit = (_every_field(v, bits, ut) for v in (
+        (1 << (bits - 1)) - 1, 1, 1 << (bits - 1)))
+    g, nx = x.shape
+    per_lane = code_max(bits)      # rows whose 0/1 fields can be summed without a carry
+    # chunks of whole partial sums (a partial sum's lanes are taken apart in Python steps)
+    rows = _chunk_rows(g, nx, per_lane)
+    at, tmp = (np.empty((min(rows, g), nx), ut) for _ in range(2))
+    cnt = np.empty((min(rows, g), nx), np.uint8)
+    grp = np.empty(g, np.int64)
+    cols = np.zeros((nx, k, run), np.uint64)
+    for r0 in range(0, g, rows):
+        xs = x[r0:r0 + rows]
+        n = len(xs)
+        a, t, c = at[:n], tmp[:n], cnt[:n]
+        _maxq_bits(xs, a, t, low, one, top_bit)
+        grp[r0:r0 + n] = np.add.reduce(np.bitwise_count(a, out=c), axis=1, dtype=np.uint32)
         np.right_shift(a, ut(bits - 1), out=a)   # 0/1 in each field's low bit
         for p0 in range(0, n, per_lane):          # column counts at the run's fields
             lane_sums = np.add.reduce(a[p0:p0 + per_lane], axis=0)
@@ -198,13 +266,7 @@ def field_counts(qzeros: np.ndarray, bits: int) -> FieldCounts:
                 for jj in range(run):
                     cols[:, i, jj] += (lane_sums >> ut(i * w + (fpw - run + jj) * bits)) & \
                         ut(per_lane)
-    stored_maxq = int(grp.sum())
-    stored_zero = g * nx * (sw // bits) - nonzero
-    if not stored_maxq or not run:
-        return FieldCounts(stored_maxq, stored_zero)
-    return FieldCounts(stored_maxq, stored_zero, top,
-                       _runs_expected(grp, cols.reshape(-1, run).astype(np.int64), g,
-                                      nx * k * fpw, run))
+    return grp, cols.reshape(-1, run).astype(np.int64)
 
 
 def _field_counts_unpacked(s: np.ndarray, bits: int, word_bits: int) -> FieldCounts:
@@ -245,18 +307,21 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
     if not have.all():
         stored, sums, counts = stored[have], sums[have], counts[have]
     st.codes_per_cell = int(counts.min())
-    m = sums.astype(np.float32) / counts[:, None].astype(np.float32)
-    d = m - stored
     interior = (stored > 0) & (stored < maxq)
     cells = int(np.count_nonzero(interior))
+    equal = counts.min() == counts.max()
+    d = None  # mean(code) - stored per cell, float32: built only where needed (it is the cost)
+    if not equal or bits == 3:
+        d = sums.astype(np.float32) / counts[:, None].astype(np.float32) - stored
     if cells:
-        c = int(counts[0])
-        if counts.min() == counts.max():
+        if equal:
             # every cell's mean rests on c codes: mean - stored = k / c with k an integer, so
             # the quartiles come from counting the k (linear, exact) instead of a partition
-            k = sums.astype(np.int64)
-            k -= stored.astype(np.int64) * c
-            q1, med, q3 = (v / c for v in _quartiles_of_integers(k[interior]))
+            c = int(counts[0])
+            k = sums[interior].astype(np.int64, copy=False)
+            k -= np.multiply(stored[interior], c, dtype=np.int64)
+            # k lies in [-maxq * c, maxq * c]: the counting needs no min or max pass
+            q1, med, q3 = (v / c for v in _quartiles_of_integers(k, -maxq * c, maxq * c))
         else:
             q1, med, q3 = _quartiles(d[interior])
         st.cells, st.median = cells, med
@@ -264,22 +329,28 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
         st.se = 1.2533 * max(st.spread, 1e-3) / math.sqrt(cells)
     at_max = stored == maxq
     if at_max.any():
-        low = m < maxq / 2
-        st.wrapped = int(np.count_nonzero(at_max & low))
-        st.maxq_consistent = int(np.count_nonzero(at_max & ~low))
+        rows, cols = np.divmod(np.flatnonzero(at_max), stored.shape[1])
+        # mean(code) < maxq / 2, in integers: 2 * sum < maxq * count
+        low = 2 * sums[rows, cols].astype(np.int64) < maxq * counts[rows]
+        st.wrapped = int(np.count_nonzero(low))
+        st.maxq_consistent = len(low) - st.wrapped
         if bits >= 4 and st.wrapped:  # at 2 bits a code step is too coarse to tell
-            _word_signatures(st, stored, m, d, at_max, low, bits, word_bits, maxq)
+            _word_signatures(st, stored, sums, counts, rows[low], cols[low], bits, word_bits,
+                             maxq)
     if bits == 3:
         st.position_spread = _position_spread(d, interior, bits, word_bits)
     return st
 
 
-def _quartiles_of_integers(k: np.ndarray) -> tuple[float, float, float]:
+def _quartiles_of_integers(k: np.ndarray, lo: int | None = None, hi: int | None = None
+                           ) -> tuple[float, float, float]:
     """What _quartiles gives (nearest rank; the median of an even count is the mean of the two
     middle values), for integers, by counting them: one pass, no sort. Falls back to a
-    partition when the values spread far wider than their number (counting would cost more)."""
+    partition when the values spread far wider than their number (counting would cost more).
+    `lo` and `hi` bound the values where the caller knows them (else they are measured)."""
     n = k.size
-    lo, hi = int(k.min()), int(k.max())
+    if lo is None or hi is None or hi - lo > 4 * n + 4096:
+        lo, hi = int(k.min()), int(k.max())
     if hi - lo > 4 * n + 4096:
         return _quartiles(k.astype(np.float64))
     cum = np.cumsum(np.bincount(k - lo, minlength=hi - lo + 1))
@@ -322,17 +393,24 @@ def _runs_expected(grp: np.ndarray, cols: np.ndarray, g: int, n: int, run: int) 
     return expected
 
 
-def _word_signatures(st, s, m, d, at_max, low, bits, word_bits, maxq):
+def _word_signatures(st, s, sums, counts, wrapped_rows, wrapped_cols, bits, word_bits, maxq):
     """AutoGPTQ sign extension and GPTQModel borrow, on the qzeros words that hold a wrapped
-    zero (2/4/8 bits: a word holds W/bits whole fields)."""
+    zero (2/4/8 bits: a word holds W/bits whole fields): `s` [G, N] stored fields, `sums` and
+    `counts` their codes, the wrapped fields at (wrapped_rows, wrapped_cols)."""
     fpw = word_bits // bits
     if s.shape[1] % fpw:
         return
-    shape = (-1, fpw)
-    at_max, low, m, d, s = (a.reshape(shape) for a in (at_max, low, m, d, s))
+    # the words (rows of fpw fields) that hold a wrapped zero; means only of their cells
+    per_row = s.shape[1] // fpw
+    words = np.unique(wrapped_rows * per_row + wrapped_cols // fpw)
+    s = s.reshape(-1, fpw)[words]
+    sw = sums.reshape(-1, fpw)[words]
+    cw = counts[words // per_row, None]
+    m = sw.astype(np.float32) / cw.astype(np.float32)
+    d = m - s
+    at_max = s == maxq
+    low = 2 * sw.astype(np.int64) < maxq * cw   # as zero_stats counts them
     wrapped = at_max & low
-    words = np.flatnonzero(wrapped.any(axis=1))
-    at_max, low, m, d, s, wrapped = (a[words] for a in (at_max, low, m, d, s, wrapped))
     # all fields from j to the top of the word are maxq
     top_run = np.logical_and.accumulate(at_max[:, ::-1], axis=1)[:, ::-1]
     impossible = at_max & (m > 0.3 * maxq) & (m < 0.7 * maxq)  # neither Z = 0 nor Z = 2^bits
@@ -625,8 +703,13 @@ def _pooled_runs(verdicts: list[ModuleVerdict]) -> list[ModuleVerdict]:
     reports it as verify does.)"""
     stats = [v.stats for v in verdicts if v.stats is not None]
     top = sum(st.top_runs for st in stats)
+    if top < POOLED_RUNS_MIN:
+        return verdicts
+    if any(st.top_runs_expected is None for st in stats):
+        raise ValueError("the pooled runs test needs every module's runs by chance: fill in "
+                         "runs_chance_missing(verdicts) before combine")
     expected = sum(st.top_runs_expected for st in stats)
-    if top < 10 or top < 3 * expected or _poisson_tail(top, expected) >= 1e-9:
+    if top < 3 * expected or _poisson_tail(top, expected) >= 1e-9:
         return verdicts
     out = []
     for v in verdicts:
@@ -643,6 +726,23 @@ def _pooled_runs(verdicts: list[ModuleVerdict]) -> list[ModuleVerdict]:
                            pooled_runs=line, inconsistent=False, outlier=False,
                            evidence=v.evidence + [line]))
     return out
+
+
+def runs_chance_missing(verdicts: list[ModuleVerdict]) -> list[int]:
+    """Indices of the modules whose runs by chance the pooled runs test needs and field_counts
+    left out (chance=None): every such module once the checkpoint's runs reach POOLED_RUNS_MIN,
+    else none. Fill them in with with_runs_chance before combine."""
+    stats = [v.stats for v in verdicts]
+    if sum(st.top_runs for st in stats if st is not None) < POOLED_RUNS_MIN:
+        return []
+    return [i for i, st in enumerate(stats) if st is not None and st.top_runs_expected is None]
+
+
+def with_runs_chance(v: ModuleVerdict, expected: float) -> ModuleVerdict:
+    """`v` with its runs by chance filled in (a module whose own runs fell below
+    RUNS_CHANCE_MIN: its verdict does not depend on it)."""
+    assert v.stats is not None
+    return replace(v, stats=replace(v.stats, top_runs_expected=expected))
 
 
 def _poisson_tail(k: int, mean: float) -> float:

@@ -52,6 +52,10 @@ def unpack(words: np.ndarray, bits: int, axis: int = 0) -> np.ndarray:
     if words.dtype.kind not in "iu":
         raise ValueError(f"packed words must be integers; got {words.dtype}")
     vpb, wpb = block(bits, word_bits)
+    axis %= max(1, words.ndim)
+    if bits != 3 and np.little_endian and words.dtype.isnative and words.ndim >= 1 and \
+            (axis == words.ndim - 1 or (axis == 0 and words.ndim == 2)):
+        return _unpack_bytes(np.ascontiguousarray(words), bits, axis)
     u = np.moveaxis(words.view(_UNSIGNED[word_bits]), axis, 0)
     nw, rest = u.shape[0], u.shape[1:]
     if nw % wpb:
@@ -67,6 +71,31 @@ def unpack(words: np.ndarray, bits: int, axis: int = 0) -> np.ndarray:
             v = v | (blocks[:, i + 1] << _UNSIGNED[word_bits](word_bits - off))
         out[:, k] = v & mask
     return np.moveaxis(out.reshape(nw // wpb * vpb, *rest), 0, axis)
+
+
+def _unpack_bytes(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """unpack for 2/4/8 bits on little-endian words, packed along the last axis or along axis 0
+    of a matrix: the words' bytes are the bit stream in order, so field k of a word is bits
+    (k % (8/bits)) * bits of its byte k // (8/bits), and every shift runs on bytes.
+    Worked example, 4-bit int32 0x88888F30 (bytes 30 8F 88 88): low nibbles 0, F, 8, 8 and high
+    nibbles 3, 8, 8, 8 interleave to fields 0, 3, 15, 8, 8, 8, 8, 8."""
+    per_byte, nbytes = 8 // bits, words.dtype.itemsize
+    mask = np.uint8(maxq(bits))
+    b = words.view(np.uint8)
+    if axis == words.ndim - 1:  # [..., n words] -> [..., n * W/bits]
+        if bits == 8:
+            return b.copy()
+        out = np.empty(b.shape[:-1] + (b.shape[-1] * per_byte,), dtype=np.uint8)
+        for j in range(per_byte):
+            np.bitwise_and(b >> np.uint8(j * bits), mask, out=out[..., j::per_byte])
+        return out
+    nw, n = words.shape        # [nw, n] words along axis 0 -> [nw * W/bits, n]
+    b = b.reshape(nw, n, nbytes)
+    out = np.empty((nw, nbytes, per_byte, n), dtype=np.uint8)
+    for i in range(nbytes):
+        for j in range(per_byte):
+            np.bitwise_and(b[:, :, i] >> np.uint8(j * bits), mask, out=out[:, i, j])
+    return out.reshape(nw * nbytes * per_byte, n)
 
 
 def pack(codes: np.ndarray, bits: int, word_bits: int = 32, axis: int = 0) -> np.ndarray:
