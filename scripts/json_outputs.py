@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""The JSON documents of inspect, verify and convert on every shipped fixture, as one file: a
+record to diff a refactoring against (a redesign must leave every byte of them unchanged).
+
+For each directory under fixtures/ckpt, fixtures/invalid and fixtures/hostile it runs, in
+process: `inspect --format json`, `verify --format json`, `convert SRC DST --to T --format json`
+into a temporary DST with T each convention, and `verify DST --against SRC --format json` where
+the conversion succeeded. It keeps each command's exit code and stdout, with two things that
+differ from run to run replaced: the temporary directory (<TMP>) and the tool's version.
+
+    python3 scripts/json_outputs.py --write OUT.json    # record
+    python3 scripts/json_outputs.py --check OUT.json    # exit 1 and name what differs
+
+tests/test_json_outputs.py checks the record committed in tests/golden/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from click.testing import CliRunner  # noqa: E402
+
+from gptqfmt.cli import main  # noqa: E402
+from gptqfmt.version import __version__  # noqa: E402
+
+KINDS = ("ckpt", "invalid", "hostile")
+CONVENTIONS = ("gptq", "gptq_v2")
+
+
+def fixture_dirs(root: Path = ROOT / "fixtures") -> list[Path]:
+    return sorted(p for kind in KINDS for p in (root / kind).iterdir() if p.is_dir())
+
+
+def run(args: list[str], tmp: Path) -> dict:
+    r = CliRunner().invoke(main, args, catch_exceptions=False)
+    out = r.stdout.replace(str(tmp), "<TMP>").replace(
+        f'"version": "{__version__}"', '"version": "<VERSION>"')
+    return {"exit": r.exit_code, "stdout": out}
+
+
+def outputs(dirs: list[Path] | None = None) -> dict[str, dict]:
+    """{"command fixture": {"exit": code, "stdout": text}} over `dirs` (default: all)."""
+    record: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        for d in dirs or fixture_dirs():
+            name = f"{d.parent.name}/{d.name}"
+            src = str(d)
+            for cmd in ("inspect", "verify"):
+                record[f"{cmd} {name}"] = run([cmd, src, "--format", "json"], tmp)
+            for to in CONVENTIONS:
+                dst = tmp / f"{d.parent.name}-{d.name}-{to}"
+                got = run(["convert", src, str(dst), "--to", to, "--quiet", "--format", "json"],
+                          tmp)
+                record[f"convert {name} --to {to}"] = got
+                if got["exit"] == 0:
+                    record[f"verify --against {name} --to {to}"] = run(
+                        ["verify", str(dst), "--against", src, "--format", "json"], tmp)
+    return record
+
+
+def main_(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--write", type=Path)
+    g.add_argument("--check", type=Path)
+    a = ap.parse_args(argv)
+    got = outputs()
+    if a.write:
+        a.write.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {len(got)} outputs to {a.write}", file=sys.stderr)
+        return 0
+    want = json.loads(a.check.read_text())
+    differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+    for k in differ:
+        print(f"differs: {k}", file=sys.stderr)
+    print(f"{len(got) - len(differ)} of {len(set(got) | set(want))} outputs identical",
+          file=sys.stderr)
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_())
