@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ERROR, WARNING, INFO = "error", "warning", "info"
-SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
 
 
 @dataclass(frozen=True)
@@ -136,7 +135,3 @@ class Finding:
         if self.details:
             out["details"] = self.details
         return out
-
-
-def errors(findings) -> list[Finding]:
-    return [f for f in findings if f.severity == ERROR]

@@ -14,8 +14,8 @@ from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from .gptq.detect import Detection
 from .gptq.evidence import detect_checkpoint
 from .gptq.labels import convention_findings
+from .reports import checkpoint_format_json, tool_json
 from .validate import declared_findings, summary_counts, zero_point_findings
-from .version import __version__
 
 
 @dataclass
@@ -94,17 +94,13 @@ def inspect_json(r: InspectResult) -> dict[str, Any]:
     files = [{"name": n, "size": f.size, "tensors": len(f.tensors)}
              for n, f in sorted(ckpt.store.files.items())]
     return {
-        "tool": {"name": "gptqfmt", "version": __version__},
+        "tool": tool_json(),
         "path": str(ckpt.path),
         "status": "ok" if r.ok else "fail",
         "files": files,
         "sharded": ckpt.store.index_name is not None,
         "config_sources": cfg.sources if cfg else [],
-        "checkpoint_format": {
-            "declared": cfg.convention if cfg else None,
-            "declared_in": [d.to_json() for d in cfg.declared_in] if cfg else [],
-            "detected": det.verdict, "confidence": det.confidence, "evidence": det.evidence,
-        },
+        "checkpoint_format": checkpoint_format_json(cfg, det),
         "quantization": quantization_summary(ckpt),
         "modules": [module_json(m, ckpt, by_name.get(m.name)) for m in ckpt.modules],
         "other_tensors": {"count": len(ckpt.other_tensors),

@@ -12,16 +12,18 @@ from typing import Any
 
 import numpy as np
 
+from . import runtimes
+from .conventions import GPTQ, GPTQ_V2, effective_zeros
 from .findings import ERROR, WARNING, Finding
 from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
-from .gptq.detect import AMBIGUOUS, GPTQ, GPTQ_V2, Detection, ModuleVerdict, combine, \
-    corruption_signatures, stored_fields
+from .gptq.detect import AMBIGUOUS, Detection, ModuleVerdict, combine, corruption_signatures, \
+    stored_fields
 from .gptq.evidence import module_verdict
 from .gptq.labels import convention_findings, effective_declared
-from .verify.cpu import effective_zeros
-from .version import __version__
+from .gptq.packing import maxq as code_max
+from .reports import checkpoint_format_json, tool_json
+from .safetensors_io.dtypes import FP16_MAX
 
-FP16_MAX = 65504.0
 ROUTER_SUFFIXES = (".mlp.gate", ".router", ".block_sparse_moe.gate", ".mlp.router")
 
 
@@ -41,16 +43,12 @@ class Report:
         cfg = self.checkpoint.config
         det = self.detection
         return {
-            "tool": {"name": "gptqfmt", "version": __version__},
+            "tool": tool_json(),
             "path": self.path,
             "status": "fail" if self.failed(strict) else "ok",
             "strict": strict,
-            "checkpoint_format": {
-                "declared": cfg.convention if cfg else None,
-                "declared_in": [d.to_json() for d in cfg.declared_in] if cfg else [],
-                "effective": effective_declared(self.checkpoint),
-                "detected": det.verdict, "confidence": det.confidence,
-                "evidence": det.evidence},
+            "checkpoint_format": checkpoint_format_json(cfg, det,
+                                                        effective_declared(self.checkpoint)),
             "modules": [v.to_json() for v in det.modules],
             "findings": [f.to_json() for f in self.findings],
             "summary": {**summary_counts(self.findings, len(self.checkpoint.modules)),
@@ -117,7 +115,7 @@ def zero_point_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict,
     qz_name = m.tensors["qzeros"]
     file_qz = ckpt.store.file_of(qz_name)
     out: list[Finding] = []
-    maxq = (1 << m.bits) - 1
+    maxq = code_max(m.bits)
     decl = m.declared
     pattern_sym = v.pattern is not None
     if decl is not None and decl.sym is True and not pattern_sym:
@@ -149,9 +147,8 @@ def zero_point_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict,
                            "source, or re-export it"))
     if st is not None and v.verdict in (GPTQ, AMBIGUOUS) and st.stored_maxq and not pattern_sym:
         out.append(Finding(
-            "GQ406", f"{st.stored_maxq} fields store {maxq}: vLLM gptq_gemm and ExLlamaV2 read "
-            f"Z = {maxq + 1}, AutoGPTQ's exllama kernels and TGI read Z = 0 "
-            f"({st.wrapped} of them have codes that say Z = 0)", file=file_qz, tensor=qz_name,
+            "GQ406", f"{st.stored_maxq} fields store {maxq}: "
+            f"{runtimes.maxq_readings(m.bits, sep=', ')} ({st.wrapped} of them have codes that say Z = 0)", file=file_qz, tensor=qz_name,
             details={"fields": st.stored_maxq, "wrapped": st.wrapped}))
     if st is not None and v.verdict == GPTQ_V2 and st.stored_zero:
         out.append(Finding("GQ407", f"{st.stored_zero} zero points are 0; gptq cannot store "
@@ -166,7 +163,7 @@ def scale_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Findin
     sc_name = m.tensors["scales"]
     file_sc = ckpt.store.file_of(sc_name)
     out: list[Finding] = []
-    maxq = (1 << m.bits) - 1
+    maxq = code_max(m.bits)
     scales = ckpt.float32(sc_name)
     bad = ~np.isfinite(scales) | (scales <= 0)
     if bad.any():
@@ -207,7 +204,7 @@ def _effective_zeros(ckpt: Checkpoint, m: Module, convention: str) -> np.ndarray
     if convention == AMBIGUOUS:
         convention = effective_declared(ckpt)
     return effective_zeros(stored_fields(ckpt.view(m.tensors["qzeros"]), m.bits), m.bits,
-                           convention)
+                           runtimes.REFERENCE.rule(convention))
 
 
 def summary_counts(findings: list[Finding], modules: int) -> dict[str, int]:

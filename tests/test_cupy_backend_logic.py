@@ -6,13 +6,16 @@ import shutil
 import subprocess
 import sys
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from gptqfmt.conventions import ZeroRule
 from gptqfmt.errors import UsageError
 from gptqfmt.gptq.packing import pack
 from gptqfmt.resources import data_dir
+from gptqfmt.verify import F16, F32, ModuleTensors
 from gptqfmt.verify.cpu import CpuBackend
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
@@ -80,12 +83,13 @@ def test_backend_equals_cpu_twin(backend, bits, word_bits, cols):
     sc = (rng.random((g, n)) * 0.1).astype(np.float16)
     gi = rng.permutation(np.repeat(np.arange(g), k // g)).astype(np.int32)
     x = rng.standard_normal((3, k)).astype(np.float32)
-    for rule in (0, 1, 2):
-        a = backend.gemm(x, 0, qw, qz, sc, 1, gi, bits, rule, cols)
-        b = CpuBackend().gemm(x, 0, qw, qz, sc, 1, gi, bits, rule, cols)
+    t = ModuleTensors(qw, qz, sc, F16, gi, bits)
+    for rule in ZeroRule:
+        a = backend.gemm(x, F32, t, rule, cols)
+        b = CpuBackend().gemm(x, F32, t, rule, cols)
         assert np.array_equal(a, b)
-        wa = backend.dequant(qw, qz, sc, 1, gi, bits, rule, cols)
-        wb = CpuBackend().dequant(qw, qz, sc, 1, gi, bits, rule, cols)
+        wa = backend.dequant(t, rule, cols)
+        wb = CpuBackend().dequant(t, rule, cols)
         assert np.array_equal(wa, wb)
 
 
@@ -95,14 +99,15 @@ def test_backend_checks_arguments(backend):
     sc = np.ones((2, 32), np.float16)
     g = (np.arange(64) // 32).astype(np.int32)
     x = np.zeros((2, 64), np.float32)
+    t = ModuleTensors(qw, qz, sc, F16, g, 4)
     with pytest.raises(UsageError, match="does not match kind"):
-        backend.gemm(x.astype(np.float64), 0, qw, qz, sc, 1, g, 4, 0)
+        backend.gemm(x.astype(np.float64), F32, t, 0)
     with pytest.raises(UsageError, match="does not match kind"):
-        backend.gemm(x, 0, qw, qz, sc.astype(np.float32), 1, g, 4, 0)
+        backend.gemm(x, F32, replace(t, scales=sc.astype(np.float32)), 0)
     with pytest.raises(UsageError, match="g_idx values span"):
-        backend.gemm(x, 0, qw, qz, sc, 1, g + 5, 4, 0)
+        backend.gemm(x, F32, replace(t, g_idx=g + 5), 0)
     with pytest.raises(UsageError, match="at most 16 rows"):
-        backend.gemm(np.zeros((17, 64), np.float32), 0, qw, qz, sc, 1, g, 4, 0)
+        backend.gemm(np.zeros((17, 64), np.float32), F32, t, 0)
 
 
 def test_convert_runs_the_gpu_gate_when_cupy_is_chosen(backend, tmp_path):

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from gptqfmt.gptq.checkpoint import open_checkpoint
-from gptqfmt.verify import F16, F32, RUNTIMES
+from gptqfmt.conventions import ZeroRule
+from gptqfmt.verify import F16, F32, module_tensors
 from gptqfmt.verify.cpu import CpuBackend
-from gptqfmt.verify.equivalence import _tensors
 from tests.conftest import CKPT, SPECS
 
 pytestmark = pytest.mark.gpu
@@ -28,17 +28,17 @@ def test_gpu_equals_cpu_on_every_fixture(gpu, name):
     rng = np.random.default_rng(0)
     with open_checkpoint(CKPT / name) as ck:
         for m in ck.modules:
-            qw, qz, sc, kind, g = _tensors(ck, m)
+            t = module_tensors(ck, m)
             for x_kind in (F32, F16):
                 x = rng.standard_normal((4, m.in_features)).astype(np.float32)
                 if x_kind == F16:
                     x = x.astype(np.float16).view(np.uint16)
-                for rule in sorted({r for rules in RUNTIMES.values() for r in rules.values()}):
-                    a = gpu.gemm(x, x_kind, qw, qz, sc, kind, g, m.bits, rule)
-                    b = cpu.gemm(x, x_kind, qw, qz, sc, kind, g, m.bits, rule)
+                for rule in ZeroRule:
+                    a = gpu.gemm(x, x_kind, t, rule)
+                    b = cpu.gemm(x, x_kind, t, rule)
                     assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), (m.name, rule)
-                    wa = gpu.dequant(qw, qz, sc, kind, g, m.bits, rule)
-                    wb = cpu.dequant(qw, qz, sc, kind, g, m.bits, rule)
+                    wa = gpu.dequant(t, rule)
+                    wb = cpu.dequant(t, rule)
                     assert np.array_equal(wa.view(np.uint32), wb.view(np.uint32))
 
 
@@ -46,11 +46,11 @@ def test_gpu_backend_checks_arguments(gpu):
     from gptqfmt.errors import UsageError
     with open_checkpoint(CKPT / "b4-sym-act-gptq-sharded") as ck:
         m = ck.modules[0]
-        qw, qz, sc, kind, g = _tensors(ck, m)
+        t = module_tensors(ck, m)
         with pytest.raises(UsageError):
-            gpu.gemm(np.zeros((17, m.in_features), np.float32), F32, qw, qz, sc, kind, g, 4, 0)
+            gpu.gemm(np.zeros((17, m.in_features), np.float32), F32, t, 0)
         with pytest.raises(UsageError):
-            gpu.gemm(np.zeros((2, m.in_features + 1), np.float32), F32, qw, qz, sc, kind, g, 4, 0)
+            gpu.gemm(np.zeros((2, m.in_features + 1), np.float32), F32, t, 0)
 
 
 def test_verify_against_on_gpu(run_cli, tmp_path):

@@ -94,7 +94,9 @@ def test_kernel_gemm_body_equals_cpu_twin_bitwise(lib, bits, rule, scale_kind, x
     lib.gq_host_gemm(ptr(x), ctypes.c_int(x_kind), ptr(qwu), ptr(qzu), ptr(scales),
                      ctypes.c_int(scale_kind), ptr(g), ptr(y), ctypes.c_int(3), ctypes.c_int64(k),
                      ctypes.c_int64(n), ctypes.c_int(bits), ctypes.c_int(rule))
-    twin = CpuBackend().gemm(x, x_kind, qw, qz, scales, scale_kind, g, bits, rule)
+    from gptqfmt.verify import Kind, ModuleTensors
+    twin = CpuBackend().gemm(x, Kind(x_kind), ModuleTensors(qw, qz, scales, Kind(scale_kind), g,
+                                                            bits), rule)
     assert np.array_equal(y.view(np.uint32), twin.view(np.uint32))
     # and the twin against a slow, obviously right float64 reference (rounding only)
     from gptqfmt.gptq.packing import unpack

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from ..conversion import convert
-from .main import guarded
+from .boundary import guarded
 from .output import emit_json, escape, finding_line, plural
 from .progress import Progress
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from ..inspection import InspectResult, inspect_checkpoint, inspect_json
-from .main import guarded
+from .boundary import guarded
 from .output import emit_json, escape, finding_line, human_bytes, plural, table
 
 

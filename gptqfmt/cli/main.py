@@ -1,65 +1,18 @@
-"""The `gptqfmt` command group and the one place that turns exceptions into exit codes."""
+"""The `gptqfmt` command group, its entry point, and the process-level handling around it
+(signals, a closed stdout, usage errors click finds); command bodies run inside
+boundary.guarded."""
 from __future__ import annotations
-
-import functools
-import traceback
 
 import click
 
-from ..errors import FindingError, GptqfmtError
 from ..version import __version__
-from .output import emit_json, finding_line, note, plural
+from .boundary import Interrupted
+from .convert_cmd import convert_cmd
+from .inspect_cmd import inspect_cmd
+from .output import emit_json, note
+from .verify_cmd import verify_cmd
 
-FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["text", "json"]),
-                             default="text", show_default=True, help="Output format.")
-
-
-def guarded(fn):
-    """Run a command body; map errors to one line (or one JSON document) and an exit code."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, fmt="text", debug=False, **kwargs):
-        try:
-            code = fn(*args, fmt=fmt, **kwargs)
-        except FindingError as e:
-            _report_failure(fmt, "fail", 1, findings=e.findings)
-            code = 1
-        except GptqfmtError as e:
-            _report_failure(fmt, "error", e.exit_code, message=str(e))
-            code = e.exit_code
-        except Interrupted as e:  # SIGINT/SIGTERM/SIGHUP; `finally` blocks (staging) have run
-            _report_failure(fmt, "error", e.exit_code, message=str(e))
-            code = e.exit_code
-        except BrokenPipeError:
-            raise  # stdout was closed (`| head`): not an internal error; run() exits quietly
-        except Exception as e:  # noqa: BLE001 - the catch-all that keeps tracebacks off CI logs
-            if debug:
-                traceback.print_exc()
-            _report_failure(fmt, "error", 3, message=f"internal error: {type(e).__name__}: {e}"
-                            + ("" if debug else " (run with --debug for the traceback)"))
-            code = 3
-        raise SystemExit(code or 0)
-
-    wrapper = click.option("--debug", is_flag=True,
-                           help="Show the traceback of an internal error (exit 3).")(wrapper)
-    return FORMAT_OPTION(wrapper)
-
-
-def _report_failure(fmt, status, exit_code, findings=(), message=None):
-    if fmt == "json":
-        doc = {"status": status, "exit_code": exit_code,
-               "findings": [f.to_json() for f in findings]}
-        if message:
-            doc["error"] = message
-        emit_json(doc)
-        return
-    for f in findings:
-        click.echo(finding_line(f))  # each with its hint: the next step, as in JSON
-    if findings:
-        click.echo(f"FAIL: stopped by {plural(len(findings), 'finding')}")
-    if message:
-        note(f"gptqfmt: error: {message}")  # note() escapes, once
-
+__all__ = ["Interrupted", "main", "run"]
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="gptqfmt")
@@ -72,17 +25,9 @@ def main():
     or unreadable path, 3 internal error, 130/143/129 interrupted, 141 stdout closed."""
 
 
-def _register():
-    from .convert_cmd import convert_cmd
-    from .inspect_cmd import inspect_cmd
-    from .verify_cmd import verify_cmd
-
-    main.add_command(inspect_cmd)
-    main.add_command(verify_cmd)
-    main.add_command(convert_cmd)
-
-
-_register()
+main.add_command(inspect_cmd)
+main.add_command(verify_cmd)
+main.add_command(convert_cmd)
 
 
 def run(argv: list[str] | None = None) -> None:
@@ -150,19 +95,6 @@ def _report_outside_command(args: list[str], exit_code: int, message: str) -> No
         emit_json({"status": "error", "exit_code": exit_code, "findings": [], "error": message})
     else:
         note(f"gptqfmt: error: {message}")
-
-
-class Interrupted(BaseException):
-    """SIGINT, SIGTERM or SIGHUP arrived (see _handle_signals). A BaseException, like
-    KeyboardInterrupt, so that no `except Exception` stops it and every `finally` on the way
-    runs; not a KeyboardInterrupt, which click would turn into Abort and lose the signal."""
-
-    def __init__(self, signum: int):
-        import signal
-
-        self.signum = signum
-        self.exit_code = 128 + signum  # what a shell reports for a process the signal killed
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")
 
 
 HANDLED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")

@@ -5,7 +5,7 @@ import click
 
 from ..validate import validate
 from ..verify.equivalence import check_usage, compare, reference_fp32
-from .main import guarded
+from .boundary import guarded
 from ..errors import UsageError
 from .output import emit_json, escape, finding_line, plural
 from .progress import Progress

@@ -1,5 +1,6 @@
 """Lossless zero-point conversion between gptq and gptq_v2 (and back, with an exact loss report)."""
-from .fields import NotRepresentable, convert_fields, convert_qzeros
+from ..conventions import NotRepresentable, convert_fields
+from .fields import convert_qzeros
 from .run import ConvertReport, convert
 
 __all__ = ["ConvertReport", "NotRepresentable", "convert", "convert_fields", "convert_qzeros"]

@@ -32,9 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..conventions import sym_field
 from ..findings import Finding
 from ..gptq.checkpoint import Checkpoint, Module
-from ..gptq.detect import stored_fields, sym_field
+from ..gptq.detect import stored_fields
 from ..gptq.layout import n_groups
 from ..version import __version__
 from .atomic import create

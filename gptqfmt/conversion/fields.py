@@ -1,83 +1,16 @@
-"""Zero-point conversion per field: unpack, shift with explicit range handling, repack.
-
-Never packed-word arithmetic: subtracting 0x11111111 from a word borrows across fields.
-
-gptq -> gptq_v2: Z = s + 1, exact for stored s in [0, maxq - 1]. A stored maxq is ambiguous (a
-masked writer's Z = 0, AutoGPTQ's sign-extension garbage, or a GPTQModel borrow); runtimes read it
-as 2^bits (vLLM gptq_gemm, ExLlamaV2) or 0 (AutoGPTQ exllama, TGI). It is only converted with
-allow_lossy, to Z = 0 (the wrap reading).
-
-gptq_v2 -> gptq: s = Z - 1, exact for Z >= 1. Z = 0 has no gptq encoding; with allow_lossy it is
-written as s = 0 (read as Z = 1 by every runtime: each weight of that group moves by one scale
-step).
-"""
+"""The library entry for one packed qzeros tensor: convert_qzeros checks what it is given and
+converts it field by field (conventions.convert_fields)."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import GptqfmtError, UsageError
+from ..conventions import CONVENTIONS, convert_fields
+from ..errors import UsageError
 from ..gptq.packing import SUPPORTED_BITS, block, pack, unpack
 
-CONVENTIONS = ("gptq", "gptq_v2")
 WORD_DTYPES = ("int8", "int16", "int32", "int64")  # the packer's words, as files store them
-
-
-class NotRepresentable(GptqfmtError, ValueError):
-    """Fields that the target convention cannot hold exactly (and allow_lossy was not given).
-
-    A finding-class outcome, so exit 1 like any finding; still a ValueError for callers that
-    caught it as one."""
-
-    exit_code = 1
-
-    def __init__(self, message: str, count: int):
-        super().__init__(message)
-        self.count = count
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.count))
-
-
-@dataclass(frozen=True)
-class FieldCounts:
-    fields: int
-    changed: int       # fields whose stored value differs
-    ambiguous: int     # gptq stored maxq (gptq -> gptq_v2)
-    lossy: int         # gptq_v2 Z = 0 (gptq_v2 -> gptq)
-
-
-def convert_fields(stored: np.ndarray, bits: int, src: str, dst: str,
-                   allow_lossy: bool = False) -> tuple[np.ndarray, FieldCounts]:
-    """New stored fields (uint8, same shape) for `dst`, from fields stored under `src`."""
-    for c in (src, dst):
-        if c not in CONVENTIONS:
-            raise ValueError(f"convention {c!r}: expected one of {CONVENTIONS}")
-    maxq = (1 << bits) - 1
-    s = np.asarray(stored).astype(np.int16)
-    if s.size and (s.min() < 0 or s.max() > maxq):
-        raise ValueError(f"stored field out of range [0, {maxq}] for bits={bits}")
-    ambiguous = lossy = 0
-    if src == dst:
-        out = s
-    elif src == "gptq":
-        amb = s == maxq
-        ambiguous = int(amb.sum())
-        if ambiguous and not allow_lossy:
-            raise NotRepresentable(f"{ambiguous} gptq fields store {maxq}, which runtimes read as "
-                                   f"Z = {maxq + 1} or Z = 0", ambiguous)
-        out = np.where(amb, 0, s + 1)
-    else:
-        zero = s == 0
-        lossy = int(zero.sum())
-        if lossy and not allow_lossy:
-            raise NotRepresentable(f"{lossy} gptq_v2 zero points are 0, which gptq cannot store",
-                                   lossy)
-        out = np.where(zero, 0, s - 1)
-    out = out.astype(np.uint8)
-    return out, FieldCounts(int(s.size), int(np.count_nonzero(out != s)), ambiguous, lossy)
 
 
 def convert_qzeros(qzeros, bits: int, src: str = "gptq", dst: str = "gptq_v2",

@@ -15,12 +15,13 @@ with GQ401, GQ204, GQ209 or any other config error is never committed).
 """
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import runtimes
+from ..conventions import effective_zeros
 from ..errors import FindingError
 from ..findings import ERROR
 from ..gptq.checkpoint import Checkpoint, Module, open_checkpoint
@@ -28,7 +29,7 @@ from ..gptq.detect import ModuleVerdict, combine, stored_fields
 from ..gptq.evidence import module_g_idx
 from ..gptq.labels import convention_findings, effective_declared
 from ..gptq.packing import unpack
-from ..verify.cpu import dequant_fields, effective_zeros
+from ..verify.cpu import dequant_fields
 
 GEMM_COLUMNS = 16
 GEMM_ROWS = 4
@@ -113,15 +114,14 @@ def compare_bytes(src: Checkpoint, dst: Checkpoint, result: GateResult) -> None:
             continue
         skip = sorted((fs.header.data_start + i.begin, fs.header.data_start + i.end)
                       for t, i in fs.tensors.items() if t.endswith(".qzeros"))
-        ma, mb = fs._map(), fd._map()
-        a, b = np.frombuffer(ma, np.uint8), np.frombuffer(mb, np.uint8)
+        a, b = fs.raw(), fd.raw()
         pos = 0
         for lo, hi in skip + [(fs.size, fs.size)]:
             for start in range(pos, lo, CMP_CHUNK):
                 stop = min(lo, start + CMP_CHUNK)
                 same = np.array_equal(a[start:stop], b[start:stop])
-                _drop(ma, start, stop)
-                _drop(mb, start, stop)
+                fs.release(start, stop)
+                fd.release(start, stop)
                 if not same:
                     result.failures.append(f"{name}: bytes {start}..{stop} differ outside qzeros")
                     break
@@ -129,19 +129,12 @@ def compare_bytes(src: Checkpoint, dst: Checkpoint, result: GateResult) -> None:
             pos = hi
 
 
-def _drop(mm, start: int, stop: int) -> None:
-    page = mmap.PAGESIZE
-    lo = start - start % page
-    if hasattr(mmap, "MADV_DONTNEED") and stop > lo:
-        mm.madvise(mmap.MADV_DONTNEED, lo, stop - lo)
-
-
 def check_module(src: Checkpoint, dst: Checkpoint, m: Module, src_conv: str, dst_conv: str,
                  lossy_expected: np.ndarray | None, rng: np.random.Generator) -> ModuleCheck:
     s_src = stored_fields(src.view(m.tensors["qzeros"]), m.bits)
     s_dst = stored_fields(dst.view(m.tensors["qzeros"]), m.bits)
-    z_src = effective_zeros(s_src, m.bits, src_conv)
-    z_dst = effective_zeros(s_dst, m.bits, dst_conv)
+    z_src = effective_zeros(s_src, m.bits, runtimes.REFERENCE.rule(src_conv))
+    z_dst = effective_zeros(s_dst, m.bits, runtimes.REFERENCE.rule(dst_conv))
     differ = z_src != z_dst
     lossy = lossy_expected if lossy_expected is not None else np.zeros_like(differ)
     zeros_equal = bool(np.array_equal(differ, lossy))

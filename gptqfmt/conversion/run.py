@@ -11,23 +11,22 @@ from typing import Any
 
 import numpy as np
 
-from .. import faults
+from .. import faults, runtimes
+from ..conventions import CONVENTIONS, convert_fields, lossy_mask
 from ..errors import FindingError, OutputError, UsageError
 from ..findings import ERROR, Finding
 from ..gptq.checkpoint import Checkpoint, open_checkpoint
-from ..gptq.detect import AMBIGUOUS, GPTQ, Detection, stored_fields
+from ..gptq.detect import AMBIGUOUS, Detection, stored_fields
 from ..gptq.evidence import detect_checkpoint
 from ..gptq.labels import effective_declared
+from ..gptq.packing import maxq as code_max
+from ..reports import tool_json
 from ..validate import module_findings
-from ..version import __version__
 from . import atomic
 from .configs import CONFIG_FILES, declaring_configs, derive_config, provenance, rewrite_configs
-from .fields import CONVENTIONS, convert_fields
 from .gate import GEMM_COLUMNS, GateResult, check_labels, check_module, compare_bytes
 from .write import QzerosJob, copy_plain, write_shard
 
-RUNTIME_READINGS = ("vLLM gptq_gemm and ExLlamaV2 read Z = {top}; AutoGPTQ's exllama kernels "
-                    "and TGI read Z = 0")
 # Findings a conversion resolves (it writes both keys); every other error blocks it.
 RESOLVED_BY_CONVERT = {"GQ204", "GQ209"}
 
@@ -69,7 +68,7 @@ class ConvertReport:
     def to_json(self) -> dict[str, Any]:
         g = self.gate
         return {
-            "tool": {"name": "gptqfmt", "version": __version__},
+            "tool": tool_json(),
             "status": "ok", "exit_code": 0, "src": self.src, "dst": self.dst,
             "from": self.src_convention, "to": self.dst_convention,
             "dry_run": self.dry_run, "written": self.written, "backend": self.backend,
@@ -119,26 +118,26 @@ def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
         plans.append(p)
         ckpt.store.release([qz])
         file = ckpt.store.file_of(qz)
-        maxq = (1 << m.bits) - 1
+        lossy_at = lossy_mask(stored, m.bits, src, dst)
         if c.ambiguous:
             steps = 1 << m.bits
-            p.max_weight_change = steps * _max_scale(ckpt, m, stored == maxq)
+            p.max_weight_change = steps * _max_scale(ckpt, m, lossy_at)
             unrecoverable = (" Neighbouring fields are corrupted too (" + ", ".join(sigs) +
                              "): their true zero points cannot be recovered." if sigs else "")
             findings.append(Finding(
                 "GQ411" if allow_lossy else "GQ409",
-                f"{c.ambiguous} of {c.fields} fields store {maxq}: "
-                + RUNTIME_READINGS.format(top=steps)
+                f"{c.ambiguous} of {c.fields} fields store {code_max(m.bits)}: "
+                + runtimes.maxq_readings(m.bits)
                 + (". Written as Z = 0 (the wrap reading)" if allow_lossy else "")
                 + f".{unrecoverable}", file=file, tensor=qz,
                 hint=None if allow_lossy else "--allow-lossy writes Z = 0 for them",
                 details={"fields": c.ambiguous, "signatures": sigs}))
         if c.lossy:
-            p.max_weight_change = _max_scale(ckpt, m, stored == 0)
+            p.max_weight_change = _max_scale(ckpt, m, lossy_at)
             findings.append(Finding(
                 "GQ411" if allow_lossy else "GQ410",
                 f"{c.lossy} of {c.fields} zero points are 0 "
-                f"({int((stored == 0).any(axis=1).sum())} of {m.groups} groups): gptq stores "
+                f"({int(lossy_at.any(axis=1).sum())} of {m.groups} groups): gptq stores "
                 f"them as 0, read as Z = 1, moving each weight of those groups by one scale "
                 f"step (up to "
                 f"{p.max_weight_change:.4g})", file=file, tensor=qz,
@@ -191,7 +190,6 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
                            backend=backend)
     if dry_run:
         return report
-    report.written = False
     job = Job(ckpt, dst_path, from_conv, to, allow_lossy, force, jobs, derived)
     try:
         _write_verify_commit(job, report, progress, on_module)
@@ -380,10 +378,7 @@ def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str,
             rng = np.random.default_rng(0)
             for i, m in enumerate(src.modules):
                 stored = stored_fields(src.view(m.tensors["qzeros"]), m.bits)
-                maxq = (1 << m.bits) - 1
-                lossy = None
-                if src_conv != dst_conv:
-                    lossy = stored == maxq if src_conv == GPTQ else stored == 0
+                lossy = lossy_mask(stored, m.bits, src_conv, dst_conv)
                 chk = check_module(src, out, m, src_conv, dst_conv, lossy, rng)
                 src.store.release(m.tensors.values())
                 out.store.release(m.tensors.values())

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from .. import faults
+from ..conventions import convert_fields
 from ..gptq.packing import pack, unpack
 from ..safetensors_io.reader import SafetensorsFile
 from .atomic import create
-from .fields import convert_fields
 
 COPY_CHUNK = 64 << 20
 

@@ -44,9 +44,6 @@ class Module:
     def pack_dtype(self) -> str | None:
         return f"int{self.word_bits}" if self.word_bits else None
 
-    def tensor(self, role: str) -> str | None:
-        return self.tensors.get(role)
-
 
 @dataclass
 class Checkpoint:

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .packing import block, unpack
+from .packing import UNSIGNED, block, maxq, unpack
 
-_U = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 CHUNK_WORDS = 1 << 17  # words per chunk (512 KiB of int32: temporaries stay in cache)
 
 
@@ -28,14 +27,14 @@ def word_field_sums(words: np.ndarray, bits: int) -> np.ndarray:
     bytes with one multiply when the total fits in a byte (4-bit int32: 8 x 15 = 120).
     """
     w_bits = words.dtype.itemsize * 8
-    ut = _U[w_bits]
+    ut = UNSIGNED[w_bits]
     x = words.view(ut)
     width = bits
     while width < min(8, w_bits):
         mask = ut(_lane_mask(width, w_bits))
         x = (x & mask) + ((x >> ut(width)) & mask)
         width *= 2
-    if w_bits > 8 and (w_bits // bits) * ((1 << bits) - 1) <= 255:
+    if w_bits > 8 and (w_bits // bits) * maxq(bits) <= 255:
         ones = ut(int("01" * (w_bits // 8), 16))         # 0x01010101 for int32
         return (x * ones) >> ut(w_bits - 8)
     while width < w_bits:

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 
+from ..conventions import CONVENTIONS
 from ..errors import FindingError
 from ..findings import Finding
 from ..resources import validator
 
-CONVENTIONS = ("gptq", "gptq_v2")
 # checkpoint_format / format values that are not GPTQ's own packing.
 NOT_GPTQ_FORMATS = {"marlin", "bitblas", "gptq_p", "gemm", "gemv", "gemv_fast", "llm-awq", "qqq",
                     "gguf", "ipex", "qbits", "awq"}
@@ -65,10 +65,8 @@ class QuantConfig:
     declared_in: list[Declaration]
     sources: list[str]                 # where the values came from, in precedence order
     dynamic: list[DynamicRule] = field(default_factory=list)
-    lm_head: bool = False
     static_groups: bool = False
     meta: dict = field(default_factory=dict)
-    raw: dict[str, dict] = field(default_factory=dict)
 
     def for_module(self, name: str) -> ModuleConfig | None:
         """The module's declared config, or None when a `-:` rule leaves it unquantized.
@@ -268,9 +266,9 @@ def _reconcile(sources, usable, findings) -> QuantConfig:
         base=ModuleConfig(**{k: values.get(k) for k in COMPARED_KEYS}),
         convention=conv, runtime_convention=runtime, declared_in=declared,
         sources=[label for label, _ in sources],
-        dynamic=dynamic, lm_head=primary.get("lm_head") is True,
+        dynamic=dynamic,
         static_groups=bool(primary.get("static_groups") or meta.get("static_groups")),
-        meta=meta, raw={label: doc for label, doc in sources})
+        meta=meta)
 
 
 def _dynamic_rules(dynamic, label, findings) -> list[DynamicRule]:

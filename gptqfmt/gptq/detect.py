@@ -28,10 +28,11 @@ from statistics import NormalDist
 
 import numpy as np
 
+from ..conventions import GPTQ, GPTQ_V2, sym_field
 from .packing import block, constant_words, unpack, unsigned
 from .packing import maxq as code_max
 
-GPTQ, GPTQ_V2, AMBIGUOUS = "gptq", "gptq_v2", "ambiguous"
+AMBIGUOUS = "ambiguous"  # the verdict where the evidence decides neither convention
 MIN_Z = 4.0          # effective standard errors between the median and 0.5 for one module to decide
 MAX_OFFSET = 0.35    # how far the median may sit from 0 or 1 and still count as that convention
 # The statistic's spread around its convention's value that clean weights cause on top of the
@@ -53,11 +54,6 @@ MISFIT_STRONG = 3.0  # effective standard errors beyond that threshold for an er
 # mean rests on MIN_CODES codes or more (a sample's few codes per cell spread wider).
 SPREAD_MAX = 0.15
 MIN_CODES = 32
-
-
-def sym_field(bits: int, convention: str) -> int:
-    """The stored field of a symmetric zero point under `convention`."""
-    return (1 << (bits - 1)) - (1 if convention == GPTQ else 0)
 
 
 def symmetric_pattern(qzeros: np.ndarray, bits: int) -> str | None:

@@ -1,9 +1,10 @@
 """Declared convention against detected: the findings both inspect and verify report."""
 from __future__ import annotations
 
+from ..conventions import GPTQ, GPTQ_V2
 from ..findings import Finding
 from .checkpoint import Checkpoint
-from .detect import AMBIGUOUS, GPTQ, GPTQ_V2, Detection
+from .detect import AMBIGUOUS, Detection
 
 
 def effective_declared(ckpt: Checkpoint) -> str:

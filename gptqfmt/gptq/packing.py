@@ -21,7 +21,7 @@ import numpy as np
 
 SUPPORTED_BITS = (2, 3, 4, 8)
 WORD_BITS = (8, 16, 32, 64)
-_UNSIGNED = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
+UNSIGNED = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 _SIGNED = {8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}
 
 
@@ -56,19 +56,19 @@ def unpack(words: np.ndarray, bits: int, axis: int = 0) -> np.ndarray:
     if bits != 3 and np.little_endian and words.dtype.isnative and words.ndim >= 1 and \
             (axis == words.ndim - 1 or (axis == 0 and words.ndim == 2)):
         return _unpack_bytes(np.ascontiguousarray(words), bits, axis)
-    u = np.moveaxis(words.view(_UNSIGNED[word_bits]), axis, 0)
+    u = np.moveaxis(words.view(UNSIGNED[word_bits]), axis, 0)
     nw, rest = u.shape[0], u.shape[1:]
     if nw % wpb:
         raise ValueError(f"{nw} words along axis {axis}: {bits}-bit int{word_bits} packing needs "
                          f"a multiple of {wpb}")
     blocks = u.reshape(nw // wpb, wpb, *rest)
     out = np.empty((nw // wpb, vpb, *rest), dtype=np.uint8)
-    mask = _UNSIGNED[word_bits](maxq(bits))
+    mask = UNSIGNED[word_bits](maxq(bits))
     for k in range(vpb):
         i, off = divmod(k * bits, word_bits)
-        v = blocks[:, i] >> _UNSIGNED[word_bits](off)
+        v = blocks[:, i] >> UNSIGNED[word_bits](off)
         if off + bits > word_bits:  # straddles into the next word (3-bit only)
-            v = v | (blocks[:, i + 1] << _UNSIGNED[word_bits](word_bits - off))
+            v = v | (blocks[:, i + 1] << UNSIGNED[word_bits](word_bits - off))
         out[:, k] = v & mask
     return np.moveaxis(out.reshape(nw // wpb * vpb, *rest), 0, axis)
 
@@ -112,7 +112,7 @@ def pack(codes: np.ndarray, bits: int, word_bits: int = 32, axis: int = 0) -> np
     if n % vpb:
         raise ValueError(f"{n} values along axis {axis}: {bits}-bit int{word_bits} packing needs "
                          f"a multiple of {vpb}")
-    ut = _UNSIGNED[word_bits]
+    ut = UNSIGNED[word_bits]
     c = c.reshape(n // vpb, vpb, *rest)
     out = np.zeros((n // vpb, wpb, *rest), dtype=ut)
     for k in range(vpb):
@@ -130,11 +130,11 @@ def constant_words(value: int, bits: int, word_bits: int = 32) -> np.ndarray:
     """The repeating block of words (unsigned) in which every field equals `value` (read-only:
     one array per (value, bits, word_bits), shared by every caller)."""
     vpb, _ = block(bits, word_bits)
-    out = pack(np.full(vpb, value, dtype=np.uint8), bits, word_bits).view(_UNSIGNED[word_bits])
+    out = pack(np.full(vpb, value, dtype=np.uint8), bits, word_bits).view(UNSIGNED[word_bits])
     out.flags.writeable = False
     return out
 
 
 def unsigned(words: np.ndarray) -> np.ndarray:
     """The unsigned view of signed words (bit containers)."""
-    return words.view(_UNSIGNED[words.dtype.itemsize * 8])
+    return words.view(UNSIGNED[words.dtype.itemsize * 8])

@@ -38,6 +38,7 @@ DTYPES: dict[str, DTypeInfo] = {d.name: d for d in _ORDERED}
 ORDER: dict[str, int] = {d.name: i for i, d in enumerate(_ORDERED)}
 
 # Signed integer word dtypes GPTQ packs into (GPTQModel's pack_dtype), by width.
+FP16_MAX = 65504.0  # the largest finite float16
 WORD_DTYPES = {"I8": 8, "I16": 16, "I32": 32, "I64": 64}
 PACK_DTYPE_NAMES = {"I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64"}
 

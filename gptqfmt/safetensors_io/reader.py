@@ -73,11 +73,23 @@ class SafetensorsFile:
                                                file=self.name)) from None
             return self._mm
 
-    def release(self):
-        """Drop this process's mapped pages (they stay in the page cache): keeps resident memory
-        bounded when many tensors are read one after another. Views stay valid."""
-        if self._mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+    def raw(self) -> np.ndarray:
+        """The whole file, header included, as a read-only uint8 array (mapped, not read)."""
+        return np.frombuffer(self._map(), np.uint8)
+
+    def release(self, start: int = 0, stop: int | None = None):
+        """Drop this process's mapped pages of bytes [start, stop), the whole file by default
+        (they stay in the page cache): keeps resident memory bounded when many tensors are read
+        one after another. Views stay valid."""
+        if self._mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        if stop is None and start == 0:
             self._mm.madvise(mmap.MADV_DONTNEED)
+            return
+        lo = start - start % mmap.PAGESIZE
+        stop = self.size if stop is None else stop
+        if stop > lo:
+            self._mm.madvise(mmap.MADV_DONTNEED, lo, stop - lo)
 
     def close(self):
         # Views keep the mapping alive through their base; dropping our reference is enough.

@@ -7,15 +7,10 @@ without it.
 from __future__ import annotations
 
 from ..errors import UsageError
+from .operands import BF16, DTYPE_KIND, F16, F32, Kind, ModuleTensors, module_tensors
 
-ZERO_V2, ZERO_V1_NOWRAP, ZERO_V1_WRAP = 0, 1, 2
-F32, F16, BF16 = 0, 1, 2
-DTYPE_KIND = {"F32": F32, "F16": F16, "BF16": BF16}
-# Which zero rule each group of runtimes applies to a file of each convention.
-RUNTIMES = {
-    "vLLM gptq_gemm, ExLlamaV2": {"gptq": ZERO_V1_NOWRAP, "gptq_v2": ZERO_V2},
-    "AutoGPTQ exllama, TGI": {"gptq": ZERO_V1_WRAP, "gptq_v2": ZERO_V2},
-}
+__all__ = ["BF16", "DTYPE_KIND", "F16", "F32", "Kind", "ModuleTensors", "get_backend",
+           "module_tensors"]
 
 
 def get_backend(name: str = "auto"):

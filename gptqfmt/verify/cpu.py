@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..conventions import ZeroRule, effective_zeros
 from ..gptq.packing import unpack
 from ..safetensors_io.dtypes import bf16_to_f32
-from . import BF16, F16, RUNTIMES, ZERO_V1_NOWRAP, ZERO_V1_WRAP
+from .operands import BF16, F16, Kind, ModuleTensors
 
 
-def to_f32(raw: np.ndarray, kind: int) -> np.ndarray:
+def to_f32(raw: np.ndarray, kind: Kind) -> np.ndarray:
     """fp16 / bf16 bits or fp32 values, widened exactly."""
     if kind == F16:
         return np.asarray(raw).view(np.float16).astype(np.float32)
@@ -18,26 +19,13 @@ def to_f32(raw: np.ndarray, kind: int) -> np.ndarray:
     return np.asarray(raw, dtype=np.float32)
 
 
-def effective_zeros(stored: np.ndarray, bits: int, rule: int | str) -> np.ndarray:
-    """Z per cell from stored fields under a zero rule, or under a convention name as vLLM reads
-    it (gptq: s + 1 without wrap; gptq_v2: s)."""
-    if isinstance(rule, str):
-        rule = RUNTIMES["vLLM gptq_gemm, ExLlamaV2"][rule]
-    z = stored.astype(np.int32)
-    if rule == ZERO_V1_NOWRAP:
-        return z + 1
-    if rule == ZERO_V1_WRAP:
-        return (z + 1) & ((1 << bits) - 1)
-    return z
-
-
-def dequant(qweight, qzeros, scales, scale_kind, g_idx, bits, rule, cols=None) -> np.ndarray:
+def dequant(t: ModuleTensors, rule: ZeroRule, cols=None) -> np.ndarray:
     """W[:, cols] (all columns when None) as float32: scale * float(q - Z)."""
-    cols = np.arange(qweight.shape[1]) if cols is None else np.asarray(cols)
-    q = unpack(np.ascontiguousarray(qweight[:, cols]), bits, axis=0)
-    z = effective_zeros(unpack(qzeros, bits, axis=1)[:, cols], bits, rule)
-    s = to_f32(np.ascontiguousarray(scales[:, cols]), scale_kind)
-    return dequant_fields(q, z, s, g_idx)
+    cols = np.arange(t.qweight.shape[1]) if cols is None else np.asarray(cols)
+    q = unpack(np.ascontiguousarray(t.qweight[:, cols]), t.bits, axis=0)
+    z = effective_zeros(unpack(t.qzeros, t.bits, axis=1)[:, cols], t.bits, rule)
+    s = to_f32(np.ascontiguousarray(t.scales[:, cols]), t.scale_kind)
+    return dequant_fields(q, z, s, t.g_idx)
 
 
 def dequant_fields(q: np.ndarray, z: np.ndarray, s: np.ndarray, g_idx) -> np.ndarray:
@@ -58,11 +46,11 @@ def gemm_from_weights(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 class CpuBackend:
     name = "cpu"
 
-    def gemm(self, x, x_kind, qweight, qzeros, scales, scale_kind, g_idx, bits, rule,
+    def gemm(self, x: np.ndarray, x_kind: Kind, t: ModuleTensors, rule: ZeroRule,
              cols=None) -> np.ndarray:
-        w = dequant(qweight, qzeros, scales, scale_kind, g_idx, bits, rule, cols)
-        return gemm_from_weights(to_f32(x, x_kind), w)
+        """Y = X @ W[:, cols] in float32, X [M, K] of `x_kind`."""
+        return gemm_from_weights(to_f32(x, x_kind), dequant(t, rule, cols))
 
-    def dequant(self, qweight, qzeros, scales, scale_kind, g_idx, bits, rule, cols=None):
-        return dequant(qweight, qzeros, scales, scale_kind, g_idx, bits, rule, cols)
+    def dequant(self, t: ModuleTensors, rule: ZeroRule, cols=None) -> np.ndarray:
+        return dequant(t, rule, cols)
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..resources import data_dir
+from .operands import BF16, F16, F32, ModuleTensors
 
 THREADS = 128
 MAX_M = 16
@@ -37,7 +38,7 @@ def _words32(a, bits: int, axis: int) -> "cp.ndarray":
     return cp.asarray(a.view(np.uint32))
 
 
-_KIND_DTYPES = {0: (np.float32,), 1: (np.float16, np.uint16), 2: (np.uint16,)}
+_KIND_DTYPES = {F32: (np.float32,), F16: (np.float16, np.uint16), BF16: (np.uint16,)}
 
 
 def _check_kind(name, arr, kind):
@@ -54,8 +55,9 @@ class CupyBackend:
             raise RuntimeError("no CUDA device")
         _kernels().get_function("gptq_dequant_gemm")  # compile now: a failure means "unusable"
 
-    def _args(self, qweight, qzeros, scales, scale_kind, g_idx, bits, cols):
+    def _args(self, t: ModuleTensors, cols):
         from ..gptq.packing import pack, unpack
+        qweight, qzeros, scales, g_idx, bits = t.qweight, t.qzeros, t.scales, t.g_idx, t.bits
         cols = np.arange(qweight.shape[1]) if cols is None else np.asarray(cols)
         if bits not in (2, 3, 4, 8):
             raise UsageError(f"bits={bits}")
@@ -65,7 +67,7 @@ class CupyBackend:
         zf = unpack(qzeros, bits, axis=1)[:, cols]
         qz = _words32(pack(np.pad(zf, ((0, 0), (0, pad))), bits, 32, axis=1), bits, axis=1)
         sc = np.ascontiguousarray(np.pad(scales[:, cols], ((0, 0), (0, pad))))
-        _check_kind("scales", sc, scale_kind)
+        _check_kind("scales", sc, t.scale_kind)
         g = np.ascontiguousarray(g_idx, dtype=np.int32)
         if g.size and (g.min() < 0 or g.max() >= sc.shape[0]):
             raise UsageError(f"g_idx values span [{g.min()}, {g.max()}]; scales have "
@@ -74,9 +76,9 @@ class CupyBackend:
             raise UsageError(f"qweight holds fewer than {g.shape[0]} input channels")
         return qw, qz, cp.asarray(sc), cp.asarray(g), n, n + pad  # the kernel's N is n + pad
 
-    def gemm(self, x, x_kind, qweight, qzeros, scales, scale_kind, g_idx, bits, rule, cols=None):
-        qw, qz, sc, gi, n, n_pad = self._args(qweight, qzeros, scales, scale_kind, g_idx, bits,
-                                              cols)
+    def gemm(self, x, x_kind, t: ModuleTensors, rule, cols=None):
+        """Y = X @ W[:, cols] on the device (see CpuBackend.gemm, its twin)."""
+        qw, qz, sc, gi, n, n_pad = self._args(t, cols)
         x = np.ascontiguousarray(x)
         _check_kind("x", x, x_kind)
         m, k = x.shape
@@ -89,17 +91,16 @@ class CupyBackend:
         blocks = (n_pad + THREADS - 1) // THREADS
         _kernels().get_function("gptq_dequant_gemm")(
             (blocks,), (THREADS,),
-            (xd, np.int32(x_kind), qw, qz, sc, np.int32(scale_kind), gi, y, np.int32(m),
-             np.int64(k), np.int64(n_pad), np.int32(bits), np.int32(rule)))
+            (xd, np.int32(x_kind), qw, qz, sc, np.int32(t.scale_kind), gi, y, np.int32(m),
+             np.int64(k), np.int64(n_pad), np.int32(t.bits), np.int32(rule)))
         return cp.asnumpy(y[:, :n])
 
-    def dequant(self, qweight, qzeros, scales, scale_kind, g_idx, bits, rule, cols=None):
-        qw, qz, sc, gi, n, n_pad = self._args(qweight, qzeros, scales, scale_kind, g_idx, bits,
-                                              cols)
+    def dequant(self, t: ModuleTensors, rule, cols=None):
+        qw, qz, sc, gi, n, n_pad = self._args(t, cols)
         k = gi.shape[0]
         w = cp.empty((k, n_pad), dtype=cp.float32)
         grid = ((n_pad + THREADS - 1) // THREADS, min(k, 1024))
         _kernels().get_function("gptq_dequant")(
-            grid, (THREADS,), (qw, qz, sc, np.int32(scale_kind), gi, w, np.int64(k),
-                               np.int64(n_pad), np.int32(bits), np.int32(rule)))
+            grid, (THREADS,), (qw, qz, sc, np.int32(t.scale_kind), gi, w, np.int64(k),
+                               np.int64(n_pad), np.int32(t.bits), np.int32(rule)))
         return cp.asnumpy(w[:, :n])

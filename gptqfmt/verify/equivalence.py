@@ -18,17 +18,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import runtimes
+from ..conventions import effective_zeros
 from ..errors import UsageError
-from ..gptq.checkpoint import Checkpoint, Module, open_checkpoint
+from ..gptq.checkpoint import Checkpoint, open_checkpoint
 from ..gptq.detect import AMBIGUOUS, stored_fields
-from ..gptq.evidence import detect_checkpoint, module_g_idx
+from ..gptq.evidence import detect_checkpoint
 from ..gptq.labels import effective_declared
-from . import DTYPE_KIND, F32, RUNTIMES, get_backend
-from .cpu import effective_zeros
+from ..safetensors_io.dtypes import FP16_MAX
+from . import get_backend
+from .operands import F16, F32, module_tensors
 
 ROWS = 4          # rows of the random input X
 COLUMNS = 64      # output columns sampled per module (a contiguous block; all when fewer)
-FP16_MAX = 65504.0
 
 
 @dataclass
@@ -76,12 +78,6 @@ def convention_of(ckpt: Checkpoint) -> str:
     return det.verdict if det.verdict != AMBIGUOUS else effective_declared(ckpt)
 
 
-def _tensors(ckpt: Checkpoint, m: Module):
-    sc_kind = DTYPE_KIND[ckpt.store.info(m.tensors["scales"]).dtype]
-    return (ckpt.view(m.tensors["qweight"]), ckpt.view(m.tensors["qzeros"]),
-            ckpt.view(m.tensors["scales"]), sc_kind, module_g_idx(ckpt, m).astype(np.int32))
-
-
 def _columns(n: int, bits: int, rng) -> np.ndarray:
     width = min(n, COLUMNS)
     start = int(rng.integers(0, n - width + 1)) // 32 * 32
@@ -110,15 +106,15 @@ def compare(src: str | os.PathLike, dst: str | os.PathLike, backend: str = "auto
             continue
         cols = np.arange(m.out_features) if all_columns else _columns(m.out_features, m.bits, rng)
         x = rng.standard_normal((ROWS, m.in_features)).astype(np.float32)
-        ta, tb = _tensors(a, m), _tensors(b, mb)
-        sa, sb = stored_fields(ta[1], m.bits), stored_fields(tb[1], m.bits)
+        ta, tb = module_tensors(a, m), module_tensors(b, mb)
+        sa, sb = stored_fields(ta.qzeros, m.bits), stored_fields(tb.qzeros, m.bits)
         res = ModuleEquivalence(m.name, True)
-        for group, rules in RUNTIMES.items():
-            ra, rb = rules[ca], rules[cb]
+        for g in runtimes.groups():
+            group, ra, rb = g.name, g.rule(ca), g.rule(cb)
             res.cells_differ[group] = int(np.count_nonzero(
                 effective_zeros(sa, m.bits, ra) != effective_zeros(sb, mb.bits, rb)))
-            ya = be.gemm(x, F32, *ta[:3], ta[3], ta[4], m.bits, ra, cols)
-            yb = be.gemm(x, F32, *tb[:3], tb[3], tb[4], m.bits, rb, cols)
+            ya = be.gemm(x, F32, ta, ra, cols)
+            yb = be.gemm(x, F32, tb, rb, cols)
             if not np.array_equal(ya, yb) or res.cells_differ[group]:
                 res.equal = False
                 res.runtimes_differ.append(group)
@@ -152,8 +148,8 @@ def reference_fp32(path: str | os.PathLike, backend: str = "auto",
     ck = open_checkpoint(path)
     declared = effective_declared(ck)
     detected = convention_of(ck)
-    rule_decl = RUNTIMES["vLLM gptq_gemm, ExLlamaV2"][declared]
-    rule_data = RUNTIMES["vLLM gptq_gemm, ExLlamaV2"][detected]
+    rule_decl = runtimes.REFERENCE.rule(declared)
+    rule_data = runtimes.REFERENCE.rule(detected)
     rng = np.random.default_rng(seed)
     # each module's verdict in the light of all of them (misfits are judged against the count)
     verdicts = {v.name: v for v in detect_checkpoint(ck, full=True).modules}
@@ -165,14 +161,13 @@ def reference_fp32(path: str | os.PathLike, backend: str = "auto",
             continue
         cols = _columns(m.out_features, m.bits, rng)
         x = rng.standard_normal((ROWS, m.in_features)).astype(np.float32)
-        qw, qz, sc, kind, g = _tensors(ck, m)
-        y_rt = be.gemm(x.astype(np.float16).view(np.uint16), 1, qw, qz, sc, kind, g, m.bits,
-                       rule_decl, cols)
-        w_ref = be.dequant(qw, qz, sc, kind, g, m.bits, rule_data, cols).astype(np.float64)
+        t = module_tensors(ck, m)
+        y_rt = be.gemm(x.astype(np.float16).view(np.uint16), F16, t, rule_decl, cols)
+        w_ref = be.dequant(t, rule_data, cols).astype(np.float64)
         y_ref = x.astype(np.float16).astype(np.float64) @ w_ref
         diff = y_rt.astype(np.float64) - y_ref
         scale_sum = x.astype(np.float16).astype(np.float64) @ \
-            ck.float32(m.tensors["scales"]).astype(np.float64)[g][:, cols]
+            ck.float32(m.tensors["scales"]).astype(np.float64)[t.g_idx][:, cols]
         out.append(_classify(m.name, y_rt, diff, scale_sum, y_ref, verdicts[m.name]))
         ck.store.release(m.tensors.values())
     return declared, detected, out, be.name

@@ -1,0 +1,26 @@
+"""JSON blocks that more than one report carries, built in one place (the schemas in schemas/
+are the contract for their shape)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .gptq.config import QuantConfig
+from .gptq.detect import Detection
+from .version import __version__
+
+
+def tool_json() -> dict[str, str]:
+    """Which tool wrote the document."""
+    return {"name": "gptqfmt", "version": __version__}
+
+
+def checkpoint_format_json(cfg: QuantConfig | None, det: Detection,
+                           effective: str | None = None) -> dict[str, Any]:
+    """What the configs declare (and, for verify, what runtimes read: `effective`) beside what
+    the data say."""
+    out: dict[str, Any] = {
+        "declared": cfg.convention if cfg else None,
+        "declared_in": [d.to_json() for d in cfg.declared_in] if cfg else []}
+    if effective is not None:
+        out["effective"] = effective
+    return {**out, **det.to_json()}

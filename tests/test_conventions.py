@@ -1,0 +1,69 @@
+"""The conventions and the runtimes as data (gptqfmt/conventions.py, gptqfmt/runtimes.py):
+worked examples, the kernel's rule codes, and the sentences reports build from them."""
+import re
+
+import numpy as np
+import pytest
+
+from gptqfmt import runtimes
+from gptqfmt.conventions import CONVENTIONS, GPTQ, GPTQ_V2, NotRepresentable, ZeroRule, \
+    convert_fields, effective_zeros, lossy_mask, sym_field
+from tests.conftest import ROOT
+
+
+def test_zero_rules_are_the_kernels():
+    header = (ROOT / "kernels" / "gptq_dequant.h").read_text()
+    enum = dict(re.findall(r"GQ_ZERO_(\w+) = (\d+)", header))
+    assert {k: int(v) for k, v in enum.items()} == {r.name: r.value for r in ZeroRule}
+
+
+@pytest.mark.parametrize("rule, want", [
+    (ZeroRule.V2, [0, 7, 15]), (ZeroRule.V1_NOWRAP, [1, 8, 16]), (ZeroRule.V1_WRAP, [1, 8, 0])])
+def test_effective_zeros_worked_example(rule, want):
+    assert effective_zeros(np.array([0, 7, 15], np.uint8), 4, rule).tolist() == want
+
+
+def test_symmetric_fields_and_unknown_conventions():
+    assert [sym_field(b, GPTQ) for b in (2, 3, 4, 8)] == [1, 3, 7, 127]
+    assert [sym_field(b, GPTQ_V2) for b in (2, 3, 4, 8)] == [2, 4, 8, 128]
+    with pytest.raises(ValueError, match=r"convention 'v1': expected one of \('gptq', "
+                                         r"'gptq_v2'\)"):
+        sym_field(4, "v1")
+
+
+def test_lossy_mask_is_what_convert_fields_refuses():
+    s = np.array([[0, 1, 14, 15]], np.uint8)
+    assert lossy_mask(s, 4, GPTQ, GPTQ) is None
+    assert lossy_mask(s, 4, GPTQ, GPTQ_V2).tolist() == [[False, False, False, True]]
+    assert lossy_mask(s, 4, GPTQ_V2, GPTQ).tolist() == [[True, False, False, False]]
+    for src in CONVENTIONS:
+        for dst in CONVENTIONS:
+            mask = lossy_mask(s, 4, src, dst)
+            if mask is None:
+                assert convert_fields(s, 4, src, dst)[0].tolist() == s.tolist()
+                continue
+            with pytest.raises(NotRepresentable) as e:
+                convert_fields(s, 4, src, dst)
+            assert e.value.count == int(mask.sum())
+            out, changes = convert_fields(s, 4, src, dst, allow_lossy=True)
+            assert out[mask].tolist() == [0] and changes.fields == 4
+            assert (changes.ambiguous, changes.lossy) == ((1, 0) if src == GPTQ else (0, 1))
+
+
+def test_runtimes_group_by_their_rule_and_read_by_the_label():
+    assert [g.name for g in runtimes.groups()] == ["vLLM gptq_gemm, ExLlamaV2",
+                                                   "AutoGPTQ exllama, TGI"]
+    assert [g.rule(GPTQ) for g in runtimes.groups()] == [ZeroRule.V1_NOWRAP, ZeroRule.V1_WRAP]
+    assert {r.rule(GPTQ_V2) for r in runtimes.RUNTIMES} == {ZeroRule.V2}
+    assert len({r.id for r in runtimes.RUNTIMES}) == len(runtimes.RUNTIMES)
+    assert runtimes.maxq_readings(4) == ("vLLM gptq_gemm and ExLlamaV2 read Z = 16; AutoGPTQ's "
+                                         "exllama kernels and TGI read Z = 0")
+    assert runtimes.maxq_readings(2, sep=", ").startswith("vLLM gptq_gemm and ExLlamaV2 read "
+                                                          "Z = 4, AutoGPTQ's")
+
+
+def test_element_kinds_are_the_kernels():
+    from gptqfmt.verify import Kind
+    header = (ROOT / "kernels" / "gptq_dequant.h").read_text()
+    enum = dict(re.findall(r"GQ_(F32|F16|BF16) = (\d+)", header))
+    assert {k: int(v) for k, v in enum.items()} == {k.name: k.value for k in Kind}
