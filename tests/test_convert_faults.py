@@ -19,7 +19,7 @@ from gptqfmt.gptq.detect import sym_field
 from gptqfmt.gptq.packing import pack
 from gptqfmt.safetensors_io import save_file
 from gptqfmt.safetensors_io.reader import SafetensorsFile
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 TMP_TAG = ".gptqfmt-tmp-"
 

@@ -10,7 +10,7 @@ from gptqfmt.gptq.checkpoint import open_checkpoint
 from gptqfmt.verify import F16, F32, RUNTIMES
 from gptqfmt.verify.cpu import CpuBackend
 from gptqfmt.verify.equivalence import _tensors
-from tests.conftest import CKPT, SPECS
+from tests.support import CKPT, SPECS
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from gptqfmt.resources import validator
-from tests.conftest import CKPT, ROOT
+from tests.support import CKPT, ROOT
 from tests.test_convert_faults import build, digest, staging_dirs
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
