@@ -1,5 +1,6 @@
-"""What the tests share: paths and fixture data. Tests import from here, never from each other
-nor from conftest.py (which keeps only pytest hooks and fixtures).
+"""What the tests share: paths and fixture data, and the slow bit-by-bit packing reference.
+Tests import from here, never from each other nor from conftest.py (which keeps only pytest hooks
+and fixtures).
 """
 import importlib.util
 import json
@@ -36,3 +37,24 @@ def gpu_available() -> bool:
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:
         return False
+
+
+# ------------------------------------- the slow bit-by-bit packing reference (packing, convert)
+
+def slow_pack_column(values, bits, word_bits):
+    """One Python integer as the bit stream: value k at bit k*bits, then cut into words."""
+    stream = 0
+    for k, v in enumerate(values):
+        for b in range(bits):
+            if (int(v) >> b) & 1:
+                stream |= 1 << (k * bits + b)
+    n_words = len(values) * bits // word_bits
+    return [(stream >> (i * word_bits)) & ((1 << word_bits) - 1) for i in range(n_words)]
+
+
+def slow_unpack_column(words, bits, word_bits):
+    stream = 0
+    for i, w in enumerate(words):
+        stream |= (int(w) & ((1 << word_bits) - 1)) << (i * word_bits)
+    n = len(words) * word_bits // bits
+    return [(stream >> (k * bits)) & ((1 << bits) - 1) for k in range(n)]
