@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gptqfmt.fuzzing import mutated_copy, run_one  # noqa: E402
+from tests.support import mutated_copy, run_one  # noqa: E402
 
 BASES = ["b4-asym-act-gptq-sharded", "b3-asym-noact-gptq_v2-single", "int8-b4-asym-gptq_v2",
          "b8-sym-act-gptq_v2-sharded", "dynamic-b4-asym-gptq_v2", "autogptq-b4-asym-gptq"]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gptqfmt.gptq.detect import GPTQ, GPTQ_V2, misfit_threshold
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 
 def _script():

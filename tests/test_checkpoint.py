@@ -8,7 +8,7 @@ import pytest
 from gptqfmt.gptq.checkpoint import open_checkpoint
 from gptqfmt.gptq.packing import pack
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
-from tests.conftest import CKPT
+from tests.support import CKPT
 
 Q = "model.layers.0.self_attn.q_proj"
 

@@ -8,7 +8,7 @@ import pytest
 
 from gptqfmt.resources import validator
 from gptqfmt.safetensors_io import save_file
-from tests.conftest import CKPT, SPECS
+from tests.support import CKPT, SPECS
 
 FIX = CKPT / "b4-sym-act-gptq-sharded"
 

@@ -10,7 +10,7 @@ import pytest
 
 from gptqfmt.cli.output import finding_line, human_bytes, plural
 from gptqfmt.findings import Finding
-from tests.conftest import CKPT
+from tests.support import CKPT
 
 V2 = CKPT / "b4-sym-noact-gptq_v2-sharded"
 MISLABELLED = CKPT / "mislabelled-b4-sym-v2-as-gptq"

@@ -6,7 +6,7 @@ import pytest
 
 from gptqfmt.errors import FindingError
 from gptqfmt.gptq.config import ModuleConfig, load_config
-from tests.conftest import CKPT
+from tests.support import CKPT
 
 
 def write(d, name, doc):

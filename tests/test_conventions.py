@@ -8,7 +8,7 @@ import pytest
 from gptqfmt import runtimes
 from gptqfmt.conventions import CONVENTIONS, GPTQ, GPTQ_V2, NotRepresentable, ZeroRule, \
     convert_fields, effective_zeros, lossy_mask, sym_field
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 
 def test_zero_rules_are_the_kernels():

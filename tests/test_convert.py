@@ -15,8 +15,7 @@ from gptqfmt.conversion import NotRepresentable, convert, convert_qzeros
 from gptqfmt.errors import FindingError, UsageError
 from gptqfmt.gptq.packing import pack
 from gptqfmt.safetensors_io import SafetensorsFile
-from tests.conftest import CKPT, MANIFEST, SPECS
-from tests.test_packing import slow_pack_column, slow_unpack_column
+from tests.support import CKPT, MANIFEST, SPECS, slow_pack_column, slow_unpack_column
 
 
 # ---------------------------------------------------------------- the slow reference

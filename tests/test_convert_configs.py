@@ -14,7 +14,7 @@ import gptqfmt
 from gptqfmt.conversion import convert
 from gptqfmt.errors import FindingError
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
-from tests.conftest import CKPT, SPECS
+from tests.support import CKPT, SPECS
 
 TMP_TAG = ".gptqfmt-tmp-"
 

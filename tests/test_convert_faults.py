@@ -3,7 +3,6 @@
 The kills land at named stages through the GPTQFMT_FAULT test hook (gptqfmt/faults.py), so every
 run dies exactly where the test says, on a loaded machine too: no sleeps, no timing.
 """
-import hashlib
 import json
 import os
 import resource
@@ -12,57 +11,14 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-from gptqfmt.gptq.detect import sym_field
-from gptqfmt.gptq.packing import pack
-from gptqfmt.safetensors_io import save_file
 from gptqfmt.safetensors_io.reader import SafetensorsFile
-from tests.conftest import ROOT
-
-TMP_TAG = ".gptqfmt-tmp-"
-
-
-def build(d, shards=4, k=2048, n=4096):
-    """A symmetric 4-bit gptq checkpoint in `shards` files, 2 modules each (~34 MB with the
-    defaults)."""
-    d.mkdir()
-    rng = np.random.default_rng(0)
-    wm = {}
-    for s in range(shards):
-        t = {}
-        for j in range(2):
-            p = f"model.layers.{s * 2 + j}.mlp.up_proj"
-            t[f"{p}.qweight"] = rng.integers(-2**31, 2**31, (k // 8, n), dtype=np.int64) \
-                .astype(np.int32)
-            t[f"{p}.qzeros"] = pack(np.full((k // 128, n), sym_field(4, "gptq")), 4, 32, 1)
-            t[f"{p}.scales"] = np.full((k // 128, n), 0.01, np.float16)
-            t[f"{p}.g_idx"] = (np.arange(k) // 128).astype(np.int32)
-        name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        save_file(t, d / name)
-        wm.update({x: name for x in t})
-    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
-    (d / "quantize_config.json").write_text(json.dumps(
-        {"bits": 4, "group_size": 128, "sym": True, "desc_act": False,
-         "checkpoint_format": "gptq"}))
-    (d / "tokenizer.json").write_text("{}")
-
-
-def digest(d):
-    return {p.name: digest_file(p) for p in sorted(d.iterdir())}
-
-
-def digest_file(p):
-    return hashlib.sha256(p.read_bytes()).hexdigest()
+from tests.support import ROOT, build, digest, digest_file, staging_dirs
 
 
 def cmd(src, dst):
     return [sys.executable, "-m", "gptqfmt", "convert", str(src), str(dst), "--quiet"]
-
-
-def staging_dirs(parent):
-    return sorted(p for p in parent.iterdir() if TMP_TAG in p.name)
 
 
 SHARDS = 4

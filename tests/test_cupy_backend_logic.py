@@ -112,7 +112,7 @@ def test_backend_checks_arguments(backend):
 
 def test_convert_runs_the_gpu_gate_when_cupy_is_chosen(backend, tmp_path):
     from gptqfmt.conversion import convert
-    from tests.conftest import CKPT
+    from tests.support import CKPT
     rep = convert(CKPT / "b3-sym-act-gptq-sharded", tmp_path / "o", backend="cupy")
     assert rep.backend == "cupy" and rep.gate.ok and "CUDA kernel" in rep.gate.method
     rep = convert(CKPT / "int8-b4-asym-gptq_v2", tmp_path / "p", backend="auto")
@@ -123,7 +123,7 @@ def test_gpu_gate_failure_blocks_the_commit(backend, tmp_path, monkeypatch):
     from gptqfmt.conversion import convert
     from gptqfmt.errors import FindingError
     from gptqfmt.verify import cupy_backend
-    from tests.conftest import CKPT
+    from tests.support import CKPT
     real = cupy_backend.CupyBackend.gemm
 
     def off_by_a_bit(self, *a, **k):

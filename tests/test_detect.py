@@ -14,7 +14,7 @@ from gptqfmt.gptq.detect import AMBIGUOUS, GPTQ, GPTQ_V2, ModuleVerdict, ZeroSta
     zero_stats
 from gptqfmt.gptq.evidence import detect_checkpoint
 from gptqfmt.gptq.packing import pack
-from tests.conftest import CKPT, GEN, MANIFEST, SPECS
+from tests.support import CKPT, GEN, MANIFEST, SPECS
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

@@ -13,7 +13,7 @@ import pytest
 
 from gptqfmt.gptq import evidence
 from gptqfmt.gptq.checkpoint import open_checkpoint
-from tests.conftest import ROOT, load_generator
+from tests.support import ROOT, load_generator
 
 WM = load_generator("make_whole_models")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -10,7 +10,7 @@ from gptqfmt.gptq.packing import pack, unpack
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
 from gptqfmt.resources import validator
 from gptqfmt.verify.equivalence import compare
-from tests.conftest import CKPT, MANIFEST
+from tests.support import CKPT, MANIFEST
 
 LOSSLESS = [("b4-sym-act-gptq-sharded", "gptq_v2"), ("b3-sym-noact-gptq_v2-single", "gptq"),
             ("int64-b2-sym-gptq", "gptq_v2"), ("bf16-b4-asym-gptq_v2", "gptq_v2"),

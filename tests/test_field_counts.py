@@ -139,7 +139,7 @@ def test_sampling_stops_when_the_pooled_evidence_decides(monkeypatch):
 def test_threads_do_not_change_the_answer():
     from gptqfmt.gptq.checkpoint import open_checkpoint
     from gptqfmt.gptq.evidence import detect_checkpoint
-    from tests.conftest import CKPT
+    from tests.support import CKPT
     ckpt = open_checkpoint(CKPT / "b8-asym-act-gptq-sharded")
     one, many = detect_checkpoint(ckpt, jobs=1), detect_checkpoint(ckpt, jobs=4)
     assert one.to_json() == many.to_json()
@@ -188,7 +188,7 @@ def test_inspect_reads_every_modules_chance_when_the_pooled_test_needs_it(monkey
     gives every module its runs by chance, and the verdicts of the eager computation."""
     from gptqfmt.gptq.checkpoint import open_checkpoint
     from gptqfmt.gptq.evidence import detect_checkpoint
-    from tests.conftest import CKPT
+    from tests.support import CKPT
     path = CKPT / "autogptq-b4-asym-gptq"
     monkeypatch.setattr(detect, "POOLED_RUNS_MIN", 0)
     lazy = detect_checkpoint(open_checkpoint(path), jobs=1)
@@ -208,7 +208,7 @@ def test_leaving_out_the_chance_changes_no_verdict(monkeypatch):
     signatures that computing it for every module gives."""
     from gptqfmt.gptq.checkpoint import open_checkpoint
     from gptqfmt.gptq.evidence import detect_checkpoint
-    from tests.conftest import CKPT
+    from tests.support import CKPT
     lazy = {}
     paths = sorted(p for p in CKPT.iterdir() if (p / "quantize_config.json").exists()
                    or (p / "config.json").exists())

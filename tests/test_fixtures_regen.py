@@ -1,7 +1,7 @@
 """The committed fixtures are exactly what the seeded generators write."""
 import filecmp
 
-from tests.conftest import FIXTURES, GEN, MANIFEST, load_generator
+from tests.support import FIXTURES, GEN, MANIFEST, load_generator
 
 
 def tree(root):

@@ -5,8 +5,7 @@ import shutil
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gptqfmt.fuzzing import mutate, mutated_copy, run_one
-from tests.conftest import CKPT
+from tests.support import CKPT, mutate, mutated_copy, run_one
 
 BASES = ["b4-asym-act-gptq-sharded", "b3-asym-noact-gptq_v2-single", "int8-b4-asym-gptq_v2"]
 

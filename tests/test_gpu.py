@@ -6,11 +6,11 @@ GPTQFMT_REQUIRE_GPU=1 (scripts/gpu-check.sh sets it, so a broken CuPy cannot hid
 import numpy as np
 import pytest
 
-from gptqfmt.gptq.checkpoint import open_checkpoint
 from gptqfmt.conventions import ZeroRule
+from gptqfmt.gptq.checkpoint import open_checkpoint
 from gptqfmt.verify import F16, F32, module_tensors
 from gptqfmt.verify.cpu import CpuBackend
-from tests.conftest import CKPT, SPECS
+from tests.support import CKPT, SPECS
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import FIXTURES, ROOT
+from tests.support import FIXTURES, ROOT
 
 CASES = sorted(p.name for p in (FIXTURES / "hostile").iterdir())
 MEMORY_LIMIT = 3 << 30   # address space of one gptqfmt process: a 1 TB claim must not allocate

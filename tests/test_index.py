@@ -10,7 +10,7 @@ from gptqfmt.errors import FindingError, UsageError
 from gptqfmt.gptq.checkpoint import open_checkpoint
 from gptqfmt.safetensors_io import save_file
 from gptqfmt.safetensors_io.index import INDEX_NAME, open_store
-from tests.conftest import CKPT
+from tests.support import CKPT
 
 SRC = CKPT / "b4-sym-noact-gptq_v2-sharded"
 

@@ -5,7 +5,7 @@ import pytest
 
 import gptqfmt
 from gptqfmt.resources import validator
-from tests.conftest import CKPT, MANIFEST, SPECS
+from tests.support import CKPT, MANIFEST, SPECS
 
 VALIDATOR = validator("inspect")
 SYM_DECIDABLE = {n for n, s in SPECS.items() if s.sym and s.writer != "gptqmodel603"}

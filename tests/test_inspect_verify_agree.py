@@ -8,7 +8,7 @@ import pytest
 import gptqfmt
 from gptqfmt.errors import GptqfmtError
 from gptqfmt.resources import validator
-from tests.conftest import CKPT, FIXTURES, GEN
+from tests.support import CKPT, FIXTURES, GEN
 
 # Findings that need every scale, which inspect does not read (README, "inspect reads headers,
 # configs, g_idx and qzeros, plus 64 KiB of qweight per module").

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from gptqfmt.resources import validator
-from tests.conftest import FIXTURES
+from tests.support import FIXTURES
 
 CASES = sorted(p.name for p in (FIXTURES / "invalid").iterdir())
 

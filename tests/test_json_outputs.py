@@ -5,7 +5,7 @@ tests/golden/json_outputs.json`) and shows the diff in review; a refactoring lea
 import importlib.util
 import json
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 
 def test_json_outputs_match_the_record():

@@ -5,27 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gptqfmt.gptq.packing import block, constant_words, pack, unpack
+from tests.support import slow_pack_column, slow_unpack_column
 
 COMBOS = [(b, w) for b in (2, 3, 4, 8) for w in (8, 16, 32, 64) if b != 3 or w == 32]
-
-
-def slow_pack_column(values, bits, word_bits):
-    """One Python integer as the bit stream: value k at bit k*bits, then cut into words."""
-    stream = 0
-    for k, v in enumerate(values):
-        for b in range(bits):
-            if (int(v) >> b) & 1:
-                stream |= 1 << (k * bits + b)
-    n_words = len(values) * bits // word_bits
-    return [(stream >> (i * word_bits)) & ((1 << word_bits) - 1) for i in range(n_words)]
-
-
-def slow_unpack_column(words, bits, word_bits):
-    stream = 0
-    for i, w in enumerate(words):
-        stream |= (int(w) & ((1 << word_bits) - 1)) << (i * word_bits)
-    n = len(words) * word_bits // bits
-    return [(stream >> (k * bits)) & ((1 << bits) - 1) for k in range(n)]
 
 
 @pytest.mark.parametrize(("zeros", "word"), [

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
 from gptqfmt.safetensors_io.index import INDEX_NAME, open_store
 from gptqfmt.gptq.config import load_config
-from tests.conftest import CKPT, SPECS
+from tests.support import CKPT, SPECS
 
 QC, CJ, MD = "quantize_config.json", "config.json:quantization_config", "__metadata__"
 # name -> (config sources in precedence order, declared convention, places that declare it)

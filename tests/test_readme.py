@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from gptqfmt.findings import CATALOGUE
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 README = (ROOT / "README.md").read_text()
 

@@ -17,7 +17,7 @@ from referencing.jsonschema import DRAFT202012
 
 from gptqfmt.cli import main
 from gptqfmt.resources import registry, validator
-from tests.conftest import CKPT, FIXTURES, ROOT
+from tests.support import CKPT, FIXTURES, ROOT
 
 SCHEMAS = ROOT / "schemas"
 SUFFIX = ".schema.json"

@@ -6,7 +6,7 @@ from importlib.metadata import requires
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 SCRIPTS = ROOT / "scripts"
 # What the GPU image has (its package list, /work/.library/device KINDS.md, 2026-11-17) of

@@ -14,8 +14,7 @@ import sys
 import pytest
 
 from gptqfmt.resources import validator
-from tests.conftest import CKPT, ROOT
-from tests.test_convert_faults import build, digest, staging_dirs
+from tests.support import CKPT, ROOT, build, digest, staging_dirs
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 ENV.pop("GPTQFMT_FAULT", None)

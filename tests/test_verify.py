@@ -5,7 +5,7 @@ import pytest
 
 import gptqfmt
 from gptqfmt.resources import validator
-from tests.conftest import CKPT, SPECS
+from tests.support import CKPT, SPECS
 
 CLEAN_FAIL = {  # clean-data fixtures whose labels or writers are wrong on purpose
     "formatonly-b4-asym-gptq_v2": {"GQ209", "GQ401"},

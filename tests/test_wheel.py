@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from tests.conftest import CKPT, ROOT
+from tests.support import CKPT, ROOT
 
 
 def source_modules() -> list[str]:

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.conftest import load_generator
+from tests.support import load_generator
 
 WM = load_generator("make_whole_models")
 SPECS = [WM.WholeSpec(bits, act, conv, sharding) for bits, act, conv, sharding in

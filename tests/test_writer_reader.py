@@ -10,7 +10,7 @@ from safetensors.torch import load_file as torch_load_file
 from safetensors.torch import save as torch_save
 
 from gptqfmt.safetensors_io import SafetensorsFile, bf16_to_f32, f32_to_bf16, save_file
-from tests.conftest import CKPT
+from tests.support import CKPT
 
 
 def test_golden_header_bytes(tmp_path):

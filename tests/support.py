@@ -1,0 +1,183 @@
+"""What the tests share: paths and fixture data, the slow bit-by-bit packing reference, the
+checkpoint builders of the convert fault tests and the mutation-fuzzing harness. Tests import from
+here, never from each other nor from conftest.py (which keeps only pytest hooks and fixtures);
+scripts/fuzz.py imports the harness, so nothing here needs more than numpy and gptqfmt.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import random
+import shutil
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from gptqfmt.errors import FindingError, OutputError, UsageError
+from gptqfmt.gptq.detect import sym_field
+from gptqfmt.gptq.packing import pack
+from gptqfmt.inspection import inspect_checkpoint
+from gptqfmt.safetensors_io import save_file
+from gptqfmt.validate import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+CKPT = FIXTURES / "ckpt"
+
+
+def load_generator(name: str = "make_fixtures"):
+    """A fixture generator script under fixtures/, imported as a module."""
+    if str(FIXTURES) not in sys.path:
+        sys.path.insert(0, str(FIXTURES))  # the generators import each other
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, FIXTURES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+GEN = load_generator()
+SPECS = {s.name: s for s in GEN.specs()}
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+
+
+def gpu_available() -> bool:
+    try:
+        import cupy  # noqa: F401
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+# ------------------------------------- the slow bit-by-bit packing reference (packing, convert)
+
+def slow_pack_column(values, bits, word_bits):
+    """One Python integer as the bit stream: value k at bit k*bits, then cut into words."""
+    stream = 0
+    for k, v in enumerate(values):
+        for b in range(bits):
+            if (int(v) >> b) & 1:
+                stream |= 1 << (k * bits + b)
+    n_words = len(values) * bits // word_bits
+    return [(stream >> (i * word_bits)) & ((1 << word_bits) - 1) for i in range(n_words)]
+
+
+def slow_unpack_column(words, bits, word_bits):
+    stream = 0
+    for i, w in enumerate(words):
+        stream |= (int(w) & ((1 << word_bits) - 1)) << (i * word_bits)
+    n = len(words) * word_bits // bits
+    return [(stream >> (k * bits)) & ((1 << bits) - 1) for k in range(n)]
+
+
+# ------------------------------------ the checkpoints of the convert fault tests (faults, signals)
+
+TMP_TAG = ".gptqfmt-tmp-"
+
+
+def build(d, shards=4, k=2048, n=4096):
+    """A symmetric 4-bit gptq checkpoint in `shards` files, 2 modules each (~34 MB with the
+    defaults)."""
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    wm = {}
+    for s in range(shards):
+        t = {}
+        for j in range(2):
+            p = f"model.layers.{s * 2 + j}.mlp.up_proj"
+            t[f"{p}.qweight"] = rng.integers(-2**31, 2**31, (k // 8, n), dtype=np.int64) \
+                .astype(np.int32)
+            t[f"{p}.qzeros"] = pack(np.full((k // 128, n), sym_field(4, "gptq")), 4, 32, 1)
+            t[f"{p}.scales"] = np.full((k // 128, n), 0.01, np.float16)
+            t[f"{p}.g_idx"] = (np.arange(k) // 128).astype(np.int32)
+        name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        save_file(t, d / name)
+        wm.update({x: name for x in t})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+    (d / "quantize_config.json").write_text(json.dumps(
+        {"bits": 4, "group_size": 128, "sym": True, "desc_act": False,
+         "checkpoint_format": "gptq"}))
+    (d / "tokenizer.json").write_text("{}")
+
+
+def digest(d):
+    return {p.name: digest_file(p) for p in sorted(d.iterdir())}
+
+
+def digest_file(p):
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def staging_dirs(parent):
+    return sorted(p for p in parent.iterdir() if TMP_TAG in p.name)
+
+
+# -------------------------------------------------- mutation fuzzing (test_fuzz, scripts/fuzz.py)
+# A mutation takes one file of a small checkpoint (a shard, the index or a config) and changes
+# its bytes: bit flips, truncation, insertions, or splices of hostile JSON tokens into headers and
+# configs. `run_one` then runs inspect and verify and classifies the outcome: a finding or usage
+# error is a clean refusal; any other exception is a crash.
+
+TOKENS = [b"-1", b"-0", b"1e400", b"null", b"NaN", b"18446744073709551616", b"[]", b"{}",
+          b'"\\ud800"', b'"F16"', b'"I32"', b'"BF16"', b"0", b"4294967296", b'"\\u001b[2J"',
+          b"[[[[[[[[", b'"data_offsets"', b'"shape"', b'"__metadata__"', b",", b":"]
+
+
+def mutate(blob: bytes, rnd: random.Random) -> bytes:
+    b = bytearray(blob)
+    header_end = 8 + struct.unpack("<Q", blob[:8])[0] if len(blob) >= 8 and \
+        struct.unpack("<Q", blob[:8])[0] < len(blob) else len(blob)
+    for _ in range(rnd.randint(1, 4)):
+        op = rnd.choice(["flip", "flip", "cut", "insert", "token", "token", "length", "data"])
+        pos = rnd.randrange(max(1, min(len(b), header_end)))
+        if op == "data" and len(b) > header_end:  # tensor values: scales, g_idx, qzeros, ...
+            pos = rnd.randrange(header_end, len(b))
+            b[pos:pos + 4] = bytes(rnd.choice([0x00, 0x7C, 0x7E, 0xFF, 0x80, rnd.randrange(256)])
+                                   for _ in range(min(4, len(b) - pos)))
+            continue
+        if op == "flip" and b:
+            b[pos] ^= 1 << rnd.randrange(8)
+        elif op == "cut":
+            end = pos + rnd.randint(1, 64) if rnd.random() < 0.7 else len(b)
+            del b[pos:end]
+        elif op == "insert":
+            b[pos:pos] = bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 8)))
+        elif op == "token":
+            tok = rnd.choice(TOKENS)
+            b[pos:pos + rnd.randint(0, len(tok))] = tok
+        elif op == "length" and len(b) >= 8:
+            b[:8] = struct.pack("<Q", rnd.choice([0, 1, len(b), len(b) - 8, 2**40, 2**64 - 1,
+                                                  rnd.randrange(len(b) + 16)]))
+    return bytes(b)
+
+
+def mutated_copy(src: Path, dst: Path, rnd: random.Random) -> Path:
+    shutil.copytree(src, dst)
+    files = sorted(p for p in dst.iterdir() if p.suffix in (".safetensors", ".json"))
+    target = rnd.choice(files)
+    target.write_bytes(mutate(target.read_bytes(), rnd))
+    return target
+
+
+def run_one(path: Path, out: Path | None = None) -> str:
+    """'clean' (ran, findings or not), 'refused' (a finding or usage error), or raises on a crash
+    (any other exception, a bare internal GptqfmtError, or a report that is not valid JSON).
+    With `out`, convert (and verify --against) run too."""
+    try:
+        json.dumps(inspect_checkpoint(path).to_json(), allow_nan=False)
+        rep = validate(path, jobs=1)
+        json.dumps(rep.to_json(), allow_nan=False)
+        if out is not None:
+            from gptqfmt.conversion import convert
+            from gptqfmt.verify.equivalence import compare
+            convert(path, out, allow_lossy=True)
+            compare(path, out, backend="cpu")
+        return "clean"
+    except (FindingError, UsageError, OutputError):
+        return "refused"
