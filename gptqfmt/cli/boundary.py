@@ -8,9 +8,9 @@ import traceback
 import click
 
 from ..errors import FindingError, GptqfmtError
-from .output import emit_json, finding_line, note, plural
+from .reporters import REPORTERS, reporter
 
-FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["text", "json"]),
+FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(list(REPORTERS)),
                              default="text", show_default=True, help="Output format.")
 
 
@@ -22,43 +22,28 @@ def guarded(fn):
         try:
             code = fn(*args, fmt=fmt, **kwargs)
         except FindingError as e:
-            report_failure(fmt, "fail", 1, findings=e.findings)
+            reporter(fmt).failure("fail", 1, findings=e.findings)
             code = 1
         except GptqfmtError as e:
-            report_failure(fmt, "error", e.exit_code, message=str(e))
+            reporter(fmt).failure("error", e.exit_code, message=str(e))
             code = e.exit_code
         except Interrupted as e:  # SIGINT/SIGTERM/SIGHUP; `finally` blocks (staging) have run
-            report_failure(fmt, "error", e.exit_code, message=str(e))
+            reporter(fmt).failure("error", e.exit_code, message=str(e))
             code = e.exit_code
         except BrokenPipeError:
             raise  # stdout was closed (`| head`): not an internal error; run() exits quietly
         except Exception as e:  # noqa: BLE001 - the catch-all that keeps tracebacks off CI logs
             if debug:
                 traceback.print_exc()
-            report_failure(fmt, "error", 3, message=f"internal error: {type(e).__name__}: {e}"
-                            + ("" if debug else " (run with --debug for the traceback)"))
+            reporter(fmt).failure("error", 3, message=f"internal error: {type(e).__name__}: "
+                                  f"{e}" + ("" if debug else " (run with --debug for the "
+                                            "traceback)"))
             code = 3
         raise SystemExit(code or 0)
 
     wrapper = click.option("--debug", is_flag=True,
                            help="Show the traceback of an internal error (exit 3).")(wrapper)
     return FORMAT_OPTION(wrapper)
-
-
-def report_failure(fmt, status, exit_code, findings=(), message=None):
-    if fmt == "json":
-        doc = {"status": status, "exit_code": exit_code,
-               "findings": [f.to_json() for f in findings]}
-        if message:
-            doc["error"] = message
-        emit_json(doc)
-        return
-    for f in findings:
-        click.echo(finding_line(f))  # each with its hint: the next step, as in JSON
-    if findings:
-        click.echo(f"FAIL: stopped by {plural(len(findings), 'finding')}")
-    if message:
-        note(f"gptqfmt: error: {message}")  # note() escapes, once
 
 
 class Interrupted(BaseException):

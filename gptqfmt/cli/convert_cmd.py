@@ -5,8 +5,8 @@ import click
 
 from ..conversion import convert
 from .boundary import guarded
-from .output import emit_json, escape, finding_line, plural
 from .progress import Progress
+from .reporters import reporter
 
 
 @click.command("convert", short_help="Rewrite zero points gptq <-> gptq_v2 losslessly into a new "
@@ -43,26 +43,5 @@ def convert_cmd(src, dst, fmt, to, src_convention, allow_lossy, dry_run, force, 
         report = convert(src, dst, to=to, src_convention=src_convention,
                          allow_lossy=allow_lossy, dry_run=dry_run, force=force, jobs=jobs,
                          backend=backend, progress=bar.update, on_module=mods.update)
-    doc = report.to_json()
-    if fmt == "json":
-        emit_json(doc)
-        return 0
-    for f in report.findings:
-        click.echo(finding_line(f))
-    t = doc["totals"]
-    verb = "would convert" if dry_run else "converted"
-    click.echo(f"{verb} {escape(src)} ({doc['from']}) -> {escape(dst)} ({doc['to']}): "
-               f"{plural(len(doc['modules']), 'module')}, {t['changed']} of "
-               f"{plural(t['fields'], 'zero-point field')} changed, {t['ambiguous']} ambiguous, "
-               f"{t['lossy']} lossy")
-    if t["changed"] == 0 and not dry_run:
-        click.echo("no zero point changed (already in the target convention); configs "
-                   "normalised")
-    if report.gate is not None:
-        checks = report.gate.modules
-        lossy = sum(1 for c in checks if c.lossy_cells)
-        click.echo(f"verified ({report.backend}): {report.gate.bytes_compared} bytes outside "
-                   f"qzeros identical, {plural(len(checks) - lossy, 'module')} bitwise equal"
-                   + (f", {lossy} lossy as reported (max relative output error "
-                      f"{max(c.rel_err for c in checks):.3g})" if lossy else ""))
+    reporter(fmt).convert(report, 0)
     return 0

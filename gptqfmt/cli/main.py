@@ -9,7 +9,7 @@ from ..version import __version__
 from .boundary import Interrupted
 from .convert_cmd import convert_cmd
 from .inspect_cmd import inspect_cmd
-from .output import emit_json, note
+from .reporters import REPORTERS, reporter
 from .verify_cmd import verify_cmd
 
 __all__ = ["Interrupted", "main", "run"]
@@ -79,11 +79,10 @@ def _invoke(args: list[str]):
             raise BrokenPipeError(errno.EPIPE, "Broken pipe") from None
         return e.code
     except click.ClickException as e:
-        if _wants_json(args):
-            emit_json({"status": "error", "exit_code": e.exit_code, "findings": [],
-                       "error": e.format_message()})
+        if _format_of(args) == "text":
+            e.show()  # click's own usage text
         else:
-            e.show()
+            reporter(_format_of(args)).failure("error", e.exit_code, message=e.format_message())
         return e.exit_code
     except click.Abort:  # EOF at a prompt, or a KeyboardInterrupt click caught itself
         _report_outside_command(args, 130, "aborted")
@@ -91,10 +90,7 @@ def _invoke(args: list[str]):
 
 
 def _report_outside_command(args: list[str], exit_code: int, message: str) -> None:
-    if _wants_json(args):
-        emit_json({"status": "error", "exit_code": exit_code, "findings": [], "error": message})
-    else:
-        note(f"gptqfmt: error: {message}")
+    reporter(_format_of(args)).failure("error", exit_code, message=message)
 
 
 HANDLED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
@@ -156,6 +152,15 @@ def _stdout_closed() -> int:
     return 128 + signal.SIGPIPE
 
 
-def _wants_json(args: list[str]) -> bool:
-    return "--format=json" in args or any(a == "--format" and b == "json"
-                                          for a, b in zip(args, args[1:]))
+def _format_of(args: list[str]) -> str:
+    """The --format the command line asks for (text when none or an unknown one): what a
+    failure outside a command body, before click parsed the options, is reported in. The last
+    one counts, as for click."""
+    fmt = "text"
+    args = [str(a) for a in args]
+    for a, b in zip(args, args[1:] + [""]):
+        value = a.partition("=")[2] if a.startswith("--format=") else b if a == "--format" \
+            else None
+        if value in REPORTERS:
+            fmt = value
+    return fmt

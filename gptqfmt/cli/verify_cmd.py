@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import click
 
+from ..errors import UsageError
 from ..validate import validate
 from ..verify.equivalence import check_usage, compare, reference_fp32
 from .boundary import guarded
-from ..errors import UsageError
-from .output import emit_json, escape, finding_line, plural
 from .progress import Progress
+from .reporters import reporter
 
 
 @click.command("verify", short_help="Every check over all the data; exit 0/1 for CI. "
@@ -43,20 +43,9 @@ def verify_cmd(path, fmt, strict, quiet, jobs, against, reference, backend):
     _refuse_inapplicable("a plain verify (without --against or --reference)", backend=backend)
     with Progress(enabled=fmt == "text" and not quiet, unit="B", desc="verify") as bar:
         report = validate(path, progress=bar.update, jobs=jobs)
-    if fmt == "json":
-        emit_json(report.to_json(strict))
-    else:
-        for f in report.findings:
-            click.echo(finding_line(f))
-        doc = report.to_json(strict)
-        s, cf = doc["summary"], doc["checkpoint_format"]
-        status = "FAIL" if report.failed(strict) else "OK"
-        click.echo(f"{status}: {plural(s['modules'], 'module')}, {plural(s['errors'], 'error')}, "
-                   f"{plural(s['warnings'], 'warning')}, {plural(s['infos'], 'info')}; "
-                   f"declared {cf['declared'] or 'none'} "
-                   f"(runtimes read {cf['effective']}), detected {cf['detected']} "
-                   f"(confidence {cf['confidence']:.4f})")
-    return 1 if report.failed(strict) else 0
+    code = 1 if report.failed(strict) else 0
+    reporter(fmt).verify(report, strict, code)
+    return code
 
 
 def _refuse_inapplicable(mode: str, **given) -> None:
@@ -75,35 +64,13 @@ def _refuse_inapplicable(mode: str, **given) -> None:
 
 def _against(src, dst, backend, fmt) -> int:
     rep = compare(src, dst, backend)
-    if fmt == "json":
-        emit_json(rep.to_json())
-        return 0 if rep.equivalent else 1
-    for m in rep.modules:
-        if m.equal:
-            click.echo(f"{escape(m.name)}: equal (bitwise, every runtime)")
-            continue
-        cells = ", ".join(f"{g}: {n} zero cells" for g, n in m.cells_differ.items())
-        click.echo(f"{escape(m.name)}: DIFFERS for {'; '.join(m.runtimes_differ) or '-'} "
-                   f"(max abs {m.max_abs:.4g}, relative {m.max_rel:.3g}; {cells})"
-                   + (f" {m.note}" if m.note else ""))
-    n_eq = sum(m.equal for m in rep.modules)
-    click.echo(f"{'OK' if rep.equivalent else 'FAIL'}: {n_eq} of {len(rep.modules)} modules "
-               f"compute the same Y = X @ W ({rep.src_convention} vs {rep.dst_convention}, "
-               f"backend {rep.backend}, {rep.columns} columns per module)")
-    return 0 if rep.equivalent else 1
+    code = 0 if rep.equivalent else 1
+    reporter(fmt).against(rep, code)
+    return code
 
 
 def _reference(path, backend, fmt) -> int:
-    declared, detected, diags, backend_name = reference_fp32(path, backend)
-    bad = [d for d in diags if d.verdict != "consistent"]
-    if fmt == "json":
-        emit_json({"status": "fail" if bad else "ok", "mode": "reference",
-                   "exit_code": 1 if bad else 0, "findings": [], "backend": backend_name,
-                   "declared": declared,
-                   "detected": detected, "modules": [d.to_json() for d in diags]})
-        return 1 if bad else 0
-    for d in diags:
-        click.echo(f"{escape(d.name)}: {d.verdict}" + (f" ({d.detail})" if d.detail else ""))
-    click.echo(f"{'FAIL' if bad else 'OK'}: {len(diags) - len(bad)} of {len(diags)} modules "
-               f"consistent (runtimes read {declared}, the data are {detected})")
-    return 1 if bad else 0
+    rep = reference_fp32(path, backend)
+    code = 1 if rep.inconsistent else 0
+    reporter(fmt).reference(rep, code)
+    return code

@@ -69,7 +69,7 @@ class ConvertReport:
         g = self.gate
         return {
             "tool": tool_json(),
-            "status": "ok", "exit_code": 0, "src": self.src, "dst": self.dst,
+            "status": "ok", "src": self.src, "dst": self.dst,
             "from": self.src_convention, "to": self.dst_convention,
             "dry_run": self.dry_run, "written": self.written, "backend": self.backend,
             "detected": {"verdict": self.detection.verdict,

@@ -63,7 +63,6 @@ class EquivalenceReport:
 
     def to_json(self):
         return {"status": "ok" if self.equivalent else "fail", "mode": "against",
-                "exit_code": 0 if self.equivalent else 1,
                 "src": self.src, "dst": self.dst, "backend": self.backend,
                 "src_convention": self.src_convention, "dst_convention": self.dst_convention,
                 "columns_per_module": self.columns, "findings": [],
@@ -140,10 +139,29 @@ class ModuleDiagnosis:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class ReferenceReport:
+    """What runtimes compute from one checkpoint against an fp32 dequant with the data's own
+    convention, module by module."""
+    declared: str     # what runtimes read
+    detected: str     # what the data are
+    modules: list[ModuleDiagnosis]
+    backend: str
+
+    @property
+    def inconsistent(self) -> list[ModuleDiagnosis]:
+        return [d for d in self.modules if d.verdict != "consistent"]
+
+    def to_json(self) -> dict:
+        return {"status": "fail" if self.inconsistent else "ok", "mode": "reference",
+                "findings": [], "backend": self.backend, "declared": self.declared,
+                "detected": self.detected, "modules": [d.to_json() for d in self.modules]}
+
+
 def reference_fp32(path: str | os.PathLike, backend: str = "auto",
-                   seed: int = 0) -> tuple[str, str, list[ModuleDiagnosis], str]:
-    """(declared, detected, per-module diagnoses, backend) of one checkpoint; see the module
-    docstring. Invalid modules are diagnosed as such (they cannot be computed)."""
+                   seed: int = 0) -> ReferenceReport:
+    """The checkpoint's ReferenceReport; see the module docstring. Invalid modules are
+    diagnosed as such (they cannot be computed)."""
     be = get_backend(backend)
     ck = open_checkpoint(path)
     declared = effective_declared(ck)
@@ -170,7 +188,7 @@ def reference_fp32(path: str | os.PathLike, backend: str = "auto",
             ck.float32(m.tensors["scales"]).astype(np.float64)[t.g_idx][:, cols]
         out.append(_classify(m.name, y_rt, diff, scale_sum, y_ref, verdicts[m.name]))
         ck.store.release(m.tensors.values())
-    return declared, detected, out, be.name
+    return ReferenceReport(declared, detected, out, be.name)
 
 
 def _classify(name, y_rt, diff, scale_sum, y_ref, verdict) -> ModuleDiagnosis:

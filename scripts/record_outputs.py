@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
-"""The JSON documents of inspect, verify and convert on every shipped fixture, as one file: a
-record to diff a refactoring against (a redesign must leave every byte of them unchanged).
+"""What inspect, verify and convert print on every shipped fixture (the JSON documents and the
+text reports), as one file: a record to diff a refactoring against (a redesign must leave every
+byte of them unchanged).
 
 For each directory under fixtures/ckpt, fixtures/invalid and fixtures/hostile it runs, in
-process: `inspect --format json`, `verify --format json`, `convert SRC DST --to T --format json`
-into a temporary DST with T each convention, and `verify DST --against SRC --format json` where
-the conversion succeeded. It keeps each command's exit code and stdout, with two things that
-differ from run to run replaced: the temporary directory (<TMP>) and the tool's version.
+process, with --format json and with --format text: `inspect`, `verify --quiet`, `convert SRC
+DST --to T --quiet` into a temporary DST with T each convention, and `verify DST --against SRC`
+where the conversion succeeded. It keeps each command's exit code and stdout, with two things
+that differ from run to run replaced: the temporary directory (<TMP>), the repository's
+directory (<ROOT>) and the tool's version.
 
-    python3 scripts/json_outputs.py --write OUT.json    # record
-    python3 scripts/json_outputs.py --check OUT.json    # exit 1 and name what differs
+    python3 scripts/record_outputs.py --write OUT.json    # record
+    python3 scripts/record_outputs.py --check OUT.json    # exit 1 and name what differs
 
-tests/test_json_outputs.py checks the record committed in tests/golden/.
+tests/test_recorded_outputs.py checks the record committed in tests/golden/.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from gptqfmt.version import __version__  # noqa: E402
 
 KINDS = ("ckpt", "invalid", "hostile")
 CONVENTIONS = ("gptq", "gptq_v2")
+FORMATS = ("json", "text")
 
 
 def fixture_dirs(root: Path = ROOT / "fixtures") -> list[Path]:
@@ -39,29 +42,32 @@ def fixture_dirs(root: Path = ROOT / "fixtures") -> list[Path]:
 
 def run(args: list[str], tmp: Path) -> dict:
     r = CliRunner().invoke(main, args, catch_exceptions=False)
-    out = r.stdout.replace(str(tmp), "<TMP>").replace(
+    out = r.stdout.replace(str(tmp), "<TMP>").replace(str(ROOT), "<ROOT>").replace(
         f'"version": "{__version__}"', '"version": "<VERSION>"')
     return {"exit": r.exit_code, "stdout": out}
 
 
 def outputs(dirs: list[Path] | None = None) -> dict[str, dict]:
-    """{"command fixture": {"exit": code, "stdout": text}} over `dirs` (default: all)."""
+    """{"command fixture": {"exit": code, "stdout": text}} over `dirs` (default: all), for
+    --format json and, under keys that start with "text ", --format text."""
     record: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         for d in dirs or fixture_dirs():
             name = f"{d.parent.name}/{d.name}"
             src = str(d)
-            for cmd in ("inspect", "verify"):
-                record[f"{cmd} {name}"] = run([cmd, src, "--format", "json"], tmp)
-            for to in CONVENTIONS:
-                dst = tmp / f"{d.parent.name}-{d.name}-{to}"
-                got = run(["convert", src, str(dst), "--to", to, "--quiet", "--format", "json"],
-                          tmp)
-                record[f"convert {name} --to {to}"] = got
-                if got["exit"] == 0:
-                    record[f"verify --against {name} --to {to}"] = run(
-                        ["verify", str(dst), "--against", src, "--format", "json"], tmp)
+            for fmt in FORMATS:
+                key = "" if fmt == "json" else f"{fmt} "
+                opts = ["--format", fmt]
+                record[f"{key}inspect {name}"] = run(["inspect", src, *opts], tmp)
+                record[f"{key}verify {name}"] = run(["verify", src, "--quiet", *opts], tmp)
+                for to in CONVENTIONS:
+                    dst = tmp / f"{d.parent.name}-{d.name}-{to}-{fmt}"
+                    got = run(["convert", src, str(dst), "--to", to, "--quiet", *opts], tmp)
+                    record[f"{key}convert {name} --to {to}"] = got
+                    if got["exit"] == 0:
+                        record[f"{key}verify --against {name} --to {to}"] = run(
+                            ["verify", str(dst), "--against", src, *opts], tmp)
     return record
 
 
