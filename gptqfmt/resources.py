@@ -13,6 +13,7 @@ without a base URI resolves to.
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -29,6 +30,16 @@ def data_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"gptqfmt data directory '{name}' not found beside {_PKG}")
+
+
+def kernel_constant(name: str) -> int:
+    """A `#define NAME <integer>` of kernels/gptq_dequant.h: the kernels' limits stated once,
+    where the C code needs them."""
+    text = (data_dir("kernels") / "gptq_dequant.h").read_text("utf-8")
+    found = re.search(rf"^#define {re.escape(name)} (\d+)$", text, re.MULTILINE)
+    if found is None:
+        raise LookupError(f"kernels/gptq_dequant.h defines no integer {name}")
+    return int(found.group(1))
 
 
 def schema_names() -> list[str]:

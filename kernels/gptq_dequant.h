@@ -27,6 +27,9 @@ typedef long long int64_t;
 
 enum { GQ_ZERO_V2 = 0, GQ_ZERO_V1_NOWRAP = 1, GQ_ZERO_V1_WRAP = 2 };
 enum { GQ_F32 = 0, GQ_F16 = 1, GQ_BF16 = 2 };
+// Rows of X one GEMM call takes: each thread keeps one accumulator per row in registers.
+// (The Python side reads this line: gptqfmt.resources.kernel_constant.)
+#define GQ_MAX_M 16
 
 // Value k of the bit stream held in `words` (unsigned 32-bit words).
 GQ_HD uint32_t gq_field(const uint32_t* words, int64_t k, int bits) {

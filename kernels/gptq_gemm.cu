@@ -4,8 +4,6 @@
 // neighbouring columns (coalesced). Compiled by CuPy's RawModule from this file's text.
 #include "gptq_dequant.h"
 
-#define GQ_MAX_M 16
-
 extern "C" __global__ void gptq_dequant_gemm(
     const void* x, int x_kind, const uint32_t* qweight, const uint32_t* qzeros,
     const void* scales, int scale_kind, const int32_t* g_idx, float* y,

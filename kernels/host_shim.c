@@ -19,7 +19,7 @@ void gq_host_gemm(const void* x, int x_kind, const uint32_t* qweight, const uint
                   const void* scales, int scale_kind, const int32_t* g_idx, float* y, int M,
                   int64_t K, int64_t N, int bits, int rule) {
     for (int64_t n = 0; n < N; ++n) {
-        float acc[16];
+        float acc[GQ_MAX_M];
         for (int m = 0; m < M; ++m) acc[m] = 0.0f;
         for (int64_t k = 0; k < K; ++k) {
             const float w = gq_weight(qweight, qzeros, scales, scale_kind, g_idx, k, n, N, bits,

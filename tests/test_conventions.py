@@ -67,3 +67,14 @@ def test_element_kinds_are_the_kernels():
     header = (ROOT / "kernels" / "gptq_dequant.h").read_text()
     enum = dict(re.findall(r"GQ_(F32|F16|BF16) = (\d+)", header))
     assert {k: int(v) for k, v in enum.items()} == {k.name: k.value for k in Kind}
+
+
+def test_kernel_limits_are_read_from_the_header():
+    from gptqfmt.resources import kernel_constant
+    header = (ROOT / "kernels" / "gptq_dequant.h").read_text()
+    assert kernel_constant("GQ_MAX_M") == 16 and "#define GQ_MAX_M 16" in header
+    for f in ("gptq_gemm.cu", "host_shim.c"):  # both use the one definition
+        text = (ROOT / "kernels" / f).read_text()
+        assert "GQ_MAX_M" in text and "#define GQ_MAX_M" not in text and "acc[16]" not in text
+    with pytest.raises(LookupError, match="defines no integer GQ_NOPE"):
+        kernel_constant("GQ_NOPE")

@@ -31,7 +31,7 @@ from .write import QzerosJob, copy_plain, write_shard
 RESOLVED_BY_CONVERT = {"GQ204", "GQ209"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModulePlan:
     name: str
     bits: int
@@ -114,14 +114,16 @@ def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
         v = verdicts.get(m.name)
         sigs = v.signatures if v else []
         lossy = c.lossy + (c.ambiguous if allow_lossy else 0)  # written, and some runtime reads
-        p = ModulePlan(m.name, m.bits, c.fields, c.changed, c.ambiguous, lossy, sigs)
-        plans.append(p)
+        lossy_at = lossy_mask(stored, m.bits, src, dst)
+        # a stored maxq read as 2^bits moves a weight by 2^bits scale steps; a Z of 0 written
+        # as 1, by one
+        change = 0.0 if not (c.ambiguous or c.lossy) else \
+            (1 << m.bits if c.ambiguous else 1) * _max_scale(ckpt, m, lossy_at)
+        plans.append(ModulePlan(m.name, m.bits, c.fields, c.changed, c.ambiguous, lossy, sigs,
+                                change))
         ckpt.store.release([qz])
         file = ckpt.store.file_of(qz)
-        lossy_at = lossy_mask(stored, m.bits, src, dst)
         if c.ambiguous:
-            steps = 1 << m.bits
-            p.max_weight_change = steps * _max_scale(ckpt, m, lossy_at)
             unrecoverable = (" Neighbouring fields are corrupted too (" + ", ".join(sigs) +
                              "): their true zero points cannot be recovered." if sigs else "")
             findings.append(Finding(
@@ -133,16 +135,14 @@ def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
                 hint=None if allow_lossy else "--allow-lossy writes Z = 0 for them",
                 details={"fields": c.ambiguous, "signatures": sigs}))
         if c.lossy:
-            p.max_weight_change = _max_scale(ckpt, m, lossy_at)
             findings.append(Finding(
                 "GQ411" if allow_lossy else "GQ410",
                 f"{c.lossy} of {c.fields} zero points are 0 "
                 f"({int(lossy_at.any(axis=1).sum())} of {m.groups} groups): gptq stores "
                 f"them as 0, read as Z = 1, moving each weight of those groups by one scale "
-                f"step (up to "
-                f"{p.max_weight_change:.4g})", file=file, tensor=qz,
+                f"step (up to {change:.4g})", file=file, tensor=qz,
                 hint=None if allow_lossy else "--allow-lossy writes Z = 1 for them",
-                details={"fields": c.lossy, "max_weight_change": p.max_weight_change}))
+                details={"fields": c.lossy, "max_weight_change": change}))
     return plans, findings
 
 

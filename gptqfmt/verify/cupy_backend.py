@@ -9,11 +9,11 @@ import cupy as cp
 import numpy as np
 
 from ..errors import UsageError
-from ..resources import data_dir
+from ..resources import data_dir, kernel_constant
 from .operands import BF16, F16, F32, ModuleTensors
 
 THREADS = 128
-MAX_M = 16
+MAX_M = kernel_constant("GQ_MAX_M")  # rows of X per call
 _module = None
 
 

@@ -77,7 +77,7 @@ def convention_of(ckpt: Checkpoint) -> str:
     return det.verdict if det.verdict != AMBIGUOUS else effective_declared(ckpt)
 
 
-def _columns(n: int, bits: int, rng) -> np.ndarray:
+def _columns(n: int, rng) -> np.ndarray:
     width = min(n, COLUMNS)
     start = int(rng.integers(0, n - width + 1)) // 32 * 32
     return np.arange(start, min(n, start + width))
@@ -103,7 +103,7 @@ def compare(src: str | os.PathLike, dst: str | os.PathLike, backend: str = "auto
                 (mb.bits, mb.in_features, mb.out_features, mb.groups):
             out.append(ModuleEquivalence(m.name, False, note="geometry differs"))
             continue
-        cols = np.arange(m.out_features) if all_columns else _columns(m.out_features, m.bits, rng)
+        cols = np.arange(m.out_features) if all_columns else _columns(m.out_features, rng)
         x = rng.standard_normal((ROWS, m.in_features)).astype(np.float32)
         ta, tb = module_tensors(a, m), module_tensors(b, mb)
         sa, sb = stored_fields(ta.qzeros, m.bits), stored_fields(tb.qzeros, m.bits)
@@ -177,7 +177,7 @@ def reference_fp32(path: str | os.PathLike, backend: str = "auto",
             out.append(ModuleDiagnosis(m.name, "invalid", 0.0, "its tensors do not form a "
                                        "module (see `gptqfmt verify`)"))
             continue
-        cols = _columns(m.out_features, m.bits, rng)
+        cols = _columns(m.out_features, rng)
         x = rng.standard_normal((ROWS, m.in_features)).astype(np.float32)
         t = module_tensors(ck, m)
         y_rt = be.gemm(x.astype(np.float16).view(np.uint16), F16, t, rule_decl, cols)
