@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gptqfmt.validate import validate  # noqa: E402
+from gptqfmt.validation import validate  # noqa: E402
 from synth import build  # noqa: E402
 
 def baseline(root: Path) -> float:

@@ -18,7 +18,7 @@ from .gptq.packing import pack, unpack
 from .gptq.detect import Detection, ModuleVerdict
 from .inspection import InspectResult
 from .inspection import inspect_checkpoint as inspect
-from .validate import Report, validate
+from .validation import Report, validate
 from .version import __version__
 
 

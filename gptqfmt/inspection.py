@@ -1,6 +1,6 @@
 """`inspect`: what a checkpoint holds, as one result object for the text and JSON reporters.
 
-Its findings come from verify's own rules (validate.py) fed with what inspect reads: every header,
+Its findings come from verify's own rules (validation.py) fed with what inspect reads: every header,
 config, g_idx and qzeros, and a sample of qweight rows. Whatever it finds, verify finds with the
 same code and severity; verify may find more (scales, and evidence from the unsampled rows)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .gptq.detect import Detection
 from .gptq.evidence import detect_checkpoint
 from .gptq.labels import convention_findings
 from .reports import checkpoint_format_json, tool_json
-from .validate import declared_findings, summary_counts, zero_point_findings
+from .validation import declared_findings, summary_counts, zero_point_findings
 
 
 @dataclass

@@ -21,7 +21,7 @@ from gptqfmt.gptq.detect import sym_field
 from gptqfmt.gptq.packing import pack
 from gptqfmt.inspection import inspect_checkpoint
 from gptqfmt.safetensors_io import save_file
-from gptqfmt.validate import validate
+from gptqfmt.validation import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -175,7 +175,7 @@ def run_one(path: Path, out: Path | None = None) -> str:
         json.dumps(rep.to_json(), allow_nan=False)
         if out is not None:
             from gptqfmt.conversion import convert
-            from gptqfmt.verify.equivalence import compare
+            from gptqfmt.numerics.equivalence import compare
             convert(path, out, allow_lossy=True)
             compare(path, out, backend="cpu")
         return "clean"

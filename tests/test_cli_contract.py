@@ -116,10 +116,10 @@ def test_convert_of_a_file_names_the_directory_to_pass(tmp_path):
 
 def test_cupy_unavailable_gives_the_install_command(monkeypatch):
     from gptqfmt.errors import UsageError
-    from gptqfmt.verify import get_backend
+    from gptqfmt.numerics import get_backend
 
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ModuleNotFoundError
-    monkeypatch.delitem(sys.modules, "gptqfmt.verify.cupy_backend", raising=False)
+    monkeypatch.delitem(sys.modules, "gptqfmt.numerics.cupy_backend", raising=False)
     with pytest.raises(UsageError) as e:
         get_backend("cupy")
     assert "pip install 'gptqfmt[cuda12]'" in str(e.value) and "--backend cpu" in str(e.value)

@@ -63,7 +63,7 @@ def test_runtimes_group_by_their_rule_and_read_by_the_label():
 
 
 def test_element_kinds_are_the_kernels():
-    from gptqfmt.verify import Kind
+    from gptqfmt.numerics import Kind
     header = (ROOT / "kernels" / "gptq_dequant.h").read_text()
     enum = dict(re.findall(r"GQ_(F32|F16|BF16) = (\d+)", header))
     assert {k: int(v) for k, v in enum.items()} == {k.name: k.value for k in Kind}

@@ -15,8 +15,8 @@ from gptqfmt.conventions import ZeroRule
 from gptqfmt.errors import UsageError
 from gptqfmt.gptq.packing import pack
 from gptqfmt.resources import data_dir
-from gptqfmt.verify import F16, F32, ModuleTensors
-from gptqfmt.verify.cpu import CpuBackend
+from gptqfmt.numerics import F16, F32, ModuleTensors
+from gptqfmt.numerics.cpu import CpuBackend
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
 
@@ -62,15 +62,15 @@ def backend(tmp_path, monkeypatch):
     subprocess.run(["g++", "-x", "c++", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-I",
                     str(src.parent), str(src), "-o", str(so)], check=True)
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(ctypes.CDLL(str(so))))
-    monkeypatch.delitem(sys.modules, "gptqfmt.verify.cupy_backend", raising=False)
-    from gptqfmt.verify import cupy_backend
+    monkeypatch.delitem(sys.modules, "gptqfmt.numerics.cupy_backend", raising=False)
+    from gptqfmt.numerics import cupy_backend
     monkeypatch.setattr(cupy_backend, "_module", None)
     yield cupy_backend.CupyBackend()
     # the module is bound to the stand-in: forget it, in sys.modules and on its package
-    sys.modules.pop("gptqfmt.verify.cupy_backend", None)
-    import gptqfmt.verify
-    if hasattr(gptqfmt.verify, "cupy_backend"):
-        delattr(gptqfmt.verify, "cupy_backend")
+    sys.modules.pop("gptqfmt.numerics.cupy_backend", None)
+    import gptqfmt.numerics
+    if hasattr(gptqfmt.numerics, "cupy_backend"):
+        delattr(gptqfmt.numerics, "cupy_backend")
 
 
 @pytest.mark.parametrize(("bits", "word_bits"), [(4, 32), (3, 32), (4, 8), (2, 64), (8, 16)])
@@ -122,7 +122,7 @@ def test_convert_runs_the_gpu_gate_when_cupy_is_chosen(backend, tmp_path):
 def test_gpu_gate_failure_blocks_the_commit(backend, tmp_path, monkeypatch):
     from gptqfmt.conversion import convert
     from gptqfmt.errors import FindingError
-    from gptqfmt.verify import cupy_backend
+    from gptqfmt.numerics import cupy_backend
     from tests.support import CKPT
     real = cupy_backend.CupyBackend.gemm
 

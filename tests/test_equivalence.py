@@ -9,7 +9,7 @@ from gptqfmt.conversion import convert
 from gptqfmt.gptq.packing import pack, unpack
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
 from gptqfmt.resources import validator
-from gptqfmt.verify.equivalence import compare
+from gptqfmt.numerics.equivalence import compare
 from tests.support import CKPT, MANIFEST
 
 LOSSLESS = [("b4-sym-act-gptq-sharded", "gptq_v2"), ("b3-sym-noact-gptq_v2-single", "gptq"),
@@ -99,7 +99,7 @@ def test_reference_flags_fp16_overflow(tmp_path, run_cli):
 
 
 def test_backend_choice(run_cli, monkeypatch):
-    from gptqfmt.verify import get_backend
+    from gptqfmt.numerics import get_backend
     assert get_backend("cpu").name == "cpu"
     r = run_cli("verify", CKPT / "b4-sym-act-gptq-sharded", "--against", CKPT /
                 "b4-sym-act-gptq-sharded", "--backend", "cupy")

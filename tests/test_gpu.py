@@ -8,8 +8,8 @@ import pytest
 
 from gptqfmt.conventions import ZeroRule
 from gptqfmt.gptq.checkpoint import open_checkpoint
-from gptqfmt.verify import F16, F32, module_tensors
-from gptqfmt.verify.cpu import CpuBackend
+from gptqfmt.numerics import F16, F32, module_tensors
+from gptqfmt.numerics.cpu import CpuBackend
 from tests.support import CKPT, SPECS
 
 pytestmark = pytest.mark.gpu
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def gpu():
-    from gptqfmt.verify.cupy_backend import CupyBackend
+    from gptqfmt.numerics.cupy_backend import CupyBackend
     return CupyBackend()
 
 

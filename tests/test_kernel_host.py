@@ -80,7 +80,7 @@ def random_module(rng, bits, k=96, n=64, groups=3, act=True):
 @pytest.mark.parametrize("rule", [0, 1, 2])
 @pytest.mark.parametrize(("scale_kind", "x_kind"), [(0, 0), (1, 1), (2, 2), (1, 0)])
 def test_kernel_gemm_body_equals_cpu_twin_bitwise(lib, bits, rule, scale_kind, x_kind):
-    from gptqfmt.verify.cpu import CpuBackend
+    from gptqfmt.numerics.cpu import CpuBackend
     rng = np.random.default_rng(bits * 10 + rule)
     qw, qz, sc, g = random_module(rng, bits)
     to_raw = {0: lambda a: a.astype(np.float32),
@@ -94,7 +94,7 @@ def test_kernel_gemm_body_equals_cpu_twin_bitwise(lib, bits, rule, scale_kind, x
     lib.gq_host_gemm(ptr(x), ctypes.c_int(x_kind), ptr(qwu), ptr(qzu), ptr(scales),
                      ctypes.c_int(scale_kind), ptr(g), ptr(y), ctypes.c_int(3), ctypes.c_int64(k),
                      ctypes.c_int64(n), ctypes.c_int(bits), ctypes.c_int(rule))
-    from gptqfmt.verify import Kind, ModuleTensors
+    from gptqfmt.numerics import Kind, ModuleTensors
     twin = CpuBackend().gemm(x, Kind(x_kind), ModuleTensors(qw, qz, scales, Kind(scale_kind), g,
                                                             bits), rule)
     assert np.array_equal(y.view(np.uint32), twin.view(np.uint32))
@@ -104,7 +104,7 @@ def test_kernel_gemm_body_equals_cpu_twin_bitwise(lib, bits, rule, scale_kind, x
     zz = {0: zz, 1: zz + 1, 2: (zz + 1) & (2**bits - 1)}[rule]
     w = np.zeros((k, n))
     q = unpack(qw, bits, 0)
-    from gptqfmt.verify.cpu import to_f32
+    from gptqfmt.numerics.cpu import to_f32
     s = to_f32(scales, scale_kind).astype(np.float64)
     for kk in range(k):
         w[kk] = s[g[kk]] * (q[kk].astype(np.int64) - zz[g[kk]])

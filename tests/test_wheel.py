@@ -66,7 +66,7 @@ def run(installed, *args, ok=(0,)):
 @pytest.mark.slow
 def test_every_source_module_imports_from_the_wheel(installed):
     mods = source_modules()
-    assert "gptqfmt.verify.equivalence" in mods and len(mods) > 20
+    assert "gptqfmt.numerics.equivalence" in mods and len(mods) > 20
     # the CuPy backend is the optional extra [cuda12]/[cuda13]: without CuPy it may fail to
     # import for that reason alone
     probe = ("import importlib, sys, gptqfmt\n"
@@ -75,7 +75,7 @@ def test_every_source_module_imports_from_the_wheel(installed):
              "    try:\n"
              "        importlib.import_module(m)\n"
              "    except ModuleNotFoundError as e:\n"
-             "        if e.name != 'cupy' or m != 'gptqfmt.verify.cupy_backend': raise\n"
+             "        if e.name != 'cupy' or m != 'gptqfmt.numerics.cupy_backend': raise\n"
              "print(len(mods := [m for m in sys.modules if m.startswith('gptqfmt')]))")
     assert int(run(installed, installed["py"], "-c", probe).stdout) >= len(mods) - 1
 

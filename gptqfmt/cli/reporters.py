@@ -14,8 +14,8 @@ import click
 from ..conversion import ConvertReport
 from ..findings import Finding
 from ..inspection import InspectResult, inspect_json
-from ..validate import Report
-from ..verify.equivalence import EquivalenceReport, ReferenceReport
+from ..validation import Report
+from ..numerics.equivalence import EquivalenceReport, ReferenceReport
 from .output import emit_json, escape, finding_line, human_bytes, note, plural, table
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import click
 
 from ..errors import UsageError
-from ..validate import validate
-from ..verify.equivalence import check_usage, compare, reference_fp32
+from ..validation import validate
+from ..numerics.equivalence import check_usage, compare, reference_fp32
 from .boundary import guarded
 from .progress import Progress
 from .reporters import reporter

@@ -67,16 +67,32 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-@contextmanager
-def staging(dst: Path, force: bool):
-    """Yield a fresh temporary directory; on success the caller calls commit(tmp, dst)."""
-    dst = Path(os.path.abspath(dst))
+def check_destination(dst: Path, force: bool, src: Path | None = None) -> None:
+    """UsageError unless DST may be written: its parent exists, it does not overlap SRC (also
+    through symbolic links: replacing it must never delete a source file), it does not exist
+    (unless force), and it is not a symbolic link (never written through)."""
+    real_dst = Path(os.path.realpath(dst))
+    if not real_dst.parent.is_dir():
+        raise UsageError(f"{dst.parent}: no such directory")
+    if src is not None:
+        real_src = Path(os.path.realpath(src))
+        sources = [real_src] + [Path(os.path.realpath(p)) for p in src.iterdir()]
+        if real_dst.is_relative_to(real_src) or any(s.is_relative_to(real_dst) for s in sources):
+            raise UsageError(f"{dst}: overlaps the source {src} (or files it links to); the "
+                             "output must lie outside it and must not contain it")
+    if (dst.exists() or dst.is_symlink()) and not force:
+        raise UsageError(f"{dst}: already exists (use --force to replace it)")
     if dst.is_symlink():
         raise UsageError(f"{dst}: is a symbolic link; refusing to write through it")
-    if dst.exists() and not force:
-        raise UsageError(f"{dst}: already exists (use --force to replace it)")
-    if not dst.parent.is_dir():
-        raise UsageError(f"{dst.parent}: no such directory")
+
+
+@contextmanager
+def staging(dst: Path, force: bool, src: Path | None = None):
+    """Yield a fresh temporary directory; on success the caller calls commit(tmp, dst).
+    DST is checked again here (check_destination): it may have changed since the caller's
+    first look."""
+    dst = Path(os.path.abspath(dst))
+    check_destination(dst, force, src)
     remove_stale(dst)
     tmp = dst.parent / f"{_tmp_prefix(dst)}{os.getpid()}-{secrets.token_hex(4)}"
     try:  # mkdir inside: a signal that lands just after it still removes the directory

@@ -29,7 +29,7 @@ from ..gptq.detect import ModuleVerdict, combine, stored_fields
 from ..gptq.evidence import module_g_idx
 from ..gptq.labels import convention_findings, effective_declared
 from ..gptq.packing import unpack
-from ..verify.cpu import dequant_fields
+from ..numerics.cpu import dequant_fields
 
 GEMM_COLUMNS = 16
 GEMM_ROWS = 4

@@ -21,7 +21,7 @@ from ..gptq.evidence import detect_checkpoint
 from ..gptq.labels import effective_declared
 from ..gptq.packing import maxq as code_max
 from ..reports import tool_json
-from ..validate import module_findings
+from ..validation import module_findings
 from . import atomic
 from .configs import CONFIG_FILES, declaring_configs, derive_config, provenance, rewrite_configs
 from .gate import GEMM_COLUMNS, GateResult, check_labels, check_module, compare_bytes
@@ -171,7 +171,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
                          f"({src_path.parent})")
     if not src_path.is_dir():
         raise UsageError(f"{src}: no such directory")
-    check_destination(src_path, dst_path, force)
+    atomic.check_destination(dst_path, force, src_path)
     ckpt = open_checkpoint(src_path)
     det = detect_checkpoint(ckpt, full=False)
     refuse_invalid(ckpt, det, allow_lossy)
@@ -243,21 +243,6 @@ class Job:
                  i) for i, s in enumerate(sorted(store.files))]
 
 
-def check_destination(src: Path, dst: Path, force: bool) -> None:
-    """DST must not exist (unless force), must have a parent, and must not overlap SRC, also
-    through symbolic links: replacing it must never delete a source file."""
-    real_src = Path(os.path.realpath(src))
-    real_dst = Path(os.path.realpath(dst))
-    if not real_dst.parent.is_dir():
-        raise UsageError(f"{dst.parent}: no such directory")
-    sources = [real_src] + [Path(os.path.realpath(p)) for p in src.iterdir()]
-    if real_dst.is_relative_to(real_src) or any(s.is_relative_to(real_dst) for s in sources):
-        raise UsageError(f"{dst}: overlaps the source {src} (or files it links to); the output "
-                         "must lie outside it and must not contain it")
-    if (dst.exists() or dst.is_symlink()) and not force:
-        raise UsageError(f"{dst}: already exists (use --force to replace it)")
-
-
 def _snapshot(ckpt: Checkpoint) -> dict[str, tuple[int, int, int]]:
     """(size, mtime_ns, inode) of every source file, to notice a source that changes mid-way."""
     out = {}
@@ -270,7 +255,8 @@ def _snapshot(ckpt: Checkpoint) -> dict[str, tuple[int, int, int]]:
 
 def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -> None:
     before = _snapshot(job.ckpt)
-    with atomic.staging(job.dst, job.force) as tmp, ThreadPoolExecutor(1) as flusher:
+    with atomic.staging(job.dst, job.force, job.ckpt.store.root) as tmp, \
+            ThreadPoolExecutor(1) as flusher:
         # each shard is flushed to disk in the background while the next one is written
         args = job.shard_args(tmp)
         flushes = []
@@ -319,7 +305,7 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
 def gpu_gate(job: Job, tmp: Path, report: ConvertReport) -> None:
     """The GPU confirmation: Y = X @ W on every output column of every module with the CUDA
     kernel, source under its convention, output under the target, for each runtime group."""
-    from ..verify.equivalence import compare
+    from ..numerics.equivalence import compare
     rep = compare(job.ckpt.store.root, tmp, backend="cupy",
                   conventions=(job.src_conv, job.dst_conv), all_columns=True)
     lossy = {m.name for m in report.modules if m.lossy}
@@ -347,7 +333,7 @@ def _backend(requested: str) -> str:
     and unusable."""
     if requested == "cpu":
         return "cpu"
-    from ..verify import get_backend
+    from ..numerics import get_backend
     return get_backend(requested).name
 
 
