@@ -431,3 +431,27 @@ def test_converts_from_a_hugging_face_cache_snapshot(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in src.iterdir())
     assert not any(p.is_symlink() for p in out.iterdir())
     assert {p.name: p.read_bytes() for p in blobs.iterdir()} == before
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-rename", "after-rename"])
+def test_a_disk_error_says_whether_dst_was_put_in_place(tmp_path, monkeypatch, after):
+    """An OSError before the rename leaves nothing; one after it (the parent directory's
+    fsync) leaves a complete DST, and the message says which."""
+    from gptqfmt.conversion import atomic
+    from gptqfmt.errors import OutputError
+    dst = tmp_path / "out"
+    real = atomic.fsync_path
+
+    def failing(path):
+        if (os.path.abspath(path) == str(tmp_path)) == after:
+            raise OSError(5, "Input/output error", str(path))
+        real(path)
+    monkeypatch.setattr(atomic, "fsync_path", failing)
+    with pytest.raises(OutputError) as e:
+        convert(CKPT / "b4-sym-act-gptq-sharded", dst, backend="cpu")
+    if after:
+        assert f"Input/output error after {dst} was put in place" in str(e.value)
+        assert not gptqfmt.validate(dst).failed()
+    else:
+        assert "cannot write the output: Input/output error; nothing was written" in str(e.value)
+        assert not dst.exists() and list(tmp_path.iterdir()) == []

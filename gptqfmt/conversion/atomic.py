@@ -108,10 +108,16 @@ def staging(dst: Path, force: bool, src: Path | None = None):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def commit(tmp: Path, dst: Path, force: bool, on_renamed=None) -> None:
+class AfterRename(OSError):
+    """An OSError once DST is in place (fsync of its parent, removal of the old DST): the
+    output exists, complete, but its durability was not confirmed."""
+
+
+def commit(tmp: Path, dst: Path, force: bool) -> None:
     """fsync everything in tmp, then make it DST in one rename. An old DST (with force) is
     swapped out atomically (renameat2 RENAME_EXCHANGE) and then removed; where the exchange is
-    not available it is moved aside and put back if the second rename fails."""
+    not available it is moved aside and put back if the second rename fails. An OSError after
+    the rename is raised as AfterRename."""
     dst = Path(os.path.abspath(dst))
     faults.point("before-fsync")
     for f in tmp.iterdir():
@@ -123,9 +129,8 @@ def commit(tmp: Path, dst: Path, force: bool, on_renamed=None) -> None:
             raise UsageError(f"{dst}: appeared while converting, or is a symbolic link; "
                              "not replaced")
         if _exchange(tmp, dst):  # tmp now holds the old DST, which staging() removes
-            on_renamed and on_renamed()
             faults.point("after-rename")
-            fsync_path(dst.parent)
+            _after_rename(fsync_path, dst.parent)
             return
         old = dst.parent / f"{_tmp_prefix(dst)}{os.getpid()}-old"
         os.rename(dst, old)
@@ -134,14 +139,20 @@ def commit(tmp: Path, dst: Path, force: bool, on_renamed=None) -> None:
         except OSError:
             os.rename(old, dst)
             raise
-        on_renamed and on_renamed()
         faults.point("after-rename")
-        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+        _after_rename(lambda: shutil.rmtree(old, ignore_errors=True) if old.is_dir()
+                      else old.unlink())
     else:
         os.rename(tmp, dst)
-        on_renamed and on_renamed()
         faults.point("after-rename")
-    fsync_path(dst.parent)
+    _after_rename(fsync_path, dst.parent)
+
+
+def _after_rename(fn, *args) -> None:
+    try:
+        fn(*args)
+    except OSError as e:
+        raise AfterRename(e.errno, e.strerror, e.filename) from e
 
 
 def _exchange(a: Path, b: Path) -> bool:

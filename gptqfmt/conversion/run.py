@@ -5,7 +5,7 @@ import multiprocessing
 import os
 import shutil
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ class ModulePlan:
         return dict(self.__dict__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ConvertReport:
     src: str
     dst: str
@@ -192,15 +192,14 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
         return report
     job = Job(ckpt, dst_path, from_conv, to, allow_lossy, force, jobs, derived)
     try:
-        _write_verify_commit(job, report, progress, on_module)
+        gate = _write_verify_commit(job, report, progress, on_module)
+    except atomic.AfterRename as e:
+        raise OutputError(f"{e.filename or dst_path}: {e.strerror or e} after {dst_path} was "
+                          "put in place; check it with `gptqfmt verify`") from None
     except OSError as e:
-        where = e.filename or dst_path
-        if report.written:
-            raise OutputError(f"{where}: {e.strerror or e} after {dst_path} was put in place; "
-                              "check it with `gptqfmt verify`") from None
-        raise OutputError(f"{where}: cannot write the output: {e.strerror or e}; nothing was "
-                          "written") from None
-    return report
+        raise OutputError(f"{e.filename or dst_path}: cannot write the output: "
+                          f"{e.strerror or e}; nothing was written") from None
+    return replace(report, written=True, gate=gate)
 
 
 def refuse_invalid(ckpt: Checkpoint, det: Detection, allow_lossy: bool) -> None:
@@ -253,7 +252,9 @@ def _snapshot(ckpt: Checkpoint) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -> None:
+def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -> GateResult:
+    """Write, verify and commit the planned `report`; the gate's result once DST is in
+    place."""
     before = _snapshot(job.ckpt)
     with atomic.staging(job.dst, job.force, job.ckpt.store.root) as tmp, \
             ThreadPoolExecutor(1) as flusher:
@@ -285,35 +286,35 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
         if mislabelled:
             raise FindingError(*[Finding("GQ503", msg, file=str(job.dst)) for msg in mislabelled])
         faults.point("before-gate")
-        report.gate = run_gate(job.ckpt, tmp, job.src_conv, job.dst_conv, on_module)
-        if report.backend == "cupy" and report.gate.ok:
-            gpu_gate(job, tmp, report)
+        gate = run_gate(job.ckpt, tmp, job.src_conv, job.dst_conv, on_module)
+        if report.backend == "cupy" and gate.ok:
+            gate = gpu_gate(job, tmp, report, gate)
         for f in flushes:
             f.result()
-        if not report.gate.ok:
+        if not gate.ok:
             raise FindingError(*[Finding("GQ503", msg, file=str(job.dst))
-                                 for msg in report.gate.failures])
+                                 for msg in gate.failures])
         after = _snapshot(job.ckpt)
         changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
         if changed:
             raise FindingError(*[Finding("GQ118", "changed while being converted; nothing was "
                                          "written", file=n) for n in changed])
-        atomic.commit(tmp, job.dst, job.force,
-                      on_renamed=lambda: setattr(report, "written", True))
+        atomic.commit(tmp, job.dst, job.force)
+    return gate
 
 
-def gpu_gate(job: Job, tmp: Path, report: ConvertReport) -> None:
+def gpu_gate(job: Job, tmp: Path, report: ConvertReport, gate: GateResult) -> GateResult:
     """The GPU confirmation: Y = X @ W on every output column of every module with the CUDA
     kernel, source under its convention, output under the target, for each runtime group."""
     from ..numerics.equivalence import compare
     rep = compare(job.ckpt.store.root, tmp, backend="cupy",
                   conventions=(job.src_conv, job.dst_conv), all_columns=True)
     lossy = {m.name for m in report.modules if m.lossy}
-    for m in rep.modules:
-        if not m.equal and m.name not in lossy:
-            report.gate.failures.append(f"{m.name}: differs on the GPU for "
-                                        f"{', '.join(m.runtimes_differ) or m.note}")
-    report.gate.method += "; Y = X @ W on every column with the CUDA kernel (cupy)"
+    failures = [f"{m.name}: differs on the GPU for {', '.join(m.runtimes_differ) or m.note}"
+                for m in rep.modules if not m.equal and m.name not in lossy]
+    return replace(gate, failures=gate.failures + failures,
+                   method=gate.method + "; Y = X @ W on every column with the CUDA kernel "
+                   "(cupy)")
 
 
 def _write_shard_args(a):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ REQUIRED = ("qweight", "qzeros", "scales")
 SCALE_DTYPES = ("F16", "BF16", "F32")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Module:
     name: str
     tensors: dict[str, str]                  # role -> tensor name
@@ -79,8 +79,8 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     config, cfg_findings = load_config(store.root, first.metadata)
     findings += cfg_findings
     modules, others = _group(store, config, findings)
+    modules = [_infer(m, store, findings) for m in modules]
     for m in modules:
-        _infer(m, store, findings)
         if m.declared is None and m.valid:
             findings.append(Finding("GQ313", "config's dynamic rules leave this module "
                                     "unquantized, but it has quantized tensors",
@@ -115,7 +115,10 @@ def _group(store: TensorStore, config: QuantConfig | None, findings) -> tuple[li
     return modules, sorted(t for t in store.locations if t not in claimed)
 
 
-def _infer(m: Module, store: TensorStore, findings: list[Finding]) -> None:
+def _infer(m: Module, store: TensorStore, findings: list[Finding]) -> Module:
+    """`m` with its geometry from the tensors' headers (and g_idx), as far as it is consistent:
+    a new Module, valid when all of it is; each inconsistency is a finding."""
+    geo: dict = {}  # what is known so far; an early return keeps it
     def add(code, message, role="qweight", hint=None):
         t = m.tensors.get(role) or f"{m.name}.{role}"
         home = next(iter(m.tensors.values()))  # a missing tensor is reported beside its module
@@ -126,67 +129,67 @@ def _infer(m: Module, store: TensorStore, findings: list[Finding]) -> None:
     if missing:
         add("GQ301", f"module {m.name} has no {', '.join(missing)}", missing[0],
             hint="every quantized module needs qweight, qzeros and scales")
-        return
+        return replace(m, **geo)
     info = {r: store.info(t) for r, t in m.tensors.items()}
     qw, qz, sc = info["qweight"], info["qzeros"], info["scales"]
     for role, i in (("qweight", qw), ("qzeros", qz)):
         if i.dtype not in WORD_DTYPES:
             add("GQ302", f"dtype {i.dtype}; packed words must be I32 (or I8/I16/I64)", role)
-            return
+            return replace(m, **geo)
     if qz.dtype != qw.dtype:
         add("GQ302", f"dtype {qz.dtype}; expected {qw.dtype} like qweight", "qzeros")
-        return
+        return replace(m, **geo)
     if sc.dtype not in SCALE_DTYPES:
         add("GQ302", f"dtype {sc.dtype}; scales must be F16, BF16 or F32", "scales")
-        return
+        return replace(m, **geo)
     for role, ndim in (("qweight", 2), ("qzeros", 2), ("scales", 2), ("g_idx", 1), ("bias", 1)):
         if role in info and len(info[role].shape) != ndim:
             add("GQ303", f"shape {list(info[role].shape)}: expected {ndim} dimensions", role)
-            return
+            return replace(m, **geo)
     if "bias" in info and info["bias"].dtype not in SCALE_DTYPES:
         add("GQ302", f"dtype {info['bias'].dtype}; bias must be F16, BF16 or F32", "bias")
-        return
+        return replace(m, **geo)
     if "g_idx" in info and info["g_idx"].dtype not in ("I32", "I64"):
         add("GQ302", f"dtype {info['g_idx'].dtype}; g_idx must be I32", "g_idx")
-        return
+        return replace(m, **geo)
     w = WORD_DTYPES[qw.dtype]
     n = qw.shape[1]
     groups = sc.shape[0]
-    m.word_bits, m.out_features, m.groups, m.scale_dtype = w, n, groups, sc.dtype
+    geo.update(word_bits=w, out_features=n, groups=groups, scale_dtype=sc.dtype)
     if sc.shape[1] != n:
         add("GQ303", f"shape {list(sc.shape)}: expected {n} columns like qweight {list(qw.shape)}",
             "scales")
-        return
+        return replace(m, **geo)
     bits = layout.bits_from_qzeros(qz.shape[1], n, w)
     if bits is None:
         add("GQ303", f"shape {list(qz.shape)}: {qz.shape[1]} words of int{w} for "
             f"out_features={n} give no bit width in (2, 3, 4, 8)", "qzeros")
-        return
-    m.bits = bits
+        return replace(m, **geo)
+    geo["bits"] = bits
     if bits == 3 and w != 32:
         add("GQ310", f"3-bit packed into int{w} words; GPTQ's 3-bit layout exists only for int32")
-        return
+        return replace(m, **geo)
     if qz.shape[0] != groups:
         add("GQ303", f"shape {list(qz.shape)}: expected {groups} rows like scales "
             f"{list(sc.shape)}", "qzeros")
-        return
+        return replace(m, **geo)
     if (qw.shape[0] * w) % bits or qw.shape[0] % block(bits, w)[1]:
         add("GQ303", f"shape {list(qw.shape)}: {qw.shape[0]} rows of int{w} do not hold whole "
             f"{bits}-bit values")
-        return
+        return replace(m, **geo)
     k = qw.shape[0] * w // bits
     if k == 0 or n == 0 or groups == 0 or groups > k:
         add("GQ303", f"in_features={k}, out_features={n}, {groups} groups: a quantized module "
             "needs at least one input channel per group and one output channel", "scales")
-        return
+        return replace(m, **geo)
     if "g_idx" in info and info["g_idx"].shape[0] != k:
         add("GQ303", f"length {info['g_idx'].shape[0]}: qweight {list(qw.shape)} holds "
             f"{k} input channels at bits={bits}, int{w}", "g_idx")
-        return
-    m.in_features = k
+        return replace(m, **geo)
+    geo["in_features"] = k
     if "bias" in info and info["bias"].shape != (n,):
         add("GQ303", f"shape {list(info['bias'].shape)}: expected [{n}]", "bias")
-        return
+        return replace(m, **geo)
     if k % 32 or n % 32:
         add("GQ312", f"in_features={k}, out_features={n}: GPTQ writers need multiples of 32")
     decl = m.declared or ModuleConfig()
@@ -195,24 +198,24 @@ def _infer(m: Module, store: TensorStore, findings: list[Finding]) -> None:
         gs, why = layout.group_size_from_g_idx(g_idx, groups)
         if gs is None:
             add("GQ309", why, "g_idx")
-            return
+            return replace(m, **geo)
         trivial = layout.trivial_g_idx(k, gs)
-        m.act_order = not np.array_equal(g_idx, trivial)
+        geo["act_order"] = not np.array_equal(g_idx, trivial)
     else:
         add("GQ308", "no g_idx: runtimes assume no act-order", "g_idx",
             hint="AutoAWQ checkpoints have none; GPTQ exporters always write it")
         gs = decl.group_size if decl.group_size and layout.n_groups(k, decl.group_size) == groups \
             else (-1 if groups == 1 else (k // groups if k % groups == 0 else None))
-        m.act_order = False
+        geo["act_order"] = False
         if gs is None:
             add("GQ303", f"{groups} groups for in_features={k} fit no group size", "scales")
-            return
+            return replace(m, **geo)
     if gs is not None and layout.n_groups(k, gs) != groups:
         add("GQ303", f"{groups} groups for in_features={k} fit no group size", "scales")
-        return
-    m.group_size = gs
-    m.valid = gs is not None
+        return replace(m, **geo)
+    m = replace(m, **geo, group_size=gs, valid=gs is not None)
     _cross_check(m, decl, add)
+    return m
 
 
 def _cross_check(m: Module, decl: ModuleConfig, add) -> None:
