@@ -11,11 +11,11 @@ from typing import Any
 
 from .findings import ERROR, Finding
 from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
+from .gptq.checks import declared_findings, zero_point_findings
 from .gptq.detect import Detection
 from .gptq.evidence import detect_checkpoint
 from .gptq.labels import convention_findings
-from .reports import checkpoint_format_json, tool_json
-from .validation import declared_findings, summary_counts, zero_point_findings
+from .reports import checkpoint_format_json, summary_counts, tool_json
 
 
 @dataclass

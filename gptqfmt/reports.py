@@ -24,3 +24,10 @@ def checkpoint_format_json(cfg: QuantConfig | None, det: Detection,
     if effective is not None:
         out["effective"] = effective
     return {**out, **det.to_json()}
+
+
+def summary_counts(findings: list[Finding], modules: int) -> dict[str, int]:
+    out = {"modules": modules, "errors": 0, "warnings": 0, "infos": 0}
+    for f in findings:
+        out[{"error": "errors", "warning": "warnings", "info": "infos"}[f.severity]] += 1
+    return out

@@ -1,4 +1,5 @@
-"""convert: plan -> per-field rewrite -> streaming write -> verify gate -> atomic commit."""
+"""convert: plan (plan.py) -> per-field rewrite -> streaming write -> verify gate -> atomic
+commit."""
 from __future__ import annotations
 
 import multiprocessing
@@ -11,40 +12,19 @@ from typing import Any
 
 import numpy as np
 
-from .. import faults, runtimes
-from ..conventions import CONVENTIONS, convert_fields, lossy_mask
+from .. import faults
+from ..conventions import CONVENTIONS, lossy_mask
 from ..errors import FindingError, OutputError, UsageError
 from ..findings import ERROR, Finding
 from ..gptq.checkpoint import Checkpoint, open_checkpoint
-from ..gptq.detect import AMBIGUOUS, Detection, stored_fields
+from ..gptq.detect import Detection, stored_fields
 from ..gptq.evidence import detect_checkpoint
-from ..gptq.labels import effective_declared
-from ..gptq.packing import maxq as code_max
 from ..reports import tool_json
-from ..validation import module_findings
 from . import atomic
 from .configs import CONFIG_FILES, declaring_configs, derive_config, provenance, rewrite_configs
 from .gate import GEMM_COLUMNS, GateResult, check_labels, check_module, compare_bytes
+from .plan import ModulePlan, plan, refuse_invalid, resolve_from
 from .write import QzerosJob, copy_plain, write_shard
-
-# Findings a conversion resolves (it writes both keys); every other error blocks it.
-RESOLVED_BY_CONVERT = {"GQ204", "GQ209"}
-
-
-@dataclass(frozen=True)
-class ModulePlan:
-    name: str
-    bits: int
-    fields: int
-    changed: int
-    ambiguous: int
-    lossy: int
-    signatures: list[str]
-    max_weight_change: float = 0.0     # one scale step (or 2^bits steps) of the lossy cells
-
-    def to_json(self):
-        return dict(self.__dict__)
-
 
 @dataclass(frozen=True)
 class ConvertReport:
@@ -81,73 +61,6 @@ class ConvertReport:
                 "modules": [c.to_json() for c in g.modules]},
             "findings": [f.to_json() for f in self.findings],
         }
-
-
-def resolve_from(requested: str, ckpt: Checkpoint, det: Detection,
-                 findings: list[Finding] | None = None) -> str:
-    declared = effective_declared(ckpt)
-    if requested != "auto":
-        if det.verdict not in (AMBIGUOUS, requested) and findings is not None:
-            findings.append(Finding(
-                "GQ413", f"--from {requested}, but the data are {det.verdict} (confidence "
-                f"{det.confidence:.4f}); converting as asked", hint="check the source"))
-        return requested
-    if det.verdict not in (AMBIGUOUS, declared):
-        where = ckpt.config.declared_in[0].file if ckpt.config and ckpt.config.declared_in \
-            else None
-        raise FindingError(Finding(
-            "GQ408", f"the config says {declared} but the data are {det.verdict} (confidence "
-            f"{det.confidence:.4f}); not converting on a contradicted label", file=where,
-            hint=f"if the data are right, run again with --from {det.verdict}"))
-    return declared
-
-
-def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
-         allow_lossy: bool) -> tuple[list[ModulePlan], list[Finding]]:
-    """Count what changes per module; refusal findings where the target cannot hold a field."""
-    verdicts = {v.name: v for v in det.modules}
-    plans, findings = [], []
-    for m in ckpt.modules:
-        qz = m.tensors["qzeros"]
-        stored = stored_fields(ckpt.view(qz), m.bits)
-        _, c = convert_fields(stored, m.bits, src, dst, allow_lossy=True)
-        v = verdicts.get(m.name)
-        sigs = v.signatures if v else []
-        lossy = c.lossy + (c.ambiguous if allow_lossy else 0)  # written, and some runtime reads
-        lossy_at = lossy_mask(stored, m.bits, src, dst)
-        # a stored maxq read as 2^bits moves a weight by 2^bits scale steps; a Z of 0 written
-        # as 1, by one
-        change = 0.0 if not (c.ambiguous or c.lossy) else \
-            (1 << m.bits if c.ambiguous else 1) * _max_scale(ckpt, m, lossy_at)
-        plans.append(ModulePlan(m.name, m.bits, c.fields, c.changed, c.ambiguous, lossy, sigs,
-                                change))
-        ckpt.store.release([qz])
-        file = ckpt.store.file_of(qz)
-        if c.ambiguous:
-            unrecoverable = (" Neighbouring fields are corrupted too (" + ", ".join(sigs) +
-                             "): their true zero points cannot be recovered." if sigs else "")
-            findings.append(Finding(
-                "GQ411" if allow_lossy else "GQ409",
-                f"{c.ambiguous} of {c.fields} fields store {code_max(m.bits)}: "
-                + runtimes.maxq_readings(m.bits)
-                + (". Written as Z = 0 (the wrap reading)" if allow_lossy else "")
-                + f".{unrecoverable}", file=file, tensor=qz,
-                hint=None if allow_lossy else "--allow-lossy writes Z = 0 for them",
-                details={"fields": c.ambiguous, "signatures": sigs}))
-        if c.lossy:
-            findings.append(Finding(
-                "GQ411" if allow_lossy else "GQ410",
-                f"{c.lossy} of {c.fields} zero points are 0 "
-                f"({int(lossy_at.any(axis=1).sum())} of {m.groups} groups): gptq stores "
-                f"them as 0, read as Z = 1, moving each weight of those groups by one scale "
-                f"step (up to {change:.4g})", file=file, tensor=qz,
-                hint=None if allow_lossy else "--allow-lossy writes Z = 1 for them",
-                details={"fields": c.lossy, "max_weight_change": change}))
-    return plans, findings
-
-
-def _max_scale(ckpt: Checkpoint, m, mask: np.ndarray) -> float:
-    return float(np.abs(ckpt.float32(m.tensors["scales"])[mask]).max(initial=0.0))
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
@@ -200,24 +113,6 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
         raise OutputError(f"{e.filename or dst_path}: cannot write the output: "
                           f"{e.strerror or e}; nothing was written") from None
     return replace(report, written=True, gate=gate)
-
-
-def refuse_invalid(ckpt: Checkpoint, det: Detection, allow_lossy: bool) -> None:
-    """Raise FindingError for input that verify would reject on its cheap checks: container,
-    index, config and shape errors, then scales, zero points and writer corruption (the last
-    allowed with --allow-lossy)."""
-    blocking = [f for f in ckpt.findings if f.severity == ERROR
-                and f.code not in RESOLVED_BY_CONVERT]
-    if blocking:
-        raise FindingError(*blocking)
-    verdicts = {v.name: v for v in det.modules}
-    for m in ckpt.modules:
-        if m.name in verdicts:
-            blocking += [f for f in module_findings(ckpt, m, verdicts[m.name])
-                         if f.severity == ERROR and not (allow_lossy and f.code == "GQ405")]
-            ckpt.store.release(m.tensors.values())
-    if blocking:
-        raise FindingError(*blocking)
 
 
 @dataclass(frozen=True)

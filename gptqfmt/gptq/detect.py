@@ -458,7 +458,7 @@ class ModuleVerdict:
     pattern: str | None = None                            # symmetric pattern, if every field is
     inconsistent: bool = False      # the data contradict both conventions (corruption)
     # False when the verdict rests on a sample of the codes (inspect on a large module): reading
-    # every row may change it (validation.zero_point_findings, settled_only)
+    # every row may change it (checks.zero_point_findings, settled_only)
     complete: bool = True
     llr: float = 0.0        # log-likelihood ratio gptq : gptq_v2 of the statistic (0 without one)
     misfit: float = 0.0     # |median - nearest convention's value| in effective standard errors

@@ -7,13 +7,13 @@ without it.
 from __future__ import annotations
 
 from ..errors import UsageError
-from .operands import BF16, DTYPE_KIND, F16, F32, Kind, ModuleTensors, module_tensors
+from .operands import BF16, DTYPE_KIND, F16, F32, Backend, Kind, ModuleTensors, module_tensors
 
-__all__ = ["BF16", "DTYPE_KIND", "F16", "F32", "Kind", "ModuleTensors", "get_backend",
+__all__ = ["BF16", "DTYPE_KIND", "F16", "F32", "Backend", "Kind", "ModuleTensors", "get_backend",
            "module_tensors"]
 
 
-def get_backend(name: str = "auto"):
+def get_backend(name: str = "auto") -> Backend:
     """The backend object for `name` (auto: cupy when a CUDA device is usable, else cpu)."""
     from . import cpu
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Protocol
 
 import numpy as np
 
+from ..conventions import ZeroRule
 from ..gptq.checkpoint import Checkpoint, Module
 from ..gptq.evidence import module_g_idx
 
@@ -41,3 +43,17 @@ def module_tensors(ckpt: Checkpoint, m: Module) -> ModuleTensors:
                          ckpt.view(m.tensors["scales"]),
                          DTYPE_KIND[ckpt.store.info(m.tensors["scales"]).dtype],
                          module_g_idx(ckpt, m).astype(np.int32), m.bits)
+
+
+class Backend(Protocol):
+    """What a numerical backend offers (cpu.CpuBackend, cupy_backend.CupyBackend): the same
+    bits from both, for every module, zero rule and element kind."""
+    name: str
+
+    def gemm(self, x: np.ndarray, x_kind: Kind, t: ModuleTensors, rule: ZeroRule,
+             cols: np.ndarray | None = None) -> np.ndarray:
+        """Y = X @ W[:, cols] in float32 (all columns when None), X [M, K] of `x_kind`."""
+
+    def dequant(self, t: ModuleTensors, rule: ZeroRule,
+                cols: np.ndarray | None = None) -> np.ndarray:
+        """W[:, cols] in float32: scale * float(q - Z)."""
