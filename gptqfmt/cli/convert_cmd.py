@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from ..conventions import CONVENTIONS, GPTQ_V2
 from ..conversion import convert
 from .boundary import guarded
 from .progress import Progress
@@ -13,9 +14,9 @@ from .reporters import reporter
                                        "directory, proven equal before it appears.")
 @click.argument("src", type=click.Path(exists=False, file_okay=True, dir_okay=True))
 @click.argument("dst", type=click.Path(exists=False, file_okay=False, dir_okay=True))
-@click.option("--to", "to", type=click.Choice(["gptq_v2", "gptq"]), default="gptq_v2",
+@click.option("--to", "to", type=click.Choice(CONVENTIONS), default=GPTQ_V2,
               show_default=True, help="Target zero-point convention.")
-@click.option("--from", "src_convention", type=click.Choice(["auto", "gptq", "gptq_v2"]),
+@click.option("--from", "src_convention", type=click.Choice(["auto", *CONVENTIONS]),
               default="auto", show_default=True,
               help="Source convention; auto takes the declared one and refuses when the data "
                    "contradict it.")

@@ -30,6 +30,7 @@ from ..gptq.evidence import module_g_idx
 from ..gptq.labels import convention_findings, effective_declared
 from ..gptq.packing import unpack
 from ..numerics.cpu import dequant_fields
+from ..numerics.operands import sample_columns
 
 GEMM_COLUMNS = 16
 GEMM_ROWS = 4
@@ -138,8 +139,12 @@ def check_module(src: Checkpoint, dst: Checkpoint, m: Module, src_conv: str, dst
     differ = z_src != z_dst
     lossy = lossy_expected if lossy_expected is not None else np.zeros_like(differ)
     zeros_equal = bool(np.array_equal(differ, lossy))
-    cols = _columns(m.out_features, np.flatnonzero(lossy.any(axis=0)), rng)
+    cols = sample_columns(m.out_features, GEMM_COLUMNS, rng,
+                          must=np.flatnonzero(lossy.any(axis=0)))
     x = rng.standard_normal((GEMM_ROWS, m.in_features)).astype(np.float32)
+    # numpy's matmul: source and output are computed the same way and compared bitwise, so the
+    # gate needs no particular order of additions (numerics/cpu.py keeps the kernel's k order,
+    # which its equality with the GPU needs, at a Python step per input channel)
     y_src = x @ dequant_columns(src, m, z_src, cols)
     y_dst = x @ dequant_columns(dst, m, z_dst, cols)
     err = np.abs(y_dst - y_src)
@@ -147,15 +152,6 @@ def check_module(src: Checkpoint, dst: Checkpoint, m: Module, src_conv: str, dst
     return ModuleCheck(m.name, int(differ.size), int(lossy.sum()), zeros_equal,
                        bool(np.array_equal(y_src, y_dst)), float(err.max(initial=0.0)),
                        float(np.linalg.norm(y_dst - y_src)) / norm)
-
-
-def _columns(n: int, must: np.ndarray, rng) -> np.ndarray:
-    """A contiguous block of columns (few pages per qweight row), plus up to half as many
-    columns holding lossy cells."""
-    start = int(rng.integers(0, max(1, n - GEMM_COLUMNS + 1)))
-    picked = set(range(start, min(n, start + GEMM_COLUMNS)))
-    picked |= set(must[:GEMM_COLUMNS // 2].tolist())
-    return np.array(sorted(picked))
 
 
 def read_columns(ckpt: Checkpoint, tensor: str, cols: np.ndarray) -> np.ndarray:

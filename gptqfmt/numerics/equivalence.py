@@ -27,7 +27,7 @@ from ..gptq.evidence import detect_checkpoint
 from ..gptq.labels import effective_declared
 from ..safetensors_io.dtypes import FP16_MAX
 from . import get_backend
-from .operands import F16, F32, module_tensors
+from .operands import F16, F32, module_tensors, sample_columns
 
 ROWS = 4          # rows of the random input X
 COLUMNS = 64      # output columns sampled per module (a contiguous block; all when fewer)
@@ -78,9 +78,7 @@ def convention_of(ckpt: Checkpoint) -> str:
 
 
 def _columns(n: int, rng) -> np.ndarray:
-    width = min(n, COLUMNS)
-    start = int(rng.integers(0, n - width + 1)) // 32 * 32
-    return np.arange(start, min(n, start + width))
+    return sample_columns(n, COLUMNS, rng, align=32)
 
 
 def compare(src: str | os.PathLike, dst: str | os.PathLike, backend: str = "auto",

@@ -45,6 +45,20 @@ def module_tensors(ckpt: Checkpoint, m: Module) -> ModuleTensors:
                          module_g_idx(ckpt, m).astype(np.int32), m.bits)
 
 
+def sample_columns(n: int, width: int, rng: np.random.Generator, align: int = 1,
+                   must: np.ndarray | None = None) -> np.ndarray:
+    """Output columns to compute on, sorted: a contiguous block of `width` of the n (all when
+    n is smaller) starting at a multiple of `align`, so each qweight row is read from few pages,
+    plus up to width/2 columns of `must` (those that hold what is being checked). The one
+    sampler of the verify gate and of verify --against / --reference."""
+    w = min(n, width)
+    start = int(rng.integers(0, n - w + 1)) // align * align
+    cols = np.arange(start, min(n, start + w))
+    if must is not None and len(must):
+        cols = np.union1d(cols, np.asarray(must)[:width // 2])
+    return cols
+
+
 class Backend(Protocol):
     """What a numerical backend offers (cpu.CpuBackend, cupy_backend.CupyBackend): the same
     bits from both, for every module, zero rule and element kind."""
