@@ -23,7 +23,11 @@ from .errors import GptqfmtError
 from .gptq.packing import maxq
 
 GPTQ, GPTQ_V2 = "gptq", "gptq_v2"
-CONVENTIONS = (GPTQ, GPTQ_V2)
+# Each convention as data: what it adds to a stored field to give Z (Z = s + offset). Everything
+# below follows from it: the symmetric field, the conversion between two conventions and the
+# fields it cannot carry, and (runtimes.py) the rule a runtime applies to a file.
+STORED_OFFSET = {GPTQ: 1, GPTQ_V2: 0}
+CONVENTIONS = tuple(STORED_OFFSET)
 
 
 class ZeroRule(IntEnum):
@@ -44,7 +48,7 @@ def check(convention: str) -> str:
 def sym_field(bits: int, convention: str) -> int:
     """The stored field of the symmetric zero point Z = 2^(bits-1) under `convention`
     (4-bit: 7 for gptq, 8 for gptq_v2)."""
-    return (1 << (bits - 1)) - (1 if check(convention) == GPTQ else 0)
+    return (1 << (bits - 1)) - STORED_OFFSET[check(convention)]
 
 
 def effective_zeros(stored: np.ndarray, bits: int, rule: ZeroRule) -> np.ndarray:
@@ -57,13 +61,19 @@ def effective_zeros(stored: np.ndarray, bits: int, rule: ZeroRule) -> np.ndarray
     return z
 
 
+def shift(src: str, dst: str) -> int:
+    """What moving a field from `src` to `dst` adds to it (gptq -> gptq_v2: +1)."""
+    return STORED_OFFSET[check(src)] - STORED_OFFSET[check(dst)]
+
+
 def lossy_mask(stored: np.ndarray, bits: int, src: str, dst: str) -> np.ndarray | None:
     """The fields that `dst` cannot hold exactly when moved from `src` (None: every field
-    moves exactly): gptq -> gptq_v2 a stored maxq (runtimes disagree on its Z), gptq_v2 ->
-    gptq a Z of 0 (gptq has no field for it)."""
-    if check(src) == check(dst):
+    moves exactly): those the shift takes out of [0, maxq]. gptq -> gptq_v2: a stored maxq
+    (runtimes disagree on its Z); gptq_v2 -> gptq: a Z of 0 (gptq has no field for it)."""
+    d = shift(src, dst)
+    if d == 0:
         return None
-    return stored == maxq(bits) if src == GPTQ else stored == 0
+    return stored > maxq(bits) - d if d > 0 else stored < -d
 
 
 class NotRepresentable(GptqfmtError, ValueError):
@@ -108,15 +118,16 @@ def convert_fields(stored: np.ndarray, bits: int, src: str, dst: str,
     lossy_at = lossy_mask(s, bits, src, dst)
     n_lossy = 0 if lossy_at is None else int(lossy_at.sum())
     if n_lossy and not allow_lossy:
-        if src == GPTQ:
-            raise NotRepresentable(f"{n_lossy} gptq fields store {top}, which runtimes read as "
+        if shift(src, dst) > 0:
+            raise NotRepresentable(f"{n_lossy} {src} fields store {top}, which runtimes read as "
                                    f"Z = {top + 1} or Z = 0", n_lossy)
-        raise NotRepresentable(f"{n_lossy} gptq_v2 zero points are 0, which gptq cannot store",
+        raise NotRepresentable(f"{n_lossy} {src} zero points are 0, which {dst} cannot store",
                                n_lossy)
     if lossy_at is None:
         out = s
     else:  # both lossy cases are written as 0
-        out = np.where(lossy_at, 0, s + 1 if src == GPTQ else s - 1)
+        out = np.where(lossy_at, 0, s + shift(src, dst))
     out = out.astype(np.uint8)
-    ambiguous, lossy = (n_lossy, 0) if src == GPTQ and dst != GPTQ else (0, n_lossy)
+    # past maxq: a stored maxq whose Z runtimes disagree on; below 0: a Z the target cannot hold
+    ambiguous, lossy = (n_lossy, 0) if shift(src, dst) > 0 else (0, n_lossy)
     return out, FieldChanges(int(s.size), int(np.count_nonzero(out != s)), ambiguous, lossy)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .conventions import GPTQ_V2, ZeroRule, check
+from .conventions import STORED_OFFSET, ZeroRule, check
 
 
 @dataclass(frozen=True)
@@ -22,8 +22,9 @@ class Runtime:
     gptq_rule: ZeroRule  # how it reads a gptq file's stored fields
 
     def rule(self, convention: str) -> ZeroRule:
-        """The zero rule this runtime applies to a file labelled `convention`."""
-        return ZeroRule.V2 if check(convention) == GPTQ_V2 else self.gptq_rule
+        """The zero rule this runtime applies to a file labelled `convention`: Z = s where the
+        convention stores Z itself, else its own way of adding 1."""
+        return ZeroRule.V2 if STORED_OFFSET[check(convention)] == 0 else self.gptq_rule
 
 
 VLLM = Runtime("vllm", "vLLM gptq_gemm", "vLLM gptq_gemm", ZeroRule.V1_NOWRAP)
