@@ -18,7 +18,7 @@ from .gptq.labels import convention_findings
 from .reports import checkpoint_format_json, summary_counts, tool_json
 
 
-@dataclass
+@dataclass(frozen=True)
 class InspectResult:
     checkpoint: Checkpoint
     detection: Detection

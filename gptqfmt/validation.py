@@ -19,7 +19,7 @@ from .gptq.evidence import module_verdict
 from .gptq.labels import convention_findings, effective_declared
 from .reports import checkpoint_format_json, summary_counts, tool_json
 
-@dataclass
+@dataclass(frozen=True)
 class Report:
     path: str
     checkpoint: Checkpoint

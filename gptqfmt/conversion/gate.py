@@ -37,7 +37,7 @@ GEMM_ROWS = 4
 CMP_CHUNK = 4 << 20
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModuleCheck:
     name: str
     cells: int

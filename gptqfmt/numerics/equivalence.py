@@ -47,7 +47,7 @@ class ModuleEquivalence:
         return dict(self.__dict__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class EquivalenceReport:
     src: str
     dst: str
@@ -126,7 +126,7 @@ def compare(src: str | os.PathLike, dst: str | os.PathLike, backend: str = "auto
                              -1 if all_columns else COLUMNS, out)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModuleDiagnosis:
     name: str
     verdict: str   # consistent | one-step zero offset | inf/nan | random corruption | invalid
