@@ -1,7 +1,7 @@
 """`inspect`: what a checkpoint holds, as one result object for the text and JSON reporters.
 
-Its findings come from verify's own rules (validation.py) fed with what inspect reads: every header,
-config, g_idx and qzeros, and a sample of qweight rows. Whatever it finds, verify finds with the
+Its findings come from verify's own rules (gptq/checks.py) fed with what inspect reads: every
+header, config, g_idx and qzeros, and a sample of qweight rows. Whatever it finds, verify finds with the
 same code and severity; verify may find more (scales, and evidence from the unsampled rows)."""
 from __future__ import annotations
 

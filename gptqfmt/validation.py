@@ -15,9 +15,10 @@ from .findings import ERROR, WARNING, Finding
 from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from .gptq.checks import module_findings
 from .gptq.detect import Detection, ModuleVerdict, combine
-from .gptq.evidence import module_verdict
+from .gptq.evidence import cpus, module_verdict
 from .gptq.labels import convention_findings, effective_declared
 from .reports import checkpoint_format_json, summary_counts, tool_json
+
 
 @dataclass(frozen=True)
 class Report:
@@ -51,8 +52,8 @@ class Report:
 def validate(path: str | os.PathLike, progress=None, jobs: int | None = None) -> Report:
     """Run every check on the checkpoint at `path`, reading all of its quantized data.
 
-    Modules are checked in `jobs` threads (default: one per CPU; numpy releases the GIL in its
-    loops). `progress(nbytes, total_bytes)` is called after each module with its qweight
+    Modules are checked in `jobs` threads (default: one per CPU this process may use; verify's
+    work is large numpy loops over qweight, which release the GIL). `progress(nbytes, total_bytes)` is called after each module with its qweight
     bytes (first with 0, so a progress bar knows its total)."""
     ckpt = open_checkpoint(path)
     findings = list(ckpt.findings)
@@ -72,14 +73,12 @@ def validate(path: str | os.PathLike, progress=None, jobs: int | None = None) ->
         ckpt.store.release(m.tensors.values())
         return found
 
-    verdicts, qbytes = [], 0
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+    verdicts = []
+    with ThreadPoolExecutor(max_workers=jobs or cpus()) as pool:
         for m, v in zip(modules, pool.map(evidence, modules)):
             verdicts.append(v)
-            nbytes = ckpt.store.info(m.tensors["qweight"]).nbytes
-            qbytes += nbytes
             if progress:
-                progress(nbytes, total)
+                progress(ckpt.store.info(m.tensors["qweight"]).nbytes, total)
         # the findings read each module's verdict in the light of all of them (pooled evidence,
         # misfits against the module count): qzeros and scales only, small beside qweight
         det = combine(verdicts)
@@ -87,4 +86,4 @@ def validate(path: str | os.PathLike, progress=None, jobs: int | None = None) ->
             findings += found
     findings += convention_findings(ckpt, det)
     findings.sort(key=Finding.sort_key)
-    return Report(str(path), ckpt, det, findings, qbytes)
+    return Report(str(path), ckpt, det, findings, total)

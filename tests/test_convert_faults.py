@@ -193,8 +193,9 @@ def test_gate_failure_writes_nothing(tmp_path, monkeypatch):
 
     src, dst = tmp_path / "src", tmp_path / "dst"
     build(src, shards=2, k=256, n=256)
-    monkeypatch.setattr(convert_run, "check_module", lambda s, o, m, a, b, lossy, rng:
-                        gate_mod.check_module(s, o, m, a, a, lossy, rng))  # wrong reading
+    real = gate_mod.check_module
+    monkeypatch.setattr(gate_mod, "check_module", lambda s, o, m, a, b, rng:
+                        real(s, o, m, a, a, rng))  # wrong reading
     with pytest.raises(FindingError) as e:
         convert_run.convert(src, dst)
     assert e.value.finding.code == "GQ503"

@@ -16,12 +16,14 @@ with GQ401, GQ204, GQ209 or any other config error is never committed).
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from .. import runtimes
-from ..conventions import effective_zeros
+from .. import faults, runtimes
+from ..conventions import effective_zeros, lossy_mask
 from ..errors import FindingError
 from ..findings import ERROR
 from ..gptq.checkpoint import Checkpoint, Module, open_checkpoint
@@ -131,13 +133,17 @@ def compare_bytes(src: Checkpoint, dst: Checkpoint, result: GateResult) -> None:
 
 
 def check_module(src: Checkpoint, dst: Checkpoint, m: Module, src_conv: str, dst_conv: str,
-                 lossy_expected: np.ndarray | None, rng: np.random.Generator) -> ModuleCheck:
+                 rng: np.random.Generator) -> ModuleCheck:
+    """Module `m` of the output against the source: effective zeros equal except exactly the
+    fields the conversion cannot carry (conventions.lossy_mask), and Y = X @ W."""
     s_src = stored_fields(src.view(m.tensors["qzeros"]), m.bits)
     s_dst = stored_fields(dst.view(m.tensors["qzeros"]), m.bits)
     z_src = effective_zeros(s_src, m.bits, runtimes.REFERENCE.rule(src_conv))
     z_dst = effective_zeros(s_dst, m.bits, runtimes.REFERENCE.rule(dst_conv))
     differ = z_src != z_dst
-    lossy = lossy_expected if lossy_expected is not None else np.zeros_like(differ)
+    lossy = lossy_mask(s_src, m.bits, src_conv, dst_conv)
+    if lossy is None:
+        lossy = np.zeros_like(differ)
     zeros_equal = bool(np.array_equal(differ, lossy))
     cols = sample_columns(m.out_features, GEMM_COLUMNS, rng,
                           must=np.flatnonzero(lossy.any(axis=0)))
@@ -179,3 +185,32 @@ def dequant_columns(ckpt: Checkpoint, m: Module, zeros: np.ndarray,
     q = unpack(read_columns(ckpt, m.tensors["qweight"], cols), m.bits, axis=0)
     scales = ckpt.float32(m.tensors["scales"])[:, cols]
     return dequant_fields(q, zeros[:, cols], scales, module_g_idx(ckpt, m))
+
+
+def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str,
+             on_module=None) -> GateResult:
+    """The exact CPU gate over the staged output `tmp` (see the module docstring):
+    `on_module(1, total)` after each module (first with 0)."""
+    result = GateResult(method=f"cpu exact: bytes outside qzeros compared, effective zeros per "
+                               f"cell compared, Y = X @ W bitwise on {GEMM_COLUMNS}+ columns "
+                               f"per module")
+    out = open_checkpoint(tmp)
+    on_module and on_module(0, len(src.modules))
+    try:
+        with ThreadPoolExecutor(1) as pool:  # byte comparison beside the module checks
+            compared = pool.submit(compare_bytes, src, out, result)
+            rng = np.random.default_rng(0)
+            for i, m in enumerate(src.modules):
+                chk = check_module(src, out, m, src_conv, dst_conv, rng)
+                src.store.release(m.tensors.values())
+                out.store.release(m.tensors.values())
+                result.modules.append(chk)
+                on_module and on_module(1, len(src.modules))
+                faults.point("gate-module", i)
+                if not chk.zeros_equal or (chk.lossy_cells == 0 and not chk.gemm_equal):
+                    result.failures.append(f"{m.name}: the converted module does not compute "
+                                           "what the source computed")
+            compared.result()
+    finally:
+        out.close()
+    return result

@@ -10,19 +10,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .. import faults
-from ..conventions import CONVENTIONS, lossy_mask
+from ..conventions import CONVENTIONS
 from ..errors import FindingError, OutputError, UsageError
 from ..findings import ERROR, Finding
 from ..gptq.checkpoint import Checkpoint, open_checkpoint
-from ..gptq.detect import Detection, stored_fields
+from ..gptq.detect import Detection
 from ..gptq.evidence import detect_checkpoint
 from ..reports import tool_json
 from . import atomic
 from .configs import CONFIG_FILES, declaring_configs, derive_config, provenance, rewrite_configs
-from .gate import GEMM_COLUMNS, GateResult, check_labels, check_module, compare_bytes
+from .gate import GateResult, check_labels, run_gate
 from .plan import ModulePlan, plan, refuse_invalid, resolve_from
 from .write import QzerosJob, copy_plain, write_shard
 
@@ -245,33 +243,3 @@ def _copy_other_files(root: Path, tmp: Path, shards: set[str]) -> None:
                             ignore=shutil.ignore_patterns(f"*{atomic.TMP_TAG}*"))
         elif p.is_file():
             copy_plain(p, tmp / p.name)
-
-
-def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str,
-             on_module=None) -> GateResult:
-    result = GateResult(method=f"cpu exact: bytes outside qzeros compared, effective zeros per "
-                               f"cell compared, Y = X @ W bitwise on {GEMM_COLUMNS}+ columns "
-                               f"per module")
-    out = open_checkpoint(tmp)
-    on_module and on_module(0, len(src.modules))
-    try:
-        with ThreadPoolExecutor(1) as pool:  # byte comparison beside the module checks
-            compared = pool.submit(compare_bytes, src, out, result)
-            rng = np.random.default_rng(0)
-            for i, m in enumerate(src.modules):
-                stored = stored_fields(src.view(m.tensors["qzeros"]), m.bits)
-                lossy = lossy_mask(stored, m.bits, src_conv, dst_conv)
-                chk = check_module(src, out, m, src_conv, dst_conv, lossy, rng)
-                src.store.release(m.tensors.values())
-                out.store.release(m.tensors.values())
-                result.modules.append(chk)
-                on_module and on_module(1, len(src.modules))
-                faults.point("gate-module", i)
-                if not chk.zeros_equal or (chk.lossy_cells == 0 and not chk.gemm_equal):
-                    result.failures.append(f"{m.name}: the converted module does not compute "
-                                           "what the source computed")
-            compared.result()
-    finally:
-        out.close()
-    return result
-

@@ -178,9 +178,12 @@ def _superwords(u: np.ndarray) -> np.ndarray:
     return u.view(np.uint64) if w < 64 and (u.shape[1] * w) % 64 == 0 else u
 
 
-def _every_field(value: int, bits: int, ut) -> np.unsignedinteger:
-    """`value` repeated in every `bits`-wide field of an unsigned integer of type `ut`."""
-    return ut(sum(value << j for j in range(0, np.dtype(ut).itemsize * 8, bits)))
+def _field_masks(bits: int, ut) -> tuple:
+    """(low bits, 1, top bit) of every `bits`-wide field of an unsigned integer of type `ut`
+    (4-bit uint32: 0x77777777, 0x11111111, 0x88888888): the constants of _maxq_bits."""
+    def every(value: int):
+        return ut(sum(value << j for j in range(0, np.dtype(ut).itemsize * 8, bits)))
+    return every((1 << (bits - 1)) - 1), every(1), every(1 << (bits - 1))
 
 
 def _chunk_rows(g: int, nx: int, multiple: int = 1) -> int:
@@ -202,8 +205,7 @@ def _maxq_zero_counts(u: np.ndarray, bits: int) -> tuple[int, int]:
     """(fields at maxq, fields at 0) of unsigned words u [G, n] (see field_counts)."""
     x = _superwords(u)
     ut = x.dtype.type
-    low, one, top_bit = (_every_field(v, bits, ut) for v in (
-        (1 << (bits - 1)) - 1, 1, 1 << (bits - 1)))
+    low, one, top_bit = _field_masks(bits, ut)
     g, nx = x.shape
     rows = _chunk_rows(g, nx)
     at, tmp, nz = (np.empty((min(rows, g), nx), ut) for _ in range(3))
@@ -239,8 +241,7 @@ def _maxq_by_group_and_run_column(u: np.ndarray, bits: int, run: int
     ut = x.dtype.type
     w, sw = u.dtype.itemsize * 8, x.dtype.itemsize * 8
     k, fpw = sw // w, w // bits
-    low, one, top_bit = (_every_field(v, bits, ut) for v in (
-        (1 << (bits - 1)) - 1, 1, 1 << (bits - 1)))
+    low, one, top_bit = _field_masks(bits, ut)
     g, nx = x.shape
     per_lane = code_max(bits)      # rows whose 0/1 fields can be summed without a carry
     # chunks of whole partial sums (a partial sum's lanes are taken apart in Python steps)

@@ -89,8 +89,9 @@ def module_verdict(ckpt: Checkpoint, m: Module, full: bool, sample: int = SAMPLE
 
 
 # Reading a module is many small numpy steps, and Python runs those one thread at a time (the
-# GIL), so threads barely help; forked processes do (inspect of the 70B-shaped bench: 1.7 s in
-# threads, 0.9 s in two processes). From this many modules on, worth a fork per worker.
+# GIL), so threads barely help; forked processes do (detection on the 70B-shaped bench: 1.93 s
+# in two threads, 1.01 to 1.07 s in two processes). From this many modules on, worth a fork
+# per worker.
 PROCESS_MIN_MODULES = 64
 
 
@@ -103,7 +104,7 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
     mods = [m for m in ckpt.modules if m.valid]
     sizes = [ckpt.store.info(m.tensors["qweight"]).nbytes for m in mods]
     work = _Work(ckpt, mods, full)
-    workers = jobs or _cpus()
+    workers = jobs or cpus()
     if workers > 1 and len(mods) >= PROCESS_MIN_MODULES and _forks_safely():
         ctx = multiprocessing.get_context("fork")
         pool: Executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
@@ -170,7 +171,8 @@ def _in_worker(fn, args):
     return fn(_WORKER, *args)
 
 
-def _cpus() -> int:
+def cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform tells it)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
