@@ -6,7 +6,7 @@ byte of them unchanged).
 For each directory under fixtures/ckpt, fixtures/invalid and fixtures/hostile it runs, in
 process, with --format json and with --format text: `inspect`, `verify --quiet`, `convert SRC
 DST --to T --quiet` into a temporary DST with T each convention, and `verify DST --against SRC`
-where the conversion succeeded. It keeps each command's exit code and stdout, with two things
+where the conversion succeeded. It keeps each command's exit code and stdout, with three things
 that differ from run to run replaced: the temporary directory (<TMP>), the repository's
 directory (<ROOT>) and the tool's version.
 
@@ -47,13 +47,13 @@ def run(args: list[str], tmp: Path) -> dict:
     return {"exit": r.exit_code, "stdout": out}
 
 
-def outputs(dirs: list[Path] | None = None) -> dict[str, dict]:
-    """{"command fixture": {"exit": code, "stdout": text}} over `dirs` (default: all), for
+def outputs() -> dict[str, dict]:
+    """{"command fixture": {"exit": code, "stdout": text}} over every fixture directory, for
     --format json and, under keys that start with "text ", --format text."""
     record: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
-        for d in dirs or fixture_dirs():
+        for d in fixture_dirs():
             name = f"{d.parent.name}/{d.name}"
             src = str(d)
             for fmt in FORMATS:

@@ -14,9 +14,7 @@ import gptqfmt
 from gptqfmt.conversion import convert
 from gptqfmt.errors import FindingError
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
-from tests.support import CKPT, SPECS
-
-TMP_TAG = ".gptqfmt-tmp-"
+from tests.support import CKPT, SPECS, staging_dirs
 
 
 def autogptq_metadata(spec) -> dict:
@@ -76,7 +74,7 @@ def written_config(dst):
 
 
 def no_staging(parent):
-    return not [p for p in parent.iterdir() if TMP_TAG in p.name]
+    return not staging_dirs(parent)
 
 
 def verify_ok(run_cli, path):

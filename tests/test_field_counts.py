@@ -136,16 +136,6 @@ def test_sampling_stops_when_the_pooled_evidence_decides(monkeypatch):
     assert det.verdict == GPTQ and reads == [(0, 10), (1, 10), (0, 40), (1, 40)]
 
 
-def test_threads_do_not_change_the_answer():
-    from gptqfmt.gptq.checkpoint import open_checkpoint
-    from gptqfmt.gptq.evidence import detect_checkpoint
-    from tests.support import CKPT
-    ckpt = open_checkpoint(CKPT / "b8-asym-act-gptq-sharded")
-    one, many = detect_checkpoint(ckpt, jobs=1), detect_checkpoint(ckpt, jobs=4)
-    assert one.to_json() == many.to_json()
-    assert [m.to_json() for m in one.modules] == [m.to_json() for m in many.modules]
-
-
 def with_runs(name, top, expected=None):
     st = ZeroStats(cells=10, median=0.9, se=0.05, top_runs=top, top_runs_expected=expected)
     return ModuleVerdict(name, "ambiguous", 0.0, [], st, llr=2.0)
@@ -209,19 +199,11 @@ def test_leaving_out_the_chance_changes_no_verdict(monkeypatch):
     from gptqfmt.gptq.checkpoint import open_checkpoint
     from gptqfmt.gptq.evidence import detect_checkpoint
     from tests.support import CKPT
-    lazy = {}
-    paths = sorted(p for p in CKPT.iterdir() if (p / "quantize_config.json").exists()
-                   or (p / "config.json").exists())
+    paths = sorted(p for p in CKPT.iterdir() if p.is_dir())
     assert len(paths) > 50
-    for p in paths:
-        try:
-            lazy[p.name] = verdicts_without_stats(detect_checkpoint(open_checkpoint(p), jobs=1))
-        except Exception as e:  # invalid fixtures refuse to open, the same way both times
-            lazy[p.name] = type(e).__name__
+    lazy = {p.name: verdicts_without_stats(detect_checkpoint(open_checkpoint(p), jobs=1))
+            for p in paths}
     monkeypatch.setattr(detect, "RUNS_CHANCE_MIN", 0)
     for p in paths:
-        try:
-            eager = verdicts_without_stats(detect_checkpoint(open_checkpoint(p), jobs=1))
-        except Exception as e:
-            eager = type(e).__name__
+        eager = verdicts_without_stats(detect_checkpoint(open_checkpoint(p), jobs=1))
         assert lazy[p.name] == eager, p.name
