@@ -15,12 +15,12 @@ applies.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import Enum, IntEnum
 
 import numpy as np
 
 from .errors import GptqfmtError
-from .gptq.packing import maxq
+from .gptq.packing import UNSIGNED, constant_words, maxq, unpack, unsigned
 
 GPTQ, GPTQ_V2 = "gptq", "gptq_v2"
 # Each convention as data: what it adds to a stored field to give Z (Z = s + offset). Everything
@@ -36,6 +36,133 @@ class ZeroRule(IntEnum):
     V2 = 0         # Z = s: every runtime on gptq_v2 files
     V1_NOWRAP = 1  # Z = s + 1, a stored maxq read as 2^bits (vLLM gptq_gemm, ExLlamaV2)
     V1_WRAP = 2    # Z = (s + 1) mod 2^bits, a stored maxq read as 0 (AutoGPTQ exllama, TGI)
+
+
+class Reading(Enum):
+    """How one runtime path turns a module's qzeros into Z: a field rule the kernel shares
+    (`rule`), packed-word arithmetic that crosses fields, or no reading at all.
+
+    Worked example, 4-bit, one int32 word of fields (LSB first) [15, 3, 0, 8, ...]:
+      V1_NOWRAP  [16, 4, 1, 9]  s + 1
+      V1_WRAP    [0, 4, 1, 9]   (s + 1) & 15
+      V1_CARRY   [0, 5, 1, 9]   word + 0x11111111: the 15 carries into the next field
+      V1_NIBBLE  [0, 4, 1, 9]   ((s & 15) + 1) & 15 (at 8 bits: Z mod 16, AutoGPTQ's bug)
+      V2         [15, 3, 0, 8]  s
+      V2_BORROW  [15, 3, 16, 7] word - 0x11111111 (the 0 borrows from the next field), + 1
+      SYMMETRIC  [8, 8, 8, 8]   qzeros never read (Marlin's uint4b8 type)
+    """
+    V2 = "v2"                # Z = s
+    V1_NOWRAP = "v1"         # Z = s + 1; a stored maxq is 2^bits
+    V1_WRAP = "v1-wrap"      # Z = (s + 1) mod 2^bits; a stored maxq is 0
+    V1_CARRY = "v1-carry"    # GPTQModel's v1 -> v2 at load: word + 0x..1111, carries cross fields
+    V2_BORROW = "v2-borrow"  # ExLlamaV2 on gptq_v2: word - 0x..1111 (borrows), then Z = s' + 1
+    V1_NIBBLE = "v1-nibble"  # AutoGPTQ's CUDA extension: ((s & maxq) + 1) & 15, at any bits
+    SYMMETRIC = "symmetric"  # qzeros not read: Z = 2^(bits-1)
+
+    @property
+    def rule(self) -> ZeroRule | None:
+        """The kernel's field rule for this reading, None where it is not field by field."""
+        return {Reading.V2: ZeroRule.V2, Reading.V1_NOWRAP: ZeroRule.V1_NOWRAP,
+                Reading.V1_WRAP: ZeroRule.V1_WRAP}.get(self)
+
+
+def read_zeros(qzeros: np.ndarray, bits: int, reading: Reading) -> np.ndarray:
+    """Z per cell (int32, [G, N]) as a runtime reading computes it from packed qzeros [G, W'].
+
+    The word readings emulate the runtimes' arithmetic on the unsigned words, modulo 2^W: a
+    carry or borrow out of a field moves into the next field of the same word and is lost at
+    the top of the word (3-bit fields straddle words, so a carry crosses words there as the
+    runtimes' per-word additions do not: no 3-bit word reading is modelled; ValueError)."""
+    words = np.asarray(qzeros)
+    if reading is Reading.SYMMETRIC:
+        g, nw = words.shape
+        n = nw * words.dtype.itemsize * 8 // bits
+        return np.full((g, n), 1 << (bits - 1), dtype=np.int32)
+    if reading.rule is not None:
+        return effective_zeros(unpack(words, bits, axis=1), bits, reading.rule)
+    if reading is Reading.V1_NIBBLE:  # a 4-bit mask whatever the bits (AutoGPTQ 0.7.1)
+        return (unpack(words, bits, axis=1).astype(np.int32) + 1) & 0x0F
+    if bits == 3:
+        raise ValueError(f"{reading.name}: no 3-bit word arithmetic is modelled")
+    w = words.dtype.itemsize * 8
+    u = unsigned(words)
+    one = constant_words(1, bits, w)[0]
+    with np.errstate(over="ignore"):
+        moved = u + one if reading is Reading.V1_CARRY else u - one
+    fields = unpack(moved.astype(UNSIGNED[w]), bits, axis=1).astype(np.int32)
+    return fields if reading is Reading.V1_CARRY else fields + 1
+
+
+def _lanes(bits: int, ut) -> tuple:
+    """(low bits, 1, top bit) of every `bits`-wide field of one word of type `ut`."""
+    w = np.dtype(ut).itemsize * 8
+
+    def every(value: int):
+        return ut(sum(value << j for j in range(0, w, bits)))
+    return every((1 << (bits - 1)) - 1), every(1), every(1 << (bits - 1))
+
+
+def carried_fields(qzeros: np.ndarray, bits: int, reading: Reading) -> np.ndarray:
+    """Per packed word, the top bit of each field set where the reading's word arithmetic
+    (V1_CARRY: word + 0x..1111; V2_BORROW: word - 0x..1111) leaves another value than the same
+    +1 or -1 done field by field: the fields a carry or borrow from the field below reached.
+    2/4/8 bits (fields never straddle a word).
+
+    Field by field without crossing (SWAR, L = low bits, H = top bit of every field):
+    a + 1 = ((a & L) + 1s) ^ (a & H);  a - 1 = ((a | H) - 1s) ^ (~a & H).
+    Worked example, 4-bit, fields (low first) [15, 3, 0, 8, 8, 8, 8, 8] = 0x88888030 + 0xF
+    = 0x8888803F: + 0x11111111 = 0x99999150 (fields 0, 5, 1, 9, ...): the 15 carried into
+    field 1, so field 1's top bit is set: 0x00000080."""
+    if reading not in (Reading.V1_CARRY, Reading.V2_BORROW) or 32 % bits and bits != 8:
+        raise ValueError(f"carried_fields: {reading} at {bits} bits is not a word reading")
+    u = np.ascontiguousarray(unsigned(np.asarray(qzeros)))
+    low, one, top = _lanes(bits, u.dtype.type)
+    word, field = np.empty_like(u), np.empty_like(u)   # in place: two buffers, no temporaries
+    with np.errstate(over="ignore"):
+        if reading is Reading.V1_CARRY:
+            np.add(u, one, out=word)
+            np.bitwise_and(u, low, out=field)
+            np.add(field, one, out=field)
+            np.bitwise_xor(field, np.bitwise_and(u, top), out=field)
+        else:
+            np.subtract(u, one, out=word)
+            np.bitwise_or(u, top, out=field)
+            np.subtract(field, one, out=field)
+            np.bitwise_xor(field, np.bitwise_and(np.invert(u), top), out=field)
+    np.bitwise_xor(word, field, out=word)
+    return _nonzero_tops(word, low, top, field)
+
+
+def _nonzero_tops(t: np.ndarray, low, top, buf: np.ndarray) -> np.ndarray:
+    """The top bit of each field of `t` set where the field is not 0 (in place: t and buf are
+    overwritten; returns t)."""
+    np.bitwise_and(t, low, out=buf)
+    np.add(buf, low, out=buf)          # carries into the top bit where a low bit is set
+    np.bitwise_or(t, buf, out=t)
+    np.bitwise_and(t, top, out=t)
+    return t
+
+
+def fields_equal(qzeros: np.ndarray, bits: int, value: int) -> np.ndarray:
+    """Per packed word, the top bit of each field set where the field equals `value`."""
+    u = np.ascontiguousarray(unsigned(np.asarray(qzeros)))
+    low, _, top = _lanes(bits, u.dtype.type)
+    t = np.bitwise_xor(u, constant_words(value, bits, u.dtype.itemsize * 8)[0])
+    t = _nonzero_tops(t, low, top, np.empty_like(t))
+    return np.bitwise_xor(t, top, out=t)
+
+
+def count_fields(marks: np.ndarray) -> int:
+    """How many fields a mark array (top bits, from carried_fields or fields_equal) marks."""
+    return int(np.bitwise_count(marks).sum(dtype=np.uint64))
+
+
+def marked(marks: np.ndarray, bits: int, flat: np.ndarray, columns: int) -> np.ndarray:
+    """Whether the fields at flat indices g * columns + n of [G, columns] are marked."""
+    fpw = marks.dtype.itemsize * 8 // bits
+    g, n = np.divmod(np.asarray(flat, dtype=np.int64), columns)
+    shift = (n % fpw) * bits + bits - 1
+    return ((marks[g, n // fpw] >> shift.astype(marks.dtype)) & 1).astype(bool)
 
 
 def check(convention: str) -> str:

@@ -40,6 +40,9 @@ STAGES = {
     "detect-round": ("inspect (and convert's detection): round R of module reads done, in the "
                      "parent, its worker processes or threads still running", 1),
     "after-rename": ("convert: DST in place, before its parent directory is fsynced", 0),
+    "relabel-staged": ("fix-label: config file F (0-based, in the order written) staged and "
+                       "fsynced beside it, none renamed yet", 1),
+    "relabel-renamed": ("fix-label: config file F renamed over the old one", 1),
 }
 
 

@@ -1,8 +1,8 @@
 """The catalogue of stable finding codes, and the Finding record.
 
 Codes never change meaning once released. Ranges: GQ1xx container and index, GQ2xx configs,
-GQ3xx tensors and shapes, GQ4xx zero points and conversion, GQ5xx numerical. The README's
-catalogue table is checked against this module by the tests.
+GQ3xx tensors and shapes, GQ4xx zero points and conversion, GQ5xx numerical, GQ6xx runtimes.
+The README's catalogue table is checked against this module by the tests.
 """
 from __future__ import annotations
 
@@ -91,10 +91,20 @@ _CATALOGUE = [
     Code("GQ413", WARNING, "convert --from names a convention the data contradict"),
     Code("GQ414", WARNING, "a module's zero points sit unusually far from either convention"),
     Code("GQ415", ERROR, "convert: no config, and the modules' shapes disagree on one config"),
+    Code("GQ416", ERROR, "fix-label: the data's convention is undecidable"),
+    Code("GQ417", ERROR, "fix-label: --to names a convention the data contradict"),
     # GQ5xx: numerical
     Code("GQ501", ERROR, "scales not finite or not positive"),
     Code("GQ502", ERROR, "dequantized weights overflow float16"),
     Code("GQ503", ERROR, "converted output failed verification; nothing was written"),
+    # GQ6xx: runtimes (verify --runtime): one code per reason a named runtime fails
+    Code("GQ601", ERROR, "runtime would not load the checkpoint"),
+    Code("GQ602", ERROR, "runtime reads the zero points as the other convention"),
+    Code("GQ603", ERROR, "runtime ignores qzeros that are not the symmetric constant"),
+    Code("GQ604", ERROR, "runtime reads stored maxq fields as another Z than the data mean"),
+    Code("GQ605", ERROR, "runtime's zero-point arithmetic corrupts fields (carries, borrows, masks)"),
+    Code("GQ606", WARNING, "another path of the runtime (other GPU or option) would fail"),
+    Code("GQ607", WARNING, "runtime's decoding not decidable: the data's convention is not"),
 ]
 
 CATALOGUE: dict[str, Code] = {c.code: c for c in _CATALOGUE}

@@ -16,6 +16,7 @@ from .gptq.detect import Detection
 from .gptq.evidence import detect_checkpoint
 from .gptq.labels import convention_findings
 from .reports import checkpoint_format_json, summary_counts, tool_json
+from .verdicts import RuntimeVerdict, assess
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class InspectResult:
     checkpoint: Checkpoint
     detection: Detection
     findings: list[Finding]
+    runtimes: list[RuntimeVerdict]
 
     @property
     def ok(self) -> bool:
@@ -44,7 +46,10 @@ def inspect_checkpoint(path: str | os.PathLike) -> InspectResult:
             findings += zero_point_findings(ckpt, m, verdicts[m.name], settled_only=True)
             findings += declared_findings(ckpt, m)
             ckpt.store.release(m.tensors.values())
-    return InspectResult(ckpt, det, sorted(findings, key=Finding.sort_key))
+    # what each runtime makes of it: counts from qzeros only (no scales: inspect's reads stay
+    # bounded, so the largest weight change is verify's)
+    verdicts = assess(ckpt, det, scales=False)
+    return InspectResult(ckpt, det, sorted(findings, key=Finding.sort_key), verdicts)
 
 
 def quantization_summary(ckpt: Checkpoint) -> dict[str, Any]:
@@ -106,6 +111,7 @@ def inspect_json(r: InspectResult) -> dict[str, Any]:
         "other_tensors": {"count": len(ckpt.other_tensors),
                           "bytes": sum(ckpt.store.info(t).nbytes for t in ckpt.other_tensors),
                           "names": ckpt.other_tensors},
+        "runtimes": [v.to_json() for v in r.runtimes],
         "findings": [f.to_json() for f in r.findings],
         "summary": summary_counts(r.findings, len(ckpt.modules)),
     }

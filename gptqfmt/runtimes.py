@@ -1,65 +1,750 @@
-"""The runtimes that load GPTQ checkpoints, as data: which zero rule each applies to a file of
-each convention, and how reports name them. Adding a runtime is one entry in RUNTIMES plus its
-tests; every report, check and numerical comparison reads it from here.
+"""The runtimes that load GPTQ checkpoints, as data: for each runtime and version range, the
+kernel paths it may take and when, what each path requires of a module, which config key it
+reads the convention from, and how it reads the stored zero points. Every rule cites the code
+it comes from (repository, file, commit or release). Adding a runtime is one entry in RUNTIMES
+plus a fixture that triggers each of its rules; reports, `verify --runtime` and the numerical
+comparisons read everything from here (verdicts.py applies it to a checkpoint).
 
-The rules, from each runtime's source (../shared/docs/gptq-format.md has the citations): every
-runtime reads a gptq_v2 field as Z itself; on a gptq file vLLM's gptq_gemm and ExLlamaV2 add 1
-without wrapping (a stored maxq is 2^bits), AutoGPTQ's exllama kernels and TGI add 1 modulo
-2^bits (a stored maxq is 0).
+A runtime's path is chosen from the checkpoint's base config (and the device: the default is a
+current NVIDIA GPU, compute capability 8.0 or later); a module the chosen path cannot take
+makes the whole model fail to load, as in the runtimes, which build every layer before serving.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+from typing import Callable
 
-from .conventions import STORED_OFFSET, ZeroRule, check
+from .conventions import GPTQ, GPTQ_V2, STORED_OFFSET, Reading, ZeroRule, check
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a rule is written: repository, file, commit (or release tag), function."""
+    repo: str
+    path: str
+    ref: str
+    where: str = ""
+
+    def __str__(self) -> str:
+        at = self.ref[:12] if len(self.ref) == 40 else self.ref
+        return f"{self.repo}@{at}:{self.path}" + (f" ({self.where})" if self.where else "")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a rule looks at: a module (after `dynamic`), or the checkpoint's base config
+    (`name` None; shapes None). `sym` and `desc_act` are as declared (None: not set); the rest
+    as declared, else as the tensors show."""
+    name: str | None
+    bits: int | None
+    group_size: int | None
+    sym: bool | None
+    desc_act: bool | None
+    act_order: bool | None
+    pack_dtype: str | None
+    in_features: int | None = None
+    out_features: int | None = None
+    has_g_idx: bool | None = None
+    scale_dtype: str | None = None
+    sources: tuple[str, ...] = ()               # config sources present (config.py labels)
+    labels: tuple[tuple[str, str, str], ...] = ()   # (source, key, value) of label keys
+    quantizer: str | None = None                # meta.quantizer, as written
+    lm_head_declared: bool | None = None        # the config's lm_head key
+    capability: int = 80                        # the GPU's compute capability, as 10 * major
+    rows: int = 1                               # rows (tokens) per forward: 1 when decoding
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One condition a runtime or one of its paths puts on a checkpoint. `test` returns None
+    when the condition holds, else what was found instead ("bits is 3"); `text` is the
+    condition for tables ("bits in {4, 8}"). `scope`: "config" rules read the base config
+    (they choose the path, or refuse the model), "module" rules every quantized module,
+    "setup" rules the GPU and how the runtime is run (they choose between paths only)."""
+    id: str
+    text: str
+    test: Callable[[Facts], str | None] = field(compare=False)
+    source: Source
+    scope: str = "module"
+    hint: str = field(default="", compare=False)   # the next step when it fails
+
+    def with_hint(self, hint: str) -> "Rule":
+        return Rule(self.id, self.text, self.test, self.source, self.scope, hint)
+
+
+@dataclass(frozen=True)
+class Path:
+    """One kernel path of a runtime: chosen when every `when` rule holds; then every module
+    must meet `requires`. `readings` says how it reads qzeros under the convention it reads
+    (no entry: it does not read qzeros)."""
+    kernel: str
+    label: str                       # as reports group readers: "vLLM gptq_gemm"
+    when: tuple[Rule, ...]
+    requires: tuple[Rule, ...]
+    readings: dict[str, Reading]
+    source: Source
+    otherwise: str = ""              # when it is taken although an earlier path's `when` holds
+
+    @property
+    def reads_qzeros(self) -> bool:
+        return Reading.SYMMETRIC not in self.readings.values()
 
 
 @dataclass(frozen=True)
 class Runtime:
     id: str
-    name: str        # short, as equivalence reports group runtimes ("AutoGPTQ exllama")
-    prose: str       # in a sentence ("AutoGPTQ's exllama kernels")
-    gptq_rule: ZeroRule  # how it reads a gptq file's stored fields
+    name: str
+    versions: str
+    config_files: tuple[str, ...]  # config sources it reads, first present wins
+    needs_config: bool             # False: it finds GPTQ layers by their tensors alone
+    label_keys: tuple[str, ...]  # keys read for the convention, first found wins; () = none
+    paths: tuple[Path, ...]
+    requires: tuple[Rule, ...]   # on the base config, whichever path
+    label_source: Source
+    # None: reads `dynamic` (per-module overrides and `-:` exclusions); else the source that
+    # shows it builds every layer from the base config
+    ignores_dynamic: Source | None = None
+    next_step: str = ""          # what to do when it refuses the checkpoint
+    config_note: str = ""        # said when it finds no config it reads
 
-    def rule(self, convention: str) -> ZeroRule:
-        """The zero rule this runtime applies to a file labelled `convention`: Z = s where the
-        convention stores Z itself, else its own way of adding 1."""
-        return ZeroRule.V2 if STORED_OFFSET[check(convention)] == 0 else self.gptq_rule
+    def config_file(self, facts: Facts) -> str | None:
+        """The config source this runtime reads: the first of its files that is present."""
+        return next((f for f in self.config_files if f in facts.sources), None)
+
+    def convention_read(self, facts: Facts) -> str:
+        """The convention this runtime reads: in the file it reads, the first of its keys
+        that is set decides, compared exactly with "gptq_v2"; anything else (or nothing) is
+        gptq."""
+        source = self.config_file(facts)
+        values = {k: v for src, k, v in facts.labels if src == source}
+        for key in self.label_keys:
+            if key in values:
+                return GPTQ_V2 if values[key] == GPTQ_V2 else GPTQ
+        return GPTQ
 
 
-VLLM = Runtime("vllm", "vLLM gptq_gemm", "vLLM gptq_gemm", ZeroRule.V1_NOWRAP)
-EXLLAMAV2 = Runtime("exllamav2", "ExLlamaV2", "ExLlamaV2", ZeroRule.V1_NOWRAP)
-AUTOGPTQ_EXLLAMA = Runtime("autogptq-exllama", "AutoGPTQ exllama", "AutoGPTQ's exllama kernels",
-                           ZeroRule.V1_WRAP)
-TGI = Runtime("tgi", "TGI", "TGI", ZeroRule.V1_WRAP)
-RUNTIMES = (VLLM, EXLLAMAV2, AUTOGPTQ_EXLLAMA, TGI)
-# the reading checks and conversions go by when they need one (what vLLM reads)
-REFERENCE = VLLM
+def _as_set(values) -> str:
+    return "{" + ", ".join(str(v) for v in sorted(values)) + "}"
+
+
+# ---------------------------------------------------------------- the vocabulary of rules
+
+def bits_in(allowed, source: Source, scope: str = "module", rid: str = "bits") -> Rule:
+    return Rule(rid, f"bits in {_as_set(allowed)}",
+                lambda f: None if f.bits is None or f.bits in allowed else f"bits is {f.bits}",
+                source, scope)
+
+
+def group_size_in(allowed, source: Source, scope: str = "module") -> Rule:
+    return Rule("group_size", f"group_size in {_as_set(allowed)}",
+                lambda f: None if f.group_size is None or f.group_size in allowed
+                else f"group_size is {f.group_size}", source, scope)
+
+
+def sym_true(source: Source, missing: str, scope: str = "config", rid: str = "sym") -> Rule:
+    """sym must be true; `missing` says what a missing key does: "true" (assumed true),
+    "false" (assumed false: the rule fails), "refuse" (the rule fails: the key is required)."""
+    def test(f: Facts):
+        if f.sym is None:
+            return None if missing == "true" else (
+                "sym is not set (read as false)" if missing == "false" else
+                "sym is not set (required)")
+        return None if f.sym else "sym is false"
+    return Rule(rid, "sym true" + {"true": " (missing: true)", "false": " (missing: false)",
+                                   "refuse": " (required)"}[missing], test, source, scope)
+
+
+def key_set(key: str, source: Source) -> Rule:
+    return Rule(f"{key}_set", f"{key} set",
+                lambda f: None if getattr(f, key) is not None else f"{key} is not set",
+                source, "config")
+
+
+def no_act_order(source: Source) -> Rule:
+    return Rule("act_order", "no act-order (g_idx trivial)",
+                lambda f: "act-order g_idx" if f.act_order else None, source)
+
+
+def divisible(dim: str, by: int, source: Source, why: str) -> Rule:
+    return Rule(f"{dim}_multiple_{by}", f"{dim} multiple of {by} ({why})",
+                lambda f: None if getattr(f, dim) is None or getattr(f, dim) % by == 0
+                else f"{dim} is {getattr(f, dim)}, not a multiple of {by} ({why})",
+                source)
+
+
+def in_features_per_group(source: Source) -> Rule:
+    return Rule("group_divides", "in_features a multiple of group_size",
+                lambda f: None if f.in_features is None or f.group_size in (None, -1) or
+                f.in_features % f.group_size == 0
+                else f"in_features {f.in_features} is not a multiple of group_size "
+                     f"{f.group_size}", source)
+
+
+def pack_dtype_in(allowed, source: Source) -> Rule:
+    return Rule("pack_dtype", f"pack_dtype in {_as_set(allowed)}",
+                lambda f: None if f.pack_dtype is None or f.pack_dtype in allowed
+                else f"pack_dtype is {f.pack_dtype}", source)
+
+
+def not_lm_head(source: Source) -> Rule:
+    return Rule("lm_head", "lm_head not quantized",
+                lambda f: "a quantized lm_head" if f.name and f.name.split(".")[-1] == "lm_head"
+                else None, source)
+
+
+def capability_at_least(major_minor: int, source: Source) -> Rule:
+    return Rule(f"capability_{major_minor}", f"GPU compute capability >= "
+                f"{major_minor // 10}.{major_minor % 10}",
+                lambda f: None if f.capability >= major_minor else
+                f"compute capability {f.capability // 10}.{f.capability % 10}", source, "setup")
+
+
+def asym_needs_gptqmodel_quantizer(source: Source) -> Rule:
+    """GPTQModel refuses sym=false in format gptq unless meta.quantizer names gptqmodel >=
+    0.9.0 (AutoGPTQ's asymmetric packer lost the zero points of 0)."""
+    def test(f: Facts):
+        keys = {k: v for _, k, v in reversed(f.labels)}  # the first file's value wins
+        if f.sym is not False or keys.get("format", keys.get("checkpoint_format", GPTQ)) != GPTQ:
+            return None
+        q = f.quantizer or ""
+        name, _, ver = q.partition(":")
+        if name.strip().lower() == "gptqmodel" and _version(ver) >= (0, 9, 0):
+            return None
+        return ("sym is false in format gptq and meta.quantizer is "
+                + (repr(q) if q else "not set") + " (needs gptqmodel:0.9.0 or later)")
+    return Rule("asym_v1_quantizer", "sym false in format gptq only from gptqmodel >= 0.9.0",
+                test, source, "config")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    out = []
+    for part in text.strip().split("."):
+        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out) or (0,)
+
+
+
+# ---------------------------------------------------------------- the table
+#
+# Config sources by the labels config.py gives them.
+CONFIG_JSON, QUANTIZE_CONFIG, QUANT_CONFIG = (
+    "config.json:quantization_config", "quantize_config.json", "quant_config.json")
+MARLIN_GROUPS = (-1, 32, 64, 128)
+ZERO_V1 = {GPTQ: Reading.V1_NOWRAP, GPTQ_V2: Reading.V2}        # label-aware, s + 1 on gptq
+ZERO_V1_ONLY = {GPTQ: Reading.V1_NOWRAP, GPTQ_V2: Reading.V1_NOWRAP}   # label ignored
+WRAP_ONLY = {GPTQ: Reading.V1_WRAP, GPTQ_V2: Reading.V1_WRAP}
+NO_QZEROS = {GPTQ: Reading.SYMMETRIC, GPTQ_V2: Reading.SYMMETRIC}
+
+# ---- TGI: huggingface/text-generation-inference, maintenance mode since 34988476 (2025-12-11);
+# db931fcf (2026-01-08) differs from v3.3.7 (dfb3fbe7) only in a CI workflow.
+_TGI = "huggingface/text-generation-inference"
+_TGI_REF = "db931fcf42da018a3657580c64bf2720f167f9ab"
+_TGI_MARLIN = Source(_TGI, "server/text_generation_server/layers/marlin/gptq.py", _TGI_REF,
+                     "can_use_gptq_marlin L39-52")
+_TGI_GPTQ = Source(_TGI, "server/text_generation_server/layers/gptq/__init__.py", _TGI_REF,
+                   "GPTQWeightsLoader.get_weights L120-126, HAS_EXLLAMA L455-476")
+_TGI_CONFIG = Source(_TGI, "server/text_generation_server/utils/quantization.py", _TGI_REF,
+                     "_get_quantizer_config L47-121 (sym defaults to False; checkpoint_format "
+                     "only for marlin_24)")
+_TGI_TRITON = Source(_TGI, "server/text_generation_server/layers/gptq/triton.py", _TGI_REF,
+                     "matmul_248_kernel L184-185 (zeros + 1) & maxq; QuantLinear L263-264")
+_TGI_EXL2 = Source("turboderp/exllamav2", "exllamav2/exllamav2_ext/cuda/q_gemm_kernel_gptq.cuh",
+                   "509f9aaca9dd7f553169fb00ba4eb6d64d457616",
+                   "v0.1.8 as TGI's CUDA image builds it (server/Makefile-exllamav2): zeros[i] + 1, "
+                   "no mask")
+_TGI_HEAD = Source(_TGI, "server/text_generation_server/layers/tensor_parallel.py", _TGI_REF,
+                   "TensorParallelHead.load L45-73 reads lm_head.weight only")
+TGI = Runtime(
+    "tgi", "TGI", "3.3.x (read: db931fcf = v3.3.7)",
+    config_files=(CONFIG_JSON, QUANTIZE_CONFIG, QUANT_CONFIG), needs_config=True,
+    label_keys=(),
+    paths=(
+        Path("gptq_marlin", "TGI Marlin",
+             when=(capability_at_least(80, _TGI_MARLIN), bits_in((4, 8), _TGI_MARLIN, "config"),
+                   group_size_in(MARLIN_GROUPS, _TGI_MARLIN, "config"),
+                   sym_true(_TGI_MARLIN, missing="false")),
+             requires=(Rule("marlin_shape", "(in % 128 and out % 64) or (in % 64 and out % 128)",
+                            lambda f: None if f.in_features is None or
+                            (f.in_features % 128 == 0 and f.out_features % 64 == 0) or
+                            (f.in_features % 64 == 0 and f.out_features % 128 == 0) else
+                            f"in_features {f.in_features}, out_features {f.out_features}",
+                            Source(_TGI, "server/text_generation_server/layers/marlin/gptq.py",
+                                   _TGI_REF, "_check_valid_shape L474-481")),
+                       in_features_per_group(_TGI_MARLIN), not_lm_head(_TGI_HEAD)),
+             readings=NO_QZEROS, source=_TGI_MARLIN),
+        Path("exllamav2", "TGI exllamav2",
+             when=(capability_at_least(80, _TGI_GPTQ), bits_in((4,), _TGI_GPTQ, "config"),
+                   Rule("desc_act_false", "desc_act false",
+                        lambda f: "desc_act is true" if f.desc_act else None, _TGI_GPTQ,
+                        "config")),
+             requires=(bits_in((4,), _TGI_GPTQ, rid="module_bits"), not_lm_head(_TGI_HEAD)),
+             readings=ZERO_V1_ONLY, source=_TGI_EXL2,
+             otherwise="for 4-bit without desc_act where Marlin does not apply (asymmetric, "
+                       "or TGI's Marlin kernel not available)"),
+        Path("triton", "TGI triton",
+             when=(),
+             requires=(bits_in((2, 4, 8), _TGI_TRITON), not_lm_head(_TGI_HEAD)),
+             readings=WRAP_ONLY, source=_TGI_TRITON,
+             otherwise="when neither Marlin nor exllamav2 applies (desc_act, 2/8-bit "
+                       "asymmetric, a GPU below compute capability 8.0, DISABLE_EXLLAMA=True)"),
+    ),
+    requires=(), label_source=_TGI_CONFIG, ignores_dynamic=_TGI_CONFIG)
+
+# ---- SGLang: the git repository was read through its PyPI wheels (they record no commit).
+_SGL = "sgl-project/sglang"
+_SGL_NEW = "v0.5.23 (wheel sha256 00b3cd5b265ac76c)"
+_SGL_OLD = "v0.5.19 (wheel sha256 425e87377e725d03)"
+
+
+def _sgl(ref: str, where: str, path: str = "python/sglang/srt/layers/quantization/gptq/gptq.py"
+         ) -> Source:
+    return Source(_SGL, path, ref, where)
+
+
+_SGL_LM = "lm_head quantized only with `lm_head: true` (utils.py get_linear_quant_method)"
+
+
+def lm_head_declared(source: Source) -> Rule:
+    """A quantized lm_head loads only where the config says `lm_head: true`."""
+    return Rule("lm_head_declared", "a quantized lm_head needs lm_head: true",
+                lambda f: "a quantized lm_head without lm_head: true in the config"
+                if f.name and f.name.split(".")[-1] == "lm_head" and not f.lm_head_declared
+                else None, source)
+
+
+def _sglang_marlin(ref: str) -> Path:
+    src = _sgl(ref, "is_gptq_marlin_compatible L459-481, TYPE_MAP L298-301")
+    return Path(
+        "gptq_marlin", "SGLang Marlin",
+        when=(capability_at_least(80, _sgl(ref, "GPTQMarlinConfig.get_min_capability L386-387")),
+              key_set("sym", src), key_set("desc_act", src),
+              bits_in((4, 8), src, "config"), group_size_in(MARLIN_GROUPS, src, "config"),
+              sym_true(src, missing="refuse")),
+        # the shape check's result is ignored (gptq_kernels.py process_weights_after_loading
+        # L89-94): no shape rule here
+        requires=(bits_in((4, 8), _sgl(ref, "get_dynamic_override L254-272: a dynamic "
+                                        "override outside TYPE_MAP raises"), rid="dynamic_bits"),
+                  sym_true(_sgl(ref, "override_config L222-251"), missing="true",
+                           scope="module", rid="dynamic_sym"),
+                  lm_head_declared(_sgl(ref, _SGL_LM))),
+        readings=NO_QZEROS,
+        source=_sgl(ref, "GPTQMarlinLinearScheme zero_points=False",
+                    "python/sglang/srt/layers/quantization/gptq/schemes/gptq_marlin.py"))
+
+
+SGLANG = Runtime(
+    "sglang", "SGLang", ">= 0.5.20 (read: 0.5.23)",
+    config_files=(CONFIG_JSON, QUANTIZE_CONFIG), needs_config=True,
+    label_keys=("checkpoint_format",),
+    paths=(_sglang_marlin(_SGL_NEW),),
+    requires=(), label_source=_sgl(_SGL_NEW, "from_config L155-157"),
+    next_step="SGLang >= 0.5.20 has no non-Marlin GPTQ kernel on CUDA (\"The non-Marlin GPTQ "
+              "CUDA kernel has been removed\"): use a 4/8-bit symmetric checkpoint, or another "
+              "format")
+SGLANG_GPTQ_GEMM = Runtime(
+    "sglang-gptq-gemm", "SGLang (gptq_gemm)", "<= 0.5.19 (read: 0.5.19)",
+    config_files=(CONFIG_JSON, QUANTIZE_CONFIG), needs_config=True,
+    label_keys=(),   # use_v2_format is computed but never passed to sgl_kernel.gptq_gemm
+    paths=(_sglang_marlin(_SGL_OLD),
+           Path("gptq_gemm", "SGLang gptq_gemm", when=(),
+                requires=(lm_head_declared(_sgl(_SGL_OLD, _SGL_LM)),),
+                readings=ZERO_V1_ONLY,
+                otherwise="when gptq_marlin's conditions fail, or with --quantization gptq",
+                source=Source(_SGL, "sgl-kernel/csrc/gemm/gptq/gptq_kernel.cu",
+                              "033190958f171730e5850f8843ea99add9d1db78",
+                              "zeros[i] + 1, no use_v2_format argument"))),
+    requires=(key_set("desc_act", _sgl(_SGL_OLD, "GPTQConfig.from_config L151-153")),),
+    label_source=_sgl(_SGL_OLD, "gptq_kernels.py L117-125: the 7-argument gptq_gemm",
+                      "python/sglang/srt/hardware_backend/gpu/quantization/gptq_kernels.py"))
+
+# ---- ExLlamaV2: turboderp/exllamav2 b9c025b4 (v0.2.7+4); the GPTQ path is the same in 0.3.2.
+_EXL = "turboderp/exllamav2"
+_EXL_REF = "b9c025b4b1ee78c0d34e700f2e474a02dfb13c90"
+_EXL_SHAPES = Source(_EXL, "exllamav2/exllamav2_ext/ext_qmatrix.cpp", _EXL_REF,
+                     "make_q_matrix L66-69: height = qweight rows * 8, qzeros columns = out / 8")
+EXLLAMAV2 = Runtime(
+    "exllamav2", "ExLlamaV2", "0.1.8-0.3.2 (read: b9c025b4)",
+    config_files=(CONFIG_JSON,), needs_config=False,
+    label_keys=("checkpoint_format",),
+    paths=(Path("exllamav2", "ExLlamaV2", when=(),
+                requires=(bits_in((4,), _EXL_SHAPES),
+                          pack_dtype_in(("int32",), Source(
+                              _EXL, "exllamav2/exllamav2_ext/ext_qmatrix.cpp", _EXL_REF,
+                              "L38-48: qweight, qzeros, g_idx int32")),
+                          Rule("group_size_pow2", "group_size a power of two (it is inferred as "
+                               "the smallest power of two covering in_features / groups)",
+                               lambda f: None if f.group_size in (None, -1) or
+                               f.group_size & (f.group_size - 1) == 0 else
+                               f"group_size is {f.group_size}",
+                               Source(_EXL, "exllamav2/exllamav2_ext/cuda/q_matrix.cu", _EXL_REF,
+                                      "QMatrix L103-104"))),
+                readings={GPTQ: Reading.V1_NOWRAP, GPTQ_V2: Reading.V2_BORROW},
+                source=Source(_EXL, "exllamav2/exllamav2_ext/cuda/q_gemm_kernel_gptq.cuh",
+                              _EXL_REF, "L169 zeros[i] + 1; ext.py L366-367 subtracts "
+                              "0x11111111 from gptq_v2 qzeros words")),),
+    requires=(), label_source=Source(_EXL, "exllamav2/config.py", _EXL_REF,
+                                     "L394-395 quantization_config->checkpoint_format"),
+    ignores_dynamic=Source(_EXL, "exllamav2/config.py", _EXL_REF,
+                           "GPTQ layers found by .qweight; no quantization key but "
+                           "checkpoint_format is read"))
+
+# ---- GPTQModel: ModelCloud/GPTQModel f4c327a1 (v7.3.4+1), its own loader.
+_GQM = "ModelCloud/GPTQModel"
+_GQM_REF = "f4c327a17eb3e24524d5a97a3d682e3696ae6a28"
+
+
+def _gqm(path: str, where: str) -> Source:
+    return Source(_GQM, path, _GQM_REF, where)
+
+
+_GQM_CONVERT = _gqm("gptqmodel/utils/model.py", "convert_gptq_v1_to_v2_format L750-845: "
+                    "qzeros += 0x11111111 (4-bit) on int32 words")
+V2_KERNEL = {GPTQ: Reading.V1_CARRY, GPTQ_V2: Reading.V2}
+
+
+def _gptqmodel_paths(prefix: str) -> tuple[Path, ...]:
+    q = "gptqmodel/nn_modules/qlinear/"
+    return (
+        Path("machete", f"{prefix} Machete",
+             when=(capability_at_least(90, _gqm(q + "machete.py", "L39-59")),
+                   bits_in((4, 8), _gqm(q + "machete.py", "L39-59"), "config"),
+                   group_size_in((-1, 64, 128), _gqm(q + "machete.py", "L39-59"), "config")),
+             requires=(divisible("in_features", 64, _gqm(q + "machete.py", "L39-59"), "Machete"),
+                       divisible("out_features", 128, _gqm(q + "machete.py", "L39-59"),
+                                 "Machete")),
+             readings=V2_KERNEL, source=_GQM_CONVERT),
+        Path("marlin", f"{prefix} Marlin",
+             when=(bits_in((4, 8), _gqm(q + "marlin.py", "L55-85"), "config"),
+                   group_size_in(MARLIN_GROUPS, _gqm(q + "marlin.py", "L55-85"), "config"),
+                   sym_true(_gqm(q + "marlin.py", "TYPE_MAP L81-85"), missing="true")),
+             requires=(divisible("out_features", 64, _gqm(q + "marlin.py", "L55-85"), "Marlin"),),
+             readings=NO_QZEROS, source=_gqm(q + "marlin.py", "post_init L285 empties qzeros")),
+        Path("exllamav2", f"{prefix} exllamav2",
+             when=(bits_in((4,), _gqm(q + "exllamav2.py", "L35-58"), "config"),
+                   group_size_in(MARLIN_GROUPS, _gqm(q + "exllamav2.py", "L35-58"), "config")),
+             requires=(divisible("in_features", 32, _gqm(q + "exllamav2.py", "L35-58"),
+                                 "exllamav2"),
+                       divisible("out_features", 32, _gqm(q + "exllamav2.py", "L35-58"),
+                                 "exllamav2")),
+             readings=V2_KERNEL, source=_GQM_CONVERT),
+        Path("triton", f"{prefix} triton",
+             when=(bits_in((2, 4, 8), _gqm(q + "tritonv2.py", "L53-75"), "config"),),
+             requires=(divisible("in_features", 32, _gqm(q + "tritonv2.py", "L53-75"), "triton"),
+                       divisible("out_features", 32, _gqm(q + "tritonv2.py", "L53-75"),
+                                 "triton")),
+             readings=V2_KERNEL, source=_GQM_CONVERT),
+        Path("torch", f"{prefix} torch", when=(),
+             requires=(), readings=V2_KERNEL, source=_GQM_CONVERT),
+    )
+
+
+GPTQMODEL = Runtime(
+    "gptqmodel", "GPTQModel", "7.x (read: f4c327a1)",
+    config_files=(QUANTIZE_CONFIG, QUANT_CONFIG, CONFIG_JSON), needs_config=True,
+    label_keys=("format", "checkpoint_format"),
+    paths=_gptqmodel_paths("GPTQModel"),
+    requires=(asym_needs_gptqmodel_quantizer(_gqm("gptqmodel/models/loader.py",
+                                                  "from_quantized L1658-1663")),),
+    label_source=_gqm("gptqmodel/quantization/config.py",
+                      "from_quant_config L2824-2923: format wins, checkpoint_format is a "
+                      "deprecated alias"))
+
+# ---- transformers >= 5.0: GPTQConfig -> optimum -> GPTQModel (hf_select_quant_linear)
+_HF = "huggingface/transformers"
+_HF_REF = "v5.24.0 (PyPI wheel)"
+TRANSFORMERS = Runtime(
+    "transformers", "transformers (GPTQModel backend)", ">= 5.0 (read: 5.24.0)",
+    config_files=(CONFIG_JSON,), needs_config=True,
+    label_keys=("checkpoint_format", "format"),
+    paths=tuple(
+        Path(p.kernel, p.label.replace("GPTQModel", "transformers"), p.when,
+             p.requires + (not_lm_head(Source(
+                 "huggingface/optimum", "optimum/gptq/quantizer.py",
+                 "83c88b8fc51e791f263a954e3568e1d2a02aa003",
+                 "convert_model L253-279: only the blocks' layers are replaced")),),
+             p.readings, p.source)
+        for p in _gptqmodel_paths("GPTQModel")),
+    requires=(), label_source=Source(_HF, "src/transformers/utils/quantization_config.py",
+                                     _HF_REF, "GPTQConfig.__init__ L718: checkpoint_format "
+                                     "overrides format"))
+
+# ---- AutoGPTQ 0.7.1 (from_quantized defaults: exllamav2 for 4-bit, else cuda_old / cuda)
+_AG = "AutoGPTQ/AutoGPTQ"
+_AG_REF = "b8b41270f3dd5d657aee049d7b64538ab5dd244e"
+
+
+def _ag(path: str, where: str) -> Source:
+    return Source(_AG, path, _AG_REF, where)
+
+
+_AG_NOT_EXLLAMA = "for 4-bit only with the exllama kernels disabled or unavailable"
+NIBBLE_ONLY = {GPTQ: Reading.V1_NIBBLE, GPTQ_V2: Reading.V1_NIBBLE}
+_AG_SELECT = _ag("auto_gptq/utils/import_utils.py", "dynamically_import_QuantLinear L59-99")
+_AG_CUDA_OLD = Rule("cuda_old", "desc_act false or group_size -1 (desc_act missing: true)",
+                    lambda f: None if f.desc_act is False or f.group_size == -1 else
+                    f"desc_act is {f.desc_act if f.desc_act is not None else 'not set (true)'}",
+                    _AG_SELECT, "config")
+_AG_SWITCH = _ag("auto_gptq/nn_modules/qlinear/qlinear_cuda.py",
+                 "forward: kernel_switch_threshold = 128")
+_AG_DECODE = Rule("rows_below_128", "fewer than 128 rows per forward (decoding; in and out "
+                  "multiples of 64, else the torch path)",
+                  lambda f: None if f.rows < 128 else f"{f.rows} rows", _AG_SWITCH, "setup")
+_AG_PREFILL = Rule("rows_128", "128 rows or more per forward (prefill)",
+                   lambda f: None if f.rows >= 128 else f"{f.rows} rows", _AG_SWITCH, "setup")
+_AG_EXT = _ag("autogptq_extension/cuda_256/autogptq_cuda_kernel_256.cu",
+              "L550, L637: ((zeros >> shift) & mask) + 1) & 0x0f, a 4-bit mask at every bits "
+              "(since 6c276a3)")
+
+AUTOGPTQ = Runtime(
+    "autogptq", "AutoGPTQ", "0.7.1 (read: b8b41270)",
+    config_files=(QUANTIZE_CONFIG, QUANT_CONFIG, CONFIG_JSON), needs_config=True,
+    label_keys=(),
+    paths=(
+        Path("exllamav2", "AutoGPTQ exllamav2",
+             when=(bits_in((4,), _AG_SELECT, "config"),),
+             requires=(divisible("in_features", 32, _ag(
+                 "auto_gptq/nn_modules/qlinear/qlinear_exllamav2.py", "L113-135"), "exllamav2"),
+                       divisible("out_features", 32, _ag(
+                           "auto_gptq/nn_modules/qlinear/qlinear_exllamav2.py", "L113-135"),
+                           "exllamav2"),
+                       in_features_per_group(_ag(
+                           "auto_gptq/nn_modules/qlinear/qlinear_exllamav2.py", "L113-135"))),
+             readings=WRAP_ONLY,
+             source=_ag("autogptq_extension/exllamav2/cuda/q_gemm_kernel_gptq.cuh",
+                        "L128-131 (zeros[i] + 1) & 0x0f")),
+        Path("cuda_old-ext", "AutoGPTQ cuda_old (extension)",
+             when=(_AG_CUDA_OLD, _AG_DECODE),
+             requires=(),
+             readings=NIBBLE_ONLY, source=_AG_EXT, otherwise=_AG_NOT_EXLLAMA),
+        Path("cuda_old-torch", "AutoGPTQ cuda_old",
+             when=(_AG_CUDA_OLD, _AG_PREFILL),
+             requires=(),
+             readings=WRAP_ONLY, otherwise=_AG_NOT_EXLLAMA,
+             source=_ag("auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py",
+                        "L296-304: (zeros + 1) & maxq")),
+        Path("cuda-ext", "AutoGPTQ cuda (extension)", when=(_AG_DECODE,),
+             requires=(),
+             readings=NIBBLE_ONLY, source=_AG_EXT, otherwise=_AG_NOT_EXLLAMA),
+        Path("cuda-torch", "AutoGPTQ cuda", when=(_AG_PREFILL,),
+             requires=(),
+             readings=ZERO_V1_ONLY, otherwise=_AG_NOT_EXLLAMA,
+             source=_ag("auto_gptq/nn_modules/qlinear/qlinear_cuda.py",
+                        "L257-265: (zeros & maxq) + 1")),
+    ),
+    requires=(), label_source=_ag("auto_gptq/modeling/_base.py",
+                                  "BaseQuantizeConfig L81-95: no checkpoint_format field"),
+    ignores_dynamic=_ag("auto_gptq/modeling/_base.py", "BaseQuantizeConfig L81-95: no dynamic"))
+
+# ---- llama.cpp convert_hf_to_gguf.py: dequantizes GPTQ to float, then writes GGUF
+_LCPP = Source("ggml-org/llama.cpp", "convert_hf_to_gguf.py",
+               "0024aa7417efd50a7c2a79e049dfbbbceb0beaaf", "ModelBase.dequant_model.dequant_gptq")
+LLAMA_CPP = Runtime(
+    "llama.cpp", "llama.cpp convert_hf_to_gguf.py", "read: 0024aa74",
+    config_files=(CONFIG_JSON,), needs_config=True,
+    label_keys=("checkpoint_format",),
+    paths=(Path("dequant_gptq", "llama.cpp convert", when=(),
+                requires=(Rule("bits", "bits in {2, 4, 8} (3-bit: NotImplementedError)",
+                               lambda f: None if f.bits is None or f.bits in (2, 4, 8)
+                               else f"bits is {f.bits}", _LCPP),
+                           Rule("g_idx", "g_idx present for every quantized layer",
+                                lambda f: "no g_idx tensor" if f.has_g_idx is False else None,
+                                _LCPP)),
+                readings=ZERO_V1, source=_LCPP),),
+    requires=(), label_source=Source(
+        "ggml-org/llama.cpp", "convert_hf_to_gguf.py", "0024aa7417efd50a7c2a79e049dfbbbceb0beaaf",
+        "dequant_gptq: zeros += 1 only if checkpoint_format (default gptq) == \"gptq\""),
+    ignores_dynamic=None)
+
+# ---- vLLM: vllm-project/vllm, read in its PyPI wheels (the build commit is in _version.py).
+# PR 26092 (gptq_gemm reads checkpoint_format == "gptq_v2") is first in v0.11.1; v0.21.0 is the
+# last release with gptq.py and gptq_marlin.py; v0.22.0 has only auto_gptq.py (PR 38288).
+_VLLM = "vllm-project/vllm"
+_V11 = "v0.11.0 (f71952c1c)"
+_V21 = "v0.21.0 (ad7125a43)"
+_V33 = "v0.33.0 (4ba787ec9)"
+_Q = "vllm/model_executor/layers/quantization/"
+
+
+def _vl(ref: str, path: str, where: str) -> Source:
+    return Source(_VLLM, _Q + path, ref, where)
+
+
+def scales_fp16(source: Source) -> Rule:
+    return Rule("fp16", "float16 model (gptq_gemm supports torch.half only; scales' dtype as "
+                "the model's)", lambda f: None if f.scale_dtype in (None, "F16") else
+                f"scales are {f.scale_dtype}", source)
+
+
+def _vllm_marlin(ref: str, capability: int) -> Path:
+    src = _vl(ref, "gptq_marlin.py", "is_gptq_marlin_compatible; TYPE_MAP (4, sym) uint4b8, "
+              "(8, sym) uint8b128")
+    utils = _vl(ref, "utils/marlin_utils.py", "verify_marlin_supports_shape")
+    return Path(
+        "gptq_marlin", "vLLM gptq_marlin",
+        when=(capability_at_least(capability, _vl(ref, "utils/marlin_utils.py",
+                                                  "check_marlin_supported")),
+              key_set("sym", src), bits_in((4, 8), src, "config"),
+              group_size_in(MARLIN_GROUPS, src, "config"), sym_true(src, missing="refuse")),
+        requires=(
+            Rule("marlin_shape", "out_features % 64 and in_features % 128 (Marlin), else the "
+                 "float16 Exllama kernel: out_features % (32 / bits)",
+                 lambda f: None if f.in_features is None or
+                 (f.out_features % 64 == 0 and f.in_features % 128 == 0) or
+                 (f.scale_dtype == "F16" and f.out_features % (32 // f.bits) == 0) else
+                 f"in_features {f.in_features}, out_features {f.out_features}, scales "
+                 f"{f.scale_dtype}", _vl(ref, "kernels/mixed_precision/__init__.py",
+                                         "choose_mp_linear_kernel: \"Failed to find a kernel "
+                                         "that can implement the WNA16 linear layer\"")),
+            in_features_per_group(utils),
+            bits_in((4, 8), _vl(ref, "utils/gptq_utils.py", "dynamic overrides: "
+                                "\"Unsupported quantization config\""), rid="dynamic_bits"),
+            lm_head_declared(_vl(ref, "utils/gptq_utils.py", "get_linear_quant_method: "
+                                 "lm_head quantized only with `lm_head: true`"))),
+        readings=NO_QZEROS,
+        source=_vl(ref, "kernels/mixed_precision/marlin.py", "zero_points=False: qzeros "
+                   "replaced by an empty tensor (Exllama: synthetic 2^(bits-1) - 1)"))
+
+
+def _vllm_gptq_gemm(ref: str, readings: dict, where: str) -> Path:
+    src = _vl(ref, "gptq.py", where)
+    return Path(
+        "gptq_gemm", "vLLM gptq_gemm", when=(),
+        # bits 2/3/4/8 ("only 2/3/4/8-bit weight quantization") and out_features a multiple of
+        # Fraction(32, bits).numerator hold for every module gptqfmt reads (GPTQ's packing)
+        requires=(in_features_per_group(_vl(ref, "gptq.py", "create_weights: \"not aligned "
+                                            "with the quantized weight shape\"")),
+                  scales_fp16(_vl(ref, "gptq.py", "get_supported_act_dtypes: [torch.half]")),
+                  lm_head_declared(_vl(ref, "utils/gptq_utils.py", "get_linear_quant_method"))),
+        readings=readings, source=src,
+        otherwise="when gptq_marlin's conditions fail (e.g. a GPU below its compute capability), "
+                  "or with --quantization gptq")
+
+
+_VLLM_DESC_ACT = key_set("desc_act", Source(_VLLM, _Q + "gptq.py", _V21,
+                                            "from_config: \"Cannot find any of ['desc_act']\""))
+_VLLM_CONFIG_NOTE = ("vLLM detects the method from config.json's quantization_config; it reads "
+                     "quantize_config.json only when --quantization gptq is given")
+
+_VLLM_NEXT = ("next step: vLLM >= 0.22 loads GPTQ only as 4/8-bit symmetric; asymmetric and "
+              "2/3-bit weights need compressed-tensors (pack-quantized with zero points), which "
+              "`gptqfmt convert` will write (issue 13), or vLLM <= 0.21")
+_VLLM_SET_KEY = ("next step: set the missing key in config.json's quantization_config (the "
+                 "value the data show: gptqfmt inspect)")
+
+VLLM = Runtime(
+    "vllm", "vLLM", ">= 0.22 (read: 0.33.0)",
+    config_files=(CONFIG_JSON,), needs_config=True, label_keys=(),
+    paths=(Path(
+        "marlin", "vLLM Marlin",
+        when=(capability_at_least(75, _vl(_V33, "auto_gptq.py", "verify_marlin_supported: "
+                                          "\"Marlin does not support weight_bits\"")),),
+        requires=(bits_in((4, 8), _vl(_V33, "utils/gptq_utils.py", "dynamic overrides: "
+                                      "\"Unsupported quantization config\""), rid="dynamic_bits"
+                          ).with_hint(_VLLM_NEXT),
+                  sym_true(_vl(_V33, "utils/gptq_utils.py", "dynamic overrides"), missing="true",
+                           scope="module", rid="dynamic_sym").with_hint(_VLLM_NEXT),
+                  lm_head_declared(_vl(_V33, "utils/gptq_utils.py", "get_linear_quant_method"))),
+        readings=NO_QZEROS,
+        source=_vl(_V33, "auto_gptq.py", "create_weights L389-435: qzeros loaded, never used "
+                   "(zero_points=False)")),),
+    requires=(key_set("sym", _vl(_V33, "auto_gptq.py", "from_config L196-197: \"Cannot find "
+                                 "any of ['sym']\"")).with_hint(_VLLM_SET_KEY),
+              key_set("desc_act", _vl(_V33, "auto_gptq.py", "from_config L196-197")
+                      ).with_hint(_VLLM_SET_KEY),
+              bits_in((4, 8), _vl(_V33, "auto_gptq.py", "__init__ L153-155: \"Unsupported "
+                                  "quantization config: bits=..., sym=...\""), "config"
+                      ).with_hint(_VLLM_NEXT),
+              sym_true(_vl(_V33, "auto_gptq.py", "__init__ L153-155"), missing="refuse"
+                       ).with_hint(_VLLM_NEXT),
+              group_size_in(MARLIN_GROUPS, _vl(_V33, "utils/marlin_utils.py",
+                                               "MARLIN_SUPPORTED_GROUP_SIZES"), "config"),
+              Rule("desc_act_grouped", "no desc_act with group_size != -1 (since 0.30)",
+                   lambda f: "desc_act is true with group_size "
+                   f"{f.group_size}" if f.desc_act and f.group_size not in (None, -1) else None,
+                   _vl(_V33, "utils/gptq_utils.py", "L23-50: \"GPTQ group activation ordering "
+                       "(desc_act=True) is no longer supported\""), "config").with_hint(
+                  "next step: vLLM 0.30 and later refuse act-order with groups; use vLLM "
+                  "0.22-0.29, or a checkpoint quantized without desc_act")),
+    label_source=_vl(_V33, "auto_gptq.py", "neither checkpoint_format nor format is read"),
+    config_note=_VLLM_CONFIG_NOTE)
+
+VLLM_GPTQ_GEMM = Runtime(
+    "vllm-gptq-gemm", "vLLM (gptq_gemm)", "0.11.1-0.21.0 (read: 0.21.0)",
+    config_files=(CONFIG_JSON,), needs_config=True, label_keys=("checkpoint_format",),
+    paths=(_vllm_marlin(_V21, 75),
+           _vllm_gptq_gemm(_V21, ZERO_V1, "GPTQLinearMethod: use_v2_format = checkpoint_format "
+                           "== \"gptq_v2\"; q_gemm.cu zero = s + (use_v2_format ? 0 : 1)")),
+    requires=(_VLLM_DESC_ACT,),
+    label_source=_vl(_V21, "gptq.py", "from_config L158-160 checkpoint_format; "
+                     "use_v2_format L242 (exact match)"),
+    config_note=_VLLM_CONFIG_NOTE)
+
+VLLM_LEGACY = Runtime(
+    "vllm-legacy", "vLLM (legacy)", "<= 0.11.0 (read: 0.11.0)",
+    config_files=(CONFIG_JSON,), needs_config=True, label_keys=(),
+    paths=(_vllm_marlin(_V11, 80),
+           _vllm_gptq_gemm(_V11, ZERO_V1_ONLY, "apply: ops.gptq_gemm with 7 arguments, no "
+                           "format flag (s + 1)")),
+    requires=(key_set("desc_act", _vl(_V11, "gptq.py", "from_config")),),
+    label_source=_vl(_V11, "gptq.py", "no checkpoint_format for GPTQ"),
+    config_note=_VLLM_CONFIG_NOTE)
+
+RUNTIMES = (VLLM, VLLM_GPTQ_GEMM, VLLM_LEGACY, SGLANG, SGLANG_GPTQ_GEMM, EXLLAMAV2, TGI,
+            TRANSFORMERS, GPTQMODEL, AUTOGPTQ, LLAMA_CPP)
+BY_ID = {r.id: r for r in RUNTIMES}
+
+
+# ---------------------------------------------------------------- readers of gptq fields
+# --against and the reference comparison read a file the way its label means it: gptq_v2 fields
+# as Z, gptq fields by one of the field rules the label-aware gptq_gemm-style kernels and the
+# label-ignoring ones apply. Which runtimes ignore the label is the verdicts' business.
 
 
 @dataclass(frozen=True)
 class RuntimeGroup:
-    """Runtimes that read every field the same way (one numerical comparison covers them)."""
-    runtimes: tuple[Runtime, ...]
+    """The kernel paths that read a gptq field the same way (one numerical comparison covers
+    them): `labels` name them, `gptq` is their rule."""
+    labels: tuple[str, ...]
+    gptq: ZeroRule
 
     @property
     def name(self) -> str:
-        return ", ".join(r.name for r in self.runtimes)
+        return ", ".join(self.labels)
 
     def rule(self, convention: str) -> ZeroRule:
-        return self.runtimes[0].rule(convention)
+        return ZeroRule.V2 if STORED_OFFSET[check(convention)] == 0 else self.gptq
 
 
 def groups() -> list[RuntimeGroup]:
-    """RUNTIMES grouped by their zero rule on gptq files, in order of first appearance."""
-    rules = list(dict.fromkeys(r.gptq_rule for r in RUNTIMES))
-    return [RuntimeGroup(tuple(r for r in RUNTIMES if r.gptq_rule == rule)) for rule in rules]
+    """Every field rule some path applies to a gptq file, with the paths that apply it, in
+    order of first appearance in RUNTIMES."""
+    seen: dict[ZeroRule, list[str]] = {}
+    for r in RUNTIMES:
+        for p in r.paths:
+            rule = p.readings[GPTQ].rule
+            if rule is not None and rule != ZeroRule.V2:
+                labels = seen.setdefault(rule, [])
+                if p.label not in labels:
+                    labels.append(p.label)
+    return [RuntimeGroup(tuple(labels), rule) for rule, labels in seen.items()]
+
+
+# what checks and conversions read when they need one reading: vLLM's gptq_gemm
+REFERENCE = next(g for g in groups() if g.gptq == ZeroRule.V1_NOWRAP)
 
 
 def maxq_readings(bits: int, sep: str = "; ") -> str:
-    """What each runtime group reads a stored maxq of a gptq file as, in a sentence:
-    "vLLM gptq_gemm and ExLlamaV2 read Z = 16; AutoGPTQ's exllama kernels and TGI read Z = 0"
-    at 4 bits."""
+    """What the kernel paths read a stored maxq of a gptq file as, in a sentence: "vLLM
+    gptq_gemm and 5 other kernels read Z = 16; TGI triton and 2 other kernels read Z = 0" at 4
+    bits (which ones: the runtimes section of inspect and verify)."""
     z = {ZeroRule.V1_NOWRAP: 1 << bits, ZeroRule.V1_WRAP: 0}
-    return sep.join(" and ".join(r.prose for r in g.runtimes) + f" read Z = {z[g.rule('gptq')]}"
-                    for g in groups())
+    parts = []
+    for g in groups():
+        more = len(g.labels) - 1
+        who = g.labels[0] + (f" and {more} other kernel{'s' if more > 1 else ''}" if more else "")
+        parts.append(f"{who} read Z = {z[g.gptq]}")
+    return sep.join(parts)

@@ -18,6 +18,7 @@ from .gptq.detect import Detection, ModuleVerdict, combine
 from .gptq.evidence import cpus, module_verdict
 from .gptq.labels import convention_findings, effective_declared
 from .reports import checkpoint_format_json, summary_counts, tool_json
+from .verdicts import RuntimeVerdict, assess, runtime_findings
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class Report:
     detection: Detection
     findings: list[Finding]
     qweight_bytes: int
+    runtimes: list[RuntimeVerdict]
 
     def failed(self, strict: bool = False) -> bool:
         bad = {ERROR, WARNING} if strict else {ERROR}
@@ -43,18 +45,21 @@ class Report:
             "checkpoint_format": checkpoint_format_json(cfg, det,
                                                         effective_declared(self.checkpoint)),
             "modules": [v.to_json() for v in det.modules],
+            "runtimes": [v.to_json() for v in self.runtimes],
             "findings": [f.to_json() for f in self.findings],
             "summary": {**summary_counts(self.findings, len(self.checkpoint.modules)),
                         "qweight_bytes": self.qweight_bytes},
         }
 
 
-def validate(path: str | os.PathLike, progress=None, jobs: int | None = None) -> Report:
+def validate(path: str | os.PathLike, progress=None, jobs: int | None = None,
+             gate: tuple[str, ...] = ()) -> Report:
     """Run every check on the checkpoint at `path`, reading all of its quantized data.
 
     Modules are checked in `jobs` threads (default: one per CPU this process may use; verify's
     work is large numpy loops over qweight, which release the GIL). `progress(nbytes, total_bytes)` is called after each module with its qweight
-    bytes (first with 0, so a progress bar knows its total)."""
+    bytes (first with 0, so a progress bar knows its total). `gate`: runtime ids (runtimes.BY_ID)
+    whose refusal or wrong decoding is a finding (verify --runtime: GQ601-GQ607)."""
     ckpt = open_checkpoint(path)
     findings = list(ckpt.findings)
     modules = [m for m in ckpt.modules if m.valid]
@@ -85,5 +90,9 @@ def validate(path: str | os.PathLike, progress=None, jobs: int | None = None) ->
         for found in pool.map(check, zip(modules, det.modules)):
             findings += found
     findings += convention_findings(ckpt, det)
+    verdicts = assess(ckpt, det, scales=True)
+    if gate:
+        where = ckpt.config.sources[0] if ckpt.config and ckpt.config.sources else None
+        findings += runtime_findings([v for v in verdicts if v.runtime.id in gate], where)
     findings.sort(key=Finding.sort_key)
-    return Report(str(path), ckpt, det, findings, total)
+    return Report(str(path), ckpt, det, findings, total, verdicts)

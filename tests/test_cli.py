@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from gptqfmt.resources import validator
+from gptqfmt.runtimes import RUNTIMES
 from gptqfmt.safetensors_io import save_file
 from tests.support import CKPT, SPECS
 
@@ -19,7 +20,11 @@ def test_text_report(run_cli):
     out = r.stdout
     assert "declared     gptq " in out and "detected     gptq (confidence 1.00" in out
     assert "bits=4 group_size=32 sym=yes desc_act=yes pack_dtype=int32" in out
-    assert out.count("model.layers.0.") == 7 and out.rstrip().endswith("0 infos")
+    table = out[out.index("modules "):out.index("runtimes ")]
+    assert table.count("model.layers.0.") == 7 and out.rstrip().endswith("0 infos")
+    # one row per runtime of the table, in its order
+    rows = out[out.index("runtimes "):].splitlines()[2:2 + len(RUNTIMES)]
+    assert [r.split()[0] for r in rows] == [x.id for x in RUNTIMES]
 
 
 def test_json_report_is_one_valid_document(run_cli):

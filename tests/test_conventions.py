@@ -53,15 +53,21 @@ def test_lossy_mask_is_what_convert_fields_refuses():
 
 
 def test_runtimes_group_by_their_rule_and_read_by_the_label():
-    assert [g.name for g in runtimes.groups()] == ["vLLM gptq_gemm, ExLlamaV2",
-                                                   "AutoGPTQ exllama, TGI"]
-    assert [g.rule(GPTQ) for g in runtimes.groups()] == [ZeroRule.V1_NOWRAP, ZeroRule.V1_WRAP]
-    assert {r.rule(GPTQ_V2) for r in runtimes.RUNTIMES} == {ZeroRule.V2}
-    assert len({r.id for r in runtimes.RUNTIMES}) == len(runtimes.RUNTIMES)
-    assert runtimes.maxq_readings(4) == ("vLLM gptq_gemm and ExLlamaV2 read Z = 16; AutoGPTQ's "
-                                         "exllama kernels and TGI read Z = 0")
-    assert runtimes.maxq_readings(2, sep=", ").startswith("vLLM gptq_gemm and ExLlamaV2 read "
-                                                          "Z = 4, AutoGPTQ's")
+    groups = runtimes.groups()
+    assert [g.gptq for g in groups] == [ZeroRule.V1_NOWRAP, ZeroRule.V1_WRAP]
+    assert groups[0].labels[0] == "vLLM gptq_gemm" and "TGI triton" in groups[1].labels
+    # every group is the paths of the table with that field rule on gptq files, each once
+    for g in groups:
+        want = list(dict.fromkeys(p.label for r in runtimes.RUNTIMES for p in r.paths
+                                  if p.readings[GPTQ].rule == g.gptq))
+        assert list(g.labels) == want
+        assert g.rule(GPTQ_V2) == ZeroRule.V2 and g.rule(GPTQ) == g.gptq
+    assert runtimes.REFERENCE.rule(GPTQ) == ZeroRule.V1_NOWRAP
+    n0, n1 = (len(g.labels) - 1 for g in groups)
+    assert runtimes.maxq_readings(4) == (f"vLLM gptq_gemm and {n0} other kernels read Z = 16; "
+                                         f"TGI triton and {n1} other kernels read Z = 0")
+    assert runtimes.maxq_readings(2, sep=", ").startswith("vLLM gptq_gemm and ")
+    assert ", TGI triton and " in runtimes.maxq_readings(2, sep=", ")
 
 
 def test_element_kinds_are_the_kernels():

@@ -97,8 +97,13 @@ def test_zero_stats_with_field_counts_from_the_words_equals_from_the_fields():
     whole = detect.zero_stats(fields, sums, counts, 4, 32)
     read = np.flatnonzero(counts)
     part = detect.zero_stats(fields[read], sums[read], counts[read], 4, 32,
-                             field_counts(pack(fields, 4, 32, axis=1), 4, chance=True))
+                             field_counts(pack(fields, 4, 32, axis=1), 4, chance=True),
+                             row_index=read)
     assert whole == part
+    assert whole.consistent_at  # where the maxq fields with high codes are, in [G, N]
+    for flat in whole.consistent_at:
+        g, n = divmod(flat, 64)
+        assert fields[g, n] == 15 and counts[g] and 2 * sums[g, n] >= 15 * counts[g]
 
 
 def verdict(name, complete=False, inconsistent=False, llr=0.0):

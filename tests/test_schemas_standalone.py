@@ -67,7 +67,7 @@ def pointer(doc, fragment: str):
 # ------------------------------------------------------------------ the schemas themselves
 def test_every_shipped_schema_is_found():
     assert {p.name.removesuffix(SUFFIX) for p in schema_files()} == {
-        "convert", "equivalence", "index", "inspect", "quantize_config", "report"}
+        "convert", "equivalence", "fix_label", "index", "inspect", "quantize_config", "report"}
 
 
 def undescribed(schema: dict) -> list[str]:

@@ -8,6 +8,7 @@ import click
 from ..version import __version__
 from .boundary import Interrupted
 from .convert_cmd import convert_cmd
+from .fix_label_cmd import fix_label_cmd
 from .inspect_cmd import inspect_cmd
 from .reporters import REPORTERS, reporter
 from .verify_cmd import verify_cmd
@@ -28,6 +29,7 @@ def main():
 main.add_command(inspect_cmd)
 main.add_command(verify_cmd)
 main.add_command(convert_cmd)
+main.add_command(fix_label_cmd)
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from ..conversion import ConvertReport
+from ..conversion.relabel import RelabelResult
 from ..findings import Finding
 from ..inspection import InspectResult, inspect_json
 from ..validation import Report
@@ -49,6 +50,9 @@ class JsonReporter:
     def convert(self, report: ConvertReport, code: int) -> None:
         emit_json(with_exit_code(report.to_json(), code))
 
+    def fix_label(self, result: RelabelResult, code: int) -> None:
+        emit_json(with_exit_code(result.to_json(), code))
+
     def failure(self, status: str, code: int, findings: list[Finding] = (),
                 message: str | None = None) -> None:
         doc: dict[str, Any] = {"status": status, "exit_code": code,
@@ -69,6 +73,8 @@ class TextReporter:
         for f in report.findings:
             click.echo(finding_line(f))
         doc = report.to_json(strict)
+        for line in runtime_lines(doc["runtimes"]):
+            click.echo(line)
         s, cf = doc["summary"], doc["checkpoint_format"]
         status = "FAIL" if report.failed(strict) else "OK"
         click.echo(f"{status}: {plural(s['modules'], 'module')}, {plural(s['errors'], 'error')}, "
@@ -119,6 +125,29 @@ class TextReporter:
                        f"qzeros identical, {plural(len(checks) - lossy, 'module')} bitwise "
                        "equal" + (f", {lossy} lossy as reported (max relative output error "
                                   f"{max(c.rel_err for c in checks):.3g})" if lossy else ""))
+
+    def fix_label(self, result: RelabelResult, code: int) -> None:
+        p = result.plan
+        for f in p.findings:
+            click.echo(finding_line(f))
+        det = p.detection
+        if p.refused:
+            click.echo(f"FAIL: nothing written to {escape(str(p.path))} (detected {det.verdict})")
+            return
+        verb = "would set" if result.dry_run else "set"
+        for c in p.changes:
+            old = "missing" if c.old is None else repr(c.old)
+            click.echo(f"{escape(c.file)}: {verb} {c.key} {escape(old)} -> {c.new!r}")
+        head = (f"label {p.target} (detected {det.verdict}, confidence {det.confidence:.4f})")
+        if not p.changes:
+            click.echo(f"{head}: every config already says so; nothing written")
+        elif result.dry_run:
+            click.echo(f"{head}: {plural(len(p.files), 'file')} would change; nothing written "
+                       "(--dry-run)")
+        else:
+            click.echo(f"{head}: rewrote {', '.join(escape(f) for f in result.written)}")
+        if result.verify is not None:
+            self.verify(result.verify, False, code)
 
     def failure(self, status: str, code: int, findings: list[Finding] = (),
                 message: str | None = None) -> None:
@@ -179,6 +208,7 @@ def inspect_lines(result: InspectResult, doc: dict) -> list[str]:
                  (m["zero_point"] or {}).get("verdict", "-")] for m in mods]
         lines += ["  " + r for r in table(rows, ["module", "bits", "group", "act", "KxN", "pack",
                                                  "scales", "zeros"])]
+    lines += runtime_lines(doc["runtimes"])
     findings = result.findings
     if findings:
         lines.append(f"findings     {len(findings)}")
@@ -186,4 +216,54 @@ def inspect_lines(result: InspectResult, doc: dict) -> list[str]:
     s = doc["summary"]
     lines.append(f"{doc['status']}: {plural(s['errors'], 'error')}, "
                  f"{plural(s['warnings'], 'warning')}, {plural(s['infos'], 'info')}")
+    return lines
+
+
+def _decodes(v: dict) -> str:
+    if v["decodes_correctly"] is None:
+        return "?" if v["loads"] else "-"
+    return "right" if v["decodes_correctly"] else "WRONG"
+
+
+def _affected(v: dict) -> str:
+    if not v["modules_affected"]:
+        return "-"
+    out = plural(v["modules_affected"], "module")
+    if v["zero_cells_affected"]:
+        out += f", {v['zero_cells_affected']} cells"
+    if v["max_weight_change"]:
+        out += f", |dW| <= {v['max_weight_change']:.3g}"
+    return out
+
+
+def runtime_lines(verdicts: list[dict]) -> list[str]:
+    """The runtimes section: one row per runtime (the path it takes on the default device),
+    then why, for each runtime that does not load it or decode it right, and each other path
+    (another GPU, an option) that would end otherwise."""
+    if not verdicts:
+        return []
+    rows = [[v["id"], v["versions"], "yes" if v["loads"] else "NO", v["kernel"] or "-",
+             v["convention_read"] or "-", _decodes(v), _affected(v)] for v in verdicts]
+    lines = ["runtimes     (on an NVIDIA GPU of compute capability 8.0)"]
+    lines += ["  " + r for r in table(rows, ["runtime", "versions", "loads", "kernel", "reads",
+                                             "decodes", "affected"])]
+    for v in verdicts:
+        if not v["loads"] or v["decodes_correctly"] is not True:
+            lines.append(f"  {v['id']}: " + escape("; ".join(v["reasons"])))
+        if v["kernel"] is None:
+            continue  # refused before any path: the paths say nothing more
+        outcome = (v["loads"], v["decodes_correctly"])
+        ends: dict[tuple, list[dict]] = {}   # paths that end alike, in table order
+        for p in v["paths"]:
+            if not p["taken"] and (p["loads"], p["decodes_correctly"]) != outcome:
+                state = ("would not load" if not p["loads"] else
+                         {True: "decodes right", False: "decodes WRONG", None: "undecided"}[
+                             p["decodes_correctly"]])
+                why = "" if state == "decodes right" else "; ".join(p["reasons"])
+                ends.setdefault((state, why), []).append(p)
+        for (state, why), ps in ends.items():
+            which = (f"other path {ps[0]['kernel']} ({ps[0]['when']})" if len(ps) == 1 else
+                     "other paths " + ", ".join(p["kernel"] for p in ps))
+            lines.append(f"  {v['id']}: {escape(which)}: {state}"
+                         + (f": {escape(why)}" if why else ""))
     return lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from ..errors import UsageError
+from ..runtimes import BY_ID, RUNTIMES
 from ..validation import validate
 from ..numerics.equivalence import check_usage, compare, reference_fp32
 from .boundary import guarded
@@ -22,27 +23,33 @@ from .reporters import reporter
               help="Check that PATH and this checkpoint compute the same Y = X @ W.")
 @click.option("--reference", type=click.Choice(["fp32"]), default=None,
               help="Compare runtime output with an fp32 dequant and classify the difference.")
+@click.option("--runtime", "runtime", default=None, metavar="ID[,ID...]",
+              help="Fail (exit 1) when one of these runtimes would not load the checkpoint or "
+                   "would decode it wrongly (GQ601-GQ605); `all` names every one. Ids: "
+                   + ", ".join(r.id for r in RUNTIMES) + ".")
 @click.option("--backend", type=click.Choice(["auto", "cpu", "cupy"]), default=None,
               help="Backend of --against and --reference (default: auto, CuPy when a CUDA "
                    "device is usable).")
 @guarded
-def verify_cmd(path, fmt, strict, quiet, jobs, against, reference, backend):
+def verify_cmd(path, fmt, strict, quiet, jobs, against, reference, runtime, backend):
     """Validate the checkpoint at PATH: container, index, configs, shapes, values, and the
     declared zero-point convention against the one the data show.
 
     Exit 0 when it passes, 1 when findings of severity error exist (with --strict, warnings
     too), 2 when PATH cannot be read, 3 on an internal error. With --against: exit 0 when
-    both compute the same outputs for every runtime, 1 when not."""
+    both compute the same outputs for every runtime, 1 when not. With --runtime vllm: exit 1
+    also when vLLM would refuse the checkpoint or compute other weights than the data mean."""
+    gate = runtime_ids(runtime) if runtime is not None else ()
     if against or reference:
         check_usage(against, reference)
         _refuse_inapplicable(against and "--against" or "--reference",
-                             strict=strict, jobs=jobs)
+                             strict=strict, jobs=jobs, runtime=runtime)
         backend = backend or "auto"
         return (_against(path, against, backend, fmt) if against
                 else _reference(path, backend, fmt))
     _refuse_inapplicable("a plain verify (without --against or --reference)", backend=backend)
     with Progress(enabled=fmt == "text" and not quiet, unit="B", desc="verify") as bar:
-        report = validate(path, progress=bar.update, jobs=jobs)
+        report = validate(path, progress=bar.update, jobs=jobs, gate=gate)
     code = 1 if report.failed(strict) else 0
     reporter(fmt).verify(report, strict, code)
     return code
@@ -50,12 +57,15 @@ def verify_cmd(path, fmt, strict, quiet, jobs, against, reference, backend):
 
 def _refuse_inapplicable(mode: str, **given) -> None:
     """An option that does not apply to the mode is refused, never silently ignored."""
-    names = {"strict": "--strict", "jobs": "--jobs", "backend": "--backend"}
+    names = {"strict": "--strict", "jobs": "--jobs", "backend": "--backend",
+             "runtime": "--runtime"}
     ignored = [names[k] for k, v in given.items() if v]
     if ignored:
         why = {"--strict": "it decides on warnings of the checks, which this mode does not run; "
                            "any difference already exits 1",
                "--jobs": "this mode runs in one process",
+               "--runtime": "the runtime gate judges one checkpoint (run verify PATH --runtime "
+                            "on each)",
                "--backend": "only --against and --reference compute on a backend"}
         verb = "does" if len(ignored) == 1 else "do"
         raise UsageError(f"{' and '.join(ignored)} {verb} not apply to {mode}: "
@@ -74,3 +84,18 @@ def _reference(path, backend, fmt) -> int:
     code = 1 if rep.inconsistent else 0
     reporter(fmt).reference(rep, code)
     return code
+
+
+def runtime_ids(text: str) -> tuple[str, ...]:
+    """The runtime ids of `--runtime a,b` (`all`: every one), in the table's order; a name
+    that is not one is a usage error listing the known ones."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--runtime: expected one or more runtime ids separated by commas")
+    if "all" in names:
+        return tuple(BY_ID)
+    unknown = [n for n in names if n not in BY_ID]
+    if unknown:
+        raise UsageError(f"--runtime {', '.join(repr(n) for n in unknown)}: not a runtime id; "
+                         f"known: {', '.join(BY_ID)} (or all)")
+    return tuple(r for r in BY_ID if r in names)

@@ -35,14 +35,15 @@ def remove_stale(dst: Path) -> list[Path]:
         if p.name.endswith("-old"):
             continue  # an old DST moved aside by a run that died mid-replace: left for the user
         pid = p.name[len(_tmp_prefix(dst)):].split("-")[0]
-        if pid.isdigit() and _alive(int(pid)):
+        if pid.isdigit() and alive(int(pid)):
             continue
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process `pid` exists (ours or another user's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

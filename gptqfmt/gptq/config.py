@@ -67,6 +67,7 @@ class QuantConfig:
     dynamic: list[DynamicRule] = field(default_factory=list)
     static_groups: bool = False
     meta: dict = field(default_factory=dict)
+    lm_head: bool | None = None        # the `lm_head` key (GPTQModel, vLLM): None when not set
 
     def for_module(self, name: str) -> ModuleConfig | None:
         """The module's declared config, or None when a `-:` rule leaves it unquantized.
@@ -268,7 +269,8 @@ def _reconcile(sources, usable, findings) -> QuantConfig:
         sources=[label for label, _ in sources],
         dynamic=dynamic,
         static_groups=bool(primary.get("static_groups") or meta.get("static_groups")),
-        meta=meta)
+        meta=meta,
+        lm_head=primary["lm_head"] if isinstance(primary.get("lm_head"), bool) else None)
 
 
 def _dynamic_rules(dynamic, label, findings) -> list[DynamicRule]:

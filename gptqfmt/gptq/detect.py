@@ -100,6 +100,9 @@ class ZeroStats:
     position_spread: float = 0.0   # spread of per-field-position medians
     spread: float = math.nan       # robust sigma of mean(code) - stored over interior cells
     codes_per_cell: int = 0        # fewest codes behind one cell's mean (a sample reads few)
+    # where the maxq_consistent fields are (flat indices g * N + n into [G, N]): what a runtime
+    # that wraps a stored maxq to 0 misreads (verdicts.py); not part of the JSON statistics
+    consistent_at: tuple[int, ...] = ()
 
     def field_counts(self) -> FieldCounts:
         """The part that needs no codes (unchanged by reading more rows)."""
@@ -109,6 +112,8 @@ class ZeroStats:
     def to_json(self) -> dict:
         out = {}
         for k, v in self.__dict__.items():
+            if k == "consistent_at":
+                continue
             out[k] = None if isinstance(v, float) and not math.isfinite(v) else (
                 round(v, 4) if isinstance(v, float) else v)
         return out
@@ -288,12 +293,14 @@ def _run_length(fields_per_word: int) -> int:
 
 
 def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: int,
-               word_bits: int, fields: FieldCounts | None = None) -> ZeroStats:
+               word_bits: int, fields: FieldCounts | None = None,
+               row_index: np.ndarray | None = None) -> ZeroStats:
     """Summarise cells: `stored` [G, N] unpacked qzeros fields, `sums` [G, N] code sums over
     `counts` [G] codes per cell. Rows with count 0 (codes not read) enter only the counts that
     need no codes (stored_maxq, stored_zero, top_runs), which `fields` gives instead when the
     caller has them from the packed words (field_counts): then `stored` may hold only the rows
-    whose codes were read."""
+    whose codes were read; `row_index` then says which group each row of `stored` is (for
+    consistent_at; default: row r is group r)."""
     maxq = code_max(bits)
     f = fields or _field_counts_unpacked(stored, bits, word_bits)
     st = ZeroStats(stored_maxq=f.stored_maxq, stored_zero=f.stored_zero, top_runs=f.top_runs,
@@ -301,7 +308,10 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
     have = counts > 0
     if not have.any():
         return st
+    n_cols = stored.shape[1]
+    row_of = np.arange(len(stored)) if row_index is None else np.asarray(row_index)
     if not have.all():
+        row_of = row_of[have]
         stored, sums, counts = stored[have], sums[have], counts[have]
     st.codes_per_cell = int(counts.min())
     interior = (stored > 0) & (stored < maxq)
@@ -331,6 +341,9 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
         low = 2 * sums[rows, cols].astype(np.int64) < maxq * counts[rows]
         st.wrapped = int(np.count_nonzero(low))
         st.maxq_consistent = len(low) - st.wrapped
+        if st.maxq_consistent:
+            flat = row_of[rows[~low]].astype(np.int64) * n_cols + cols[~low]
+            st.consistent_at = tuple(flat.tolist())
         if bits >= 4 and st.wrapped:  # at 2 bits a code step is too coarse to tell
             _word_signatures(st, stored, sums, counts, rows[low], cols[low], bits, word_bits,
                              maxq)

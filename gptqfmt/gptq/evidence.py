@@ -84,7 +84,7 @@ def module_verdict(ckpt: Checkpoint, m: Module, full: bool, sample: int = SAMPLE
         # only the groups whose codes were read are unpacked: the counts over every field
         # come from the packed words (fields)
         st = zero_stats(stored_fields(qz[read], m.bits), sums, counts, m.bits, m.word_bits,
-                        fields)
+                        fields, row_index=np.arange(len(qz))[read])
     return replace(decide(m.name, m.bits, pattern, st, quantizer(ckpt)), complete=complete)
 
 

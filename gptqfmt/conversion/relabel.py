@@ -1,0 +1,240 @@
+"""`fix-label`: set the configs' convention label to what the data are, in place, without
+touching a tensor (the fix GQ401's hint asks for).
+
+Only `checkpoint_format` and `format` change (both set: vLLM, transformers and ExLlamaV2 read the
+first, GPTQModel the second); every other key keeps its value and place, and `meta.gptqfmt`
+records what was done. Each file is replaced atomically: a temporary file beside it, written,
+fsynced, renamed over it, the directory fsynced; a file is never half-written, and a failure
+before the renames leaves every file as it was.
+
+Refused (nothing written):
+- the data's convention is undecidable and no `--to` names one (GQ416);
+- `--to` names a convention the data contradict (GQ417): that would write a GQ401;
+- a config file is a symbolic link, as in a Hugging Face cache snapshot, where it points into
+  blobs/ shared by every snapshot holding the same file (its name is its hash): rewriting the
+  blob would change other revisions, replacing the link would leave the cache inconsistent.
+  Copy the snapshot (`cp -rL`) or download with `local_dir`, then fix that copy;
+- no config file holds a quantization config (nothing to relabel: convert writes a derived one).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import faults
+from ..conventions import CONVENTIONS
+from ..errors import OutputError, UsageError
+from ..findings import Finding
+from ..gptq.checkpoint import open_checkpoint
+from ..gptq.detect import AMBIGUOUS, Detection
+from ..gptq.evidence import detect_checkpoint
+from ..reports import tool_json
+from ..validation import Report, validate
+from ..version import __version__
+from .configs import CONFIG_FILES, set_convention
+from .atomic import TMP_TAG, alive, fsync_path
+
+DETECTED = "detected"
+TARGETS = (DETECTED,) + CONVENTIONS
+
+
+@dataclass(frozen=True)
+class LabelChange:
+    file: str
+    key: str
+    old: str | None
+    new: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "key": self.key, "old": self.old, "new": self.new}
+
+
+@dataclass(frozen=True)
+class RelabelPlan:
+    path: Path
+    root: Path
+    target: str | None              # the convention written; None when refused
+    detection: Detection
+    changes: list[LabelChange] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def refused(self) -> bool:
+        return self.target is None
+
+    @property
+    def files(self) -> list[str]:
+        return list(dict.fromkeys(c.file for c in self.changes))
+
+
+def plan_relabel(path: str | os.PathLike, to: str = DETECTED) -> RelabelPlan:
+    """What fix-label would write for the checkpoint at `path` (nothing is written). Raises
+    UsageError where it cannot relabel at all (see the module docstring)."""
+    if to not in TARGETS:
+        raise UsageError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
+    with open_checkpoint(path) as ckpt:
+        root = ckpt.store.root
+        det = detect_checkpoint(ckpt, full=False)
+    files = [n for n in CONFIG_FILES if (root / n).exists() or (root / n).is_symlink()]
+    linked = [n for n in files if (root / n).is_symlink()]
+    if linked:
+        raise UsageError(
+            f"{root / linked[0]}: a symbolic link (a Hugging Face cache snapshot?); its target "
+            "is a blob shared by every snapshot with the same file, so fix-label will not "
+            "rewrite it. Copy the snapshot first (`cp -rL SNAPSHOT DIR`, or download with "
+            "local_dir=DIR) and fix the copy")
+    docs = {n: _read(root / n) for n in files}
+    declaring = [n for n in files if _quant_config(n, docs[n]) is not None]
+    if not declaring:
+        raise UsageError(f"{root}: no config file holds a quantization config, so there is no "
+                         "label to fix; `gptqfmt convert` writes a quantize_config.json "
+                         "derived from the data")
+    findings: list[Finding] = []
+    detected = det.verdict
+    where = declaring[0]
+    if to == DETECTED:
+        if detected == AMBIGUOUS:
+            findings.append(Finding(
+                "GQ416", "the data do not decide between gptq and gptq_v2: "
+                + "; ".join(det.evidence), file=where,
+                hint="name the convention with --to gptq or --to gptq_v2 if you know it "
+                     "(e.g. from the tool that wrote the checkpoint)"))
+            return RelabelPlan(Path(path), root, None, det, [], findings)
+        target = detected
+    else:
+        target = to
+        if detected != AMBIGUOUS and detected != to:
+            findings.append(Finding(
+                "GQ417", f"--to {to}, but the data are {detected} (confidence "
+                f"{det.confidence:.4f}); that label would make every runtime read each zero "
+                "point off by one", file=where,
+                hint=f"run with --to {detected} (or --to detected)",
+                details={"requested": to, "detected": detected}))
+            return RelabelPlan(Path(path), root, None, det, [], findings)
+    changes = []
+    for name in declaring:
+        q = _quant_config(name, docs[name])
+        for key in ("checkpoint_format", "format"):
+            old = q.get(key)
+            if old != target:
+                changes.append(LabelChange(name, key, old if isinstance(old, str) or old is None
+                                           else json.dumps(old), target))
+    return RelabelPlan(Path(path), root, target, det, changes, findings)
+
+
+def apply_relabel(plan: RelabelPlan) -> list[str]:
+    """Write the plan's changes, each file replaced atomically; returns the files written.
+    Every new file is staged and fsynced before the first rename, so a failure while staging
+    leaves every file as it was."""
+    if plan.refused or not plan.changes:
+        return []
+    root = plan.root
+    _remove_stale(root)
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for name in plan.files:
+            dst = root / name
+            doc = _read(dst)
+            prov = {"tool": "gptqfmt", "version": __version__, "command": "fix-label",
+                    "from": {c.key: c.old for c in plan.changes if c.file == name},
+                    "to": plan.target}
+            if name == "config.json":
+                doc = dict(doc)
+                doc["quantization_config"] = set_convention(doc["quantization_config"],
+                                                            plan.target, prov)
+            else:
+                doc = set_convention(doc, plan.target, prov)
+            tmp = root / f".{name}{TMP_TAG}{os.getpid()}-{secrets.token_hex(4)}"
+            _write_new(tmp, dst, (json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+                       .encode("utf-8"))
+            staged.append((tmp, dst))
+            faults.point("relabel-staged", len(staged) - 1)
+        # config.json last: vLLM, transformers and SGLang read it first, so until the last
+        # rename they still see one consistent (old) label
+        for i, (tmp, dst) in enumerate(sorted(staged, key=lambda t: t[1].name == "config.json")):
+            os.replace(tmp, dst)
+            faults.point("relabel-renamed", i)
+        fsync_path(root)
+    except OSError as e:
+        raise OutputError(f"{root}: cannot rewrite the configs: {e.strerror or e}") from e
+    finally:
+        for tmp, _ in staged:
+            if tmp.exists():
+                tmp.unlink()
+    return plan.files
+
+
+def _remove_stale(root: Path) -> None:
+    """Temporary config files of an earlier fix-label that was killed (SIGKILL leaves them;
+    other signals and errors remove their own): those whose process is gone."""
+    for name in CONFIG_FILES:
+        prefix = f".{name}{TMP_TAG}"
+        for p in root.glob(f"{prefix}*"):
+            pid = p.name[len(prefix):].split("-")[0]
+            if p.is_file() and not p.is_symlink() and pid.isdigit() and not alive(int(pid)):
+                p.unlink()
+
+
+def _write_new(tmp: Path, like: Path, data: bytes) -> None:
+    mode = like.stat().st_mode & 0o777
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fd = -1
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        if fd != -1:
+            os.close(fd)
+
+
+def _read(p: Path):
+    try:
+        return json.loads(p.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UsageError(f"{p}: cannot read it as JSON ({e}); fix the file first "
+                         "(`gptqfmt verify` reports it)") from e
+
+
+def _quant_config(name: str, doc) -> dict | None:
+    if name == "config.json":
+        q = doc.get("quantization_config") if isinstance(doc, dict) else None
+        return q if isinstance(q, dict) else None
+    return doc if isinstance(doc, dict) else None
+
+
+@dataclass(frozen=True)
+class RelabelResult:
+    """What fix-label did: its plan, the files it wrote, and verify's report afterwards (None
+    when refused or a dry run)."""
+    plan: RelabelPlan
+    dry_run: bool
+    written: list[str]
+    verify: Report | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.plan
+        return {"tool": tool_json(), "path": str(p.path),
+                "status": "fail" if p.refused or (self.verify is not None and
+                                                  self.verify.failed()) else "ok",
+                "dry_run": self.dry_run, "to": p.target,
+                "detected": p.detection.to_json(),
+                "changes": [c.to_json() for c in p.changes], "written": self.written,
+                "findings": [f.to_json() for f in p.findings],
+                "verify": self.verify.to_json() if self.verify is not None else None}
+
+
+def fix_label(path: str | os.PathLike, to: str = DETECTED, dry_run: bool = False,
+              progress=None) -> RelabelResult:
+    """Plan, write (unless `dry_run` or refused) and verify: the library form of
+    `gptqfmt fix-label`."""
+    plan = plan_relabel(path, to)
+    if plan.refused or dry_run:
+        return RelabelResult(plan, dry_run, [])
+    written = apply_relabel(plan)
+    return RelabelResult(plan, dry_run, written, validate(path, progress=progress))

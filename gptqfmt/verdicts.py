@@ -1,0 +1,528 @@
+"""What each runtime makes of a checkpoint (the rules in runtimes.py applied to it): whether it
+loads it, with which kernel, which convention it reads, and whether the weights it computes are
+the ones the data mean.
+
+"What the data mean" is the detected convention: Z = s for gptq_v2 data; Z = s + 1 for gptq
+data, where a stored maxq means Z = 0 (the only Z a clean gptq writer stores there) unless the
+codes of that cell say Z = 2^bits (ZeroStats.consistent_at). A runtime decodes a module right
+when its reading gives that Z in every cell; where it does not, the report says how many cells
+differ and by how much a weight moves (scale x the change of Z; verify only, as inspect does not
+read scales). Nothing is decided when the data's convention is not.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+from . import runtimes as rt
+from .conventions import (GPTQ, GPTQ_V2, Reading, carried_fields, count_fields, fields_equal,
+                          marked, read_zeros, sym_field)
+from .findings import Finding
+from .gptq.checkpoint import Checkpoint, Module
+from .gptq.detect import AMBIGUOUS, Detection, ModuleVerdict
+from .gptq.evidence import cpus, quantizer
+
+# the device verdicts assume unless told: a current NVIDIA GPU (Ampere or later)
+DEFAULT_CAPABILITY = 80
+
+# why a runtime computes other weights than the data mean: the finding code of each cause
+CAUSE_LABEL = "GQ602"       # it reads the other convention (the config's label)
+CAUSE_IGNORES = "GQ603"     # it ignores qzeros, which are not the symmetric constant
+CAUSE_MAXQ = "GQ604"        # it reads stored maxq fields as another Z than the data mean
+CAUSE_WORDS = "GQ605"       # its arithmetic corrupts fields: word carries, borrows, a 4-bit mask
+
+
+@dataclass(frozen=True)
+class Misread:
+    """One module under one reading: cells whose Z differs from the data's, the largest weight
+    change that makes (None: scales not read), and why."""
+    cells: int
+    max_change: float | None
+    cause: str | None = None
+
+
+def module_facts(ckpt: Checkpoint, m: Module, capability: int) -> rt.Facts:
+    d = m.declared
+    return rt.Facts(
+        name=m.name, bits=m.bits, group_size=m.group_size,
+        sym=d.sym if d else None, desc_act=d.desc_act if d else None, act_order=m.act_order,
+        pack_dtype=m.pack_dtype, in_features=m.in_features, out_features=m.out_features,
+        has_g_idx="g_idx" in m.tensors, scale_dtype=m.scale_dtype,
+        sources=_sources(ckpt), labels=_labels(ckpt), quantizer=quantizer(ckpt), capability=capability,
+        lm_head_declared=ckpt.config.lm_head if ckpt.config else None)
+
+
+def config_facts(ckpt: Checkpoint, capability: int) -> rt.Facts:
+    """The base config as runtimes read it (a value no file declares: what every module's
+    shapes agree on)."""
+    mods = [m for m in ckpt.modules if m.valid and m.declared is not None]
+    base = ckpt.config.base if ckpt.config else None
+
+    def pick(declared, attr):
+        if declared is not None:
+            return declared
+        vals = {getattr(m, attr) for m in mods}
+        return vals.pop() if len(vals) == 1 else None
+
+    return rt.Facts(
+        name=None, bits=pick(base and base.bits, "bits"),
+        group_size=pick(base and base.group_size, "group_size"),
+        sym=base.sym if base else None, desc_act=base.desc_act if base else None,
+        act_order=any(m.act_order for m in mods),
+        pack_dtype=pick(base and base.pack_dtype, "pack_dtype"),
+        sources=_sources(ckpt), labels=_labels(ckpt), quantizer=quantizer(ckpt), capability=capability,
+        lm_head_declared=ckpt.config.lm_head if ckpt.config else None)
+
+
+def _labels(ckpt: Checkpoint) -> tuple[tuple[str, str, str], ...]:
+    if not ckpt.config:
+        return ()
+    return tuple((d.file, d.key, d.value) for d in ckpt.config.declared_in)
+
+
+def _sources(ckpt: Checkpoint) -> tuple[str, ...]:
+    return tuple(ckpt.config.sources) if ckpt.config else ()
+
+
+# ---------------------------------------------------------------- zero points
+
+
+def truth_zeros(qzeros: np.ndarray, bits: int, convention: str,
+                consistent_at: Iterable[int] = ()) -> np.ndarray:
+    """Z per cell [G, N] as the data mean it (see the module docstring)."""
+    if convention == GPTQ_V2:
+        return read_zeros(qzeros, bits, Reading.V2)
+    z = read_zeros(qzeros, bits, Reading.V1_WRAP)
+    at = np.fromiter(consistent_at, dtype=np.int64)
+    if at.size:
+        z.reshape(-1)[at] = 1 << bits
+    return z
+
+
+def canonical(reading: Reading, bits: int) -> Reading:
+    """The field rule a reading amounts to at `bits`, where it is one: AutoGPTQ's 4-bit mask
+    wraps at 4 bits and cannot wrap below (((s & maxq) + 1) <= 8 < 16). bits=0: unchanged."""
+    if reading is Reading.V1_NIBBLE and 0 < bits < 8:
+        return Reading.V1_WRAP if bits == 4 else Reading.V1_NOWRAP
+    return reading
+
+
+def _differs_everywhere(reading: Reading, truth: str) -> bool:
+    """Readings that move every field whatever it holds: the other convention's offset."""
+    if truth == GPTQ_V2:
+        return reading in (Reading.V1_NOWRAP, Reading.V1_WRAP, Reading.V1_CARRY)
+    return reading in (Reading.V2, Reading.V2_BORROW)
+
+
+def _agrees_without_reading(reading: Reading, truth: str, v: ModuleVerdict) -> bool:
+    """Readings that give the data's Z in every cell, known without reading qzeros."""
+    st = v.stats
+    if reading is Reading.SYMMETRIC:
+        return v.pattern == truth
+    if truth == GPTQ_V2:
+        # borrows start only at a stored 0
+        return reading is Reading.V2 or (reading is Reading.V2_BORROW and (
+            v.pattern is not None or (st is not None and st.stored_zero == 0)))
+    if reading is Reading.V1_WRAP:
+        return st is None or not st.consistent_at  # a stored maxq means Z = 0
+    if reading is Reading.V1_NOWRAP:
+        return v.pattern is not None or (st is not None and st.stored_maxq == 0)
+    if reading is Reading.V1_CARRY:  # carries start only at a stored maxq
+        return v.pattern is not None or (st is not None and st.stored_maxq == 0)
+    return False
+
+
+def cause_of(reading: Reading, label_right: bool, bits: int) -> str:
+    if reading is Reading.SYMMETRIC:
+        return CAUSE_IGNORES
+    if not label_right:
+        return CAUSE_LABEL
+    if reading in (Reading.V1_CARRY, Reading.V2_BORROW) or (
+            reading is Reading.V1_NIBBLE and bits > 4):
+        return CAUSE_WORDS
+    return CAUSE_MAXQ
+
+
+def misread(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str, reading: Reading,
+            label_right: bool, scales: bool) -> Misread:
+    """How `reading` of module `m` differs from the Z the data mean (`truth`: the detected
+    convention). With `scales`, the largest weight change too (reads the module's scales and
+    compares every field); without, the cells are counted on the packed words (inspect)."""
+    reading = canonical(reading, m.bits)
+    if _agrees_without_reading(reading, truth, v):
+        return Misread(0, 0.0 if scales else None)
+    cause = cause_of(reading, label_right, m.bits)
+    if m.bits == 3 and reading in (Reading.V1_CARRY, Reading.V2_BORROW):
+        # the runtimes that add packed constants (GPTQModel, ExLlamaV2) do so per word, and
+        # 3-bit fields straddle words: modelled field by field, the carry within a word only
+        # would be a guess; the label's offset is what every cell shows
+        reading = Reading.V1_WRAP if reading is Reading.V1_CARRY else Reading.V2
+    if not scales:
+        if _differs_everywhere(reading, truth):
+            return Misread(m.groups * m.out_features, None, cause)
+        cells = _count_misread(ckpt, m, v, truth, reading)
+        if cells is not None:
+            return Misread(cells, None, cause) if cells else Misread(0, None)
+    qz = ckpt.view(m.tensors["qzeros"])
+    want = truth_zeros(qz, m.bits, truth, v.stats.consistent_at if v.stats else ())
+    got = read_zeros(qz, m.bits, reading)
+    diff = got != want
+    cells = int(np.count_nonzero(diff))
+    if not cells:
+        return Misread(0, 0.0 if scales else None)
+    change = None
+    if scales:
+        sc = ckpt.float32(m.tensors["scales"])
+        change = float(np.max(np.abs(sc[diff].astype(np.float64) *
+                                     (got[diff] - want[diff]))))
+    return Misread(cells, change, cause)
+
+
+def _count_misread(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
+                   reading: Reading) -> int | None:
+    """The cells `reading` misreads, counted on the packed words (a few integer operations per
+    word, no unpacking: inspect reads every module's qzeros); None where it needs the fields."""
+    if m.bits == 3 or reading is Reading.V1_NIBBLE:
+        return None
+    qz = ckpt.view(m.tensors["qzeros"])
+    high = np.fromiter(v.stats.consistent_at if v.stats else (), dtype=np.int64)
+    if truth == GPTQ:
+        if reading is Reading.V1_WRAP:      # wrong exactly where the codes say 2^bits
+            return int(high.size)
+        if reading is Reading.V1_NOWRAP:    # wrong at every stored maxq the codes say is 0
+            top = (1 << m.bits) - 1
+            return count_fields(fields_equal(qz, m.bits, top)) - int(high.size)
+        if reading is Reading.V1_CARRY:     # where a carry lands, and the 2^bits cells
+            moved = carried_fields(qz, m.bits, reading)
+            return count_fields(moved) + int(np.count_nonzero(
+                ~marked(moved, m.bits, high, m.out_features)))
+    if truth == GPTQ_V2 and reading is Reading.V2_BORROW:  # where a borrow lands, and the 0s
+        moved = carried_fields(qz, m.bits, reading)
+        return count_fields(moved) + count_fields(fields_equal(qz, m.bits, 0) & ~moved)
+    if reading is Reading.SYMMETRIC:        # every field other than the constant's
+        const = sym_field(m.bits, truth)
+        return m.groups * m.out_features - count_fields(fields_equal(qz, m.bits, const))
+    return None
+
+
+# ---------------------------------------------------------------- verdicts
+
+
+@dataclass
+class PathVerdict:
+    """One kernel path of a runtime on this checkpoint."""
+    path: rt.Path
+    taken: bool = False              # the path the runtime takes on the default device
+    loads: bool = True
+    convention_read: str | None = None
+    decodes_correctly: bool | None = None
+    reasons: list[str] = field(default_factory=list)
+    failed: list[tuple[rt.Rule, str]] = field(default_factory=list)   # rules that refuse it
+    causes: dict[str, list[str]] = field(default_factory=dict)        # finding code -> modules
+    modules_affected: int = 0
+    cells_affected: int = 0
+    max_weight_change: float | None = None
+
+    @property
+    def when(self) -> str:
+        parts = [r.text for r in self.path.when]
+        if self.path.otherwise and not self.taken:
+            parts.append(self.path.otherwise)
+        return "; ".join(parts) or "always"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kernel": self.path.kernel, "taken": self.taken, "when": self.when,
+                "loads": self.loads, "convention_read": self.convention_read,
+                "decodes_correctly": self.decodes_correctly, "reasons": self.reasons,
+                "modules_affected": self.modules_affected,
+                "zero_cells_affected": self.cells_affected,
+                "max_weight_change": _rounded(self.max_weight_change),
+                "rules_failed": [_rule_json(r, got) for r, got in self.failed]}
+
+
+@dataclass
+class RuntimeVerdict:
+    """One runtime: the path it takes on the default device (None: its config-level rules
+    refuse the checkpoint, or no path's conditions hold), and every path its config allows."""
+    runtime: rt.Runtime
+    taken: PathVerdict | None
+    paths: list[PathVerdict]
+    refusal: list[str] = field(default_factory=list)         # when taken is None
+    failed: list[tuple[rt.Rule, str]] = field(default_factory=list)
+
+    @property
+    def loads(self) -> bool:
+        return self.taken is not None and self.taken.loads
+
+    @property
+    def decodes_correctly(self) -> bool | None:
+        return self.taken.decodes_correctly if self.taken else None
+
+    @property
+    def reasons(self) -> list[str]:
+        return self.taken.reasons if self.taken else self.refusal
+
+    @property
+    def alternatives(self) -> list[PathVerdict]:
+        return [p for p in self.paths if not p.taken]
+
+    def to_json(self) -> dict[str, Any]:
+        r, t = self.runtime, self.taken
+        return {"id": r.id, "name": r.name, "versions": r.versions, "loads": self.loads,
+                "kernel": t.path.kernel if t else None,
+                "convention_read": t.convention_read if t else None,
+                "decodes_correctly": self.decodes_correctly, "reasons": self.reasons,
+                "modules_affected": t.modules_affected if t else 0,
+                "zero_cells_affected": t.cells_affected if t else 0,
+                "max_weight_change": _rounded(t.max_weight_change) if t else None,
+                "rules_failed": [_rule_json(rule, got) for rule, got in
+                                 (t.failed if t else self.failed)],
+                "paths": [p.to_json() for p in self.paths]}
+
+
+def _rule_json(rule: rt.Rule, got: str) -> dict[str, str]:
+    return {"rule": rule.id, "condition": rule.text, "found": got, "source": str(rule.source)}
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else float(f"{x:.6g}")
+
+
+def _failures(rules: Iterable[rt.Rule], facts: rt.Facts) -> list[tuple[rt.Rule, str]]:
+    out = []
+    for rule in rules:
+        got = rule.test(facts)
+        if got is not None:
+            out.append((rule, got))
+    return out
+
+
+def _line(rule: rt.Rule, got: str) -> str:
+    return f"{got} (needs {rule.text})"
+
+
+def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
+           capability: int = DEFAULT_CAPABILITY,
+           runtimes: Iterable[rt.Runtime] | None = None) -> list[RuntimeVerdict]:
+    """Every runtime's verdict on `ckpt` (detected as `det`; the modules of `det` are the
+    ones judged). `scales`: compute the largest weight change (reads the scales of the modules
+    a runtime misreads; verify). `capability`: the GPU's compute capability (10 * major)."""
+    cfg = config_facts(ckpt, capability)
+    by_name = {v.name: v for v in det.modules}
+    mods = [m for m in ckpt.modules if m.valid and m.declared is not None and m.name in by_name]
+    facts = {m.name: module_facts(ckpt, m, capability) for m in mods}
+    truth = det.verdict if det.verdict != AMBIGUOUS else None
+    cache: dict[tuple[str, Reading, bool], Misread] = {}
+
+    def misread_of(m: Module, reading: Reading, label_right: bool) -> Misread:
+        key = (m.name, reading, label_right)
+        if key not in cache:
+            cache[key] = misread(ckpt, m, by_name[m.name], truth, reading, label_right, scales)
+        return cache[key]
+
+    chosen = list(runtimes if runtimes is not None else rt.RUNTIMES)
+    if truth is not None:
+        # every reading some path would apply, computed once per module, in threads (numpy
+        # releases the GIL on the word arithmetic; inspect of a 70B model counts 560 modules)
+        pairs = {(canonical(p.readings[r.convention_read(cfg)], 0), r.convention_read(cfg) == truth)
+                 for r in chosen for p in r.paths
+                 if not _failures([x for x in p.when if x.scope != "setup"], cfg)}
+        keys = [(m, reading, right) for m in mods for reading, right in sorted(
+            pairs, key=lambda t: (t[0].value, t[1]))]
+        with ThreadPoolExecutor(max_workers=cpus()) as pool:
+            for (m, reading, right), r in zip(keys, pool.map(
+                    lambda k: misread(ckpt, k[0], by_name[k[0].name], truth, k[1], k[2], scales),
+                    keys)):
+                cache[(m.name, reading, right)] = r
+    dynamic = _dynamic_changes(ckpt, mods)
+    out = []
+    for runtime in chosen:
+        failed = _failures(runtime.requires, cfg)
+        refusal = [_line(rule, got) for rule, got in failed]
+        if runtime.needs_config and runtime.config_file(cfg) is None:
+            refusal.insert(0, f"no quantization config it reads: it reads "
+                           f"{' or '.join(runtime.config_files)}"
+                           + (f" ({runtime.config_note})" if runtime.config_note else ""))
+        if runtime.ignores_dynamic is not None and dynamic:
+            refusal.append(f"{len(dynamic)} module(s) differ from the base config through "
+                           f"`dynamic`, e.g. {dynamic[0]}; it does not read `dynamic` and "
+                           "builds every layer from the base config")
+        paths: list[tuple[bool, PathVerdict]] = []
+        for path in runtime.paths:
+            if _failures([r for r in path.when if r.scope != "setup"], cfg):
+                continue
+            on_device = not _failures([r for r in path.when if r.scope == "setup"], cfg)
+            paths.append((on_device, _path_verdict(runtime, path, mods, facts, cfg, truth,
+                                                   misread_of)))
+        taken = next((pv for ok, pv in paths if ok), None)
+        if taken is None and not refusal:
+            for p in runtime.paths:
+                fails = _failures([r for r in p.when if r.scope != "setup"], cfg)
+                failed += fails
+                refusal.append(f"{p.kernel}: " + "; ".join(_line(r, g) for r, g in fails))
+            refusal.insert(0, "no kernel path takes this checkpoint")
+        if refusal:
+            refusal += _next_steps(runtime, failed)
+            out.append(RuntimeVerdict(runtime, None, [pv for _, pv in paths], refusal, failed))
+            continue
+        taken.taken = True
+        out.append(RuntimeVerdict(runtime, taken,
+                                  [taken] + [pv for _, pv in paths if pv is not taken]))
+    return out
+
+
+def _dynamic_changes(ckpt: Checkpoint, mods: list[Module]) -> list[str]:
+    """What a runtime that ignores `dynamic` builds wrongly: modules whose declared config
+    differs from the base (`name: key=value`), and layers a `-:` rule leaves in full
+    precision (it would look for their qweight)."""
+    cfg = ckpt.config
+    if cfg is None or not cfg.dynamic:
+        return []
+    out = []
+    for m in mods:
+        diff = [f"{k}={getattr(m.declared, k)!r}" for k in ("bits", "group_size", "sym",
+                                                            "desc_act")
+                if getattr(m.declared, k) != getattr(cfg.base, k)]
+        if diff:
+            out.append(f"{m.name} ({', '.join(diff)})")
+    for name in ckpt.other_tensors:
+        if name.endswith(".weight"):
+            layer = name[:-len(".weight")]
+            if any(r.exclude and r.pattern.match(layer) for r in cfg.dynamic):
+                out.append(f"{layer} (left in full precision by a `-:` rule)")
+    return out
+
+
+def _path_verdict(runtime, path, mods, facts, cfg, truth, misread_of) -> PathVerdict:
+    pv = PathVerdict(path)
+    refused: dict[str, list[str]] = {}   # rule id -> modules
+    first: dict[str, tuple[rt.Rule, str]] = {}
+    for m in mods:
+        for rule, got in _failures(path.requires, facts[m.name]):
+            refused.setdefault(rule.id, []).append(m.name)
+            first.setdefault(rule.id, (rule, got))
+    if refused:
+        pv.loads = False
+        pv.modules_affected = len({n for names in refused.values() for n in names})
+        for rid, names in refused.items():
+            rule, got = first[rid]
+            pv.failed.append((rule, got))
+            pv.reasons.append(f"{_modules(names)}: {_line(rule, got)}")
+        pv.reasons += _next_steps(runtime, pv.failed)
+        return pv
+    label = runtime.convention_read(cfg)
+    pv.convention_read = label if path.reads_qzeros else None
+    if truth is None:
+        pv.reasons.append("the data do not decide between gptq and gptq_v2 (GQ402/GQ404): "
+                          "whether it reads the zero points right is not known")
+        return pv
+    reading = path.readings[label]
+    changes: list[float] = []
+    for m in mods:
+        r = misread_of(m, reading, label == truth)
+        if r.cells:
+            pv.modules_affected += 1
+            pv.cells_affected += r.cells
+            pv.causes.setdefault(r.cause, []).append(m.name)
+            if r.max_change is not None:
+                changes.append(r.max_change)
+    pv.decodes_correctly = pv.cells_affected == 0
+    pv.max_weight_change = max(changes) if changes else (0.0 if pv.decodes_correctly else None)
+    for cause, names in pv.causes.items():
+        pv.reasons.append(f"{_modules(names)}: " + _cause_text(cause, reading, label, truth,
+                                                                path))
+    if pv.decodes_correctly:
+        pv.reasons.append("ignores qzeros; every zero point is the symmetric constant it "
+                          "assumes" if reading is Reading.SYMMETRIC else
+                          f"reads the zero points as {label}, which the data are")
+    return pv
+
+
+def _next_steps(runtime: rt.Runtime, failed: list[tuple[rt.Rule, str]]) -> list[str]:
+    """The failed rules' hints (each once), else the runtime's own next step."""
+    hints = list(dict.fromkeys(rule.hint for rule, _ in failed if rule.hint))
+    return hints or ([runtime.next_step] if runtime.next_step else [])
+
+
+def _modules(names: list[str]) -> str:
+    return f"{len(names)} module{'s' if len(names) != 1 else ''} (e.g. {names[0]})"
+
+
+def _cause_text(cause: str, reading: Reading, label: str, truth: str, path: rt.Path) -> str:
+    if cause == CAUSE_IGNORES:
+        return (f"{path.kernel} ignores qzeros and decodes with Z = 2^(bits-1), but the zero "
+                "points are not that constant")
+    if cause == CAUSE_LABEL:
+        return f"reads the zero points as {label}, but the data are {truth}"
+    if cause == CAUSE_WORDS:
+        return {Reading.V1_CARRY: "adds 1 to each field by adding a packed constant to the "
+                                  "word, so a stored maxq carries into the next field",
+                Reading.V2_BORROW: "subtracts a packed constant from the word, so a zero point "
+                                   "of 0 borrows from the next field",
+                Reading.V1_NIBBLE: "masks each zero point to 4 bits (((s & maxq) + 1) & 15), "
+                                   "so it reads Z mod 16"}[reading]
+    if reading is Reading.V1_NOWRAP:
+        return "reads a stored maxq as Z = 2^bits where the codes say Z = 0"
+    if reading is Reading.V1_WRAP:
+        return "reads a stored maxq as Z = 0 where the codes say Z = 2^bits"
+    return ("reads stored maxq fields as another Z than their codes say (2^bits against 0 "
+            "or the reverse)")
+
+
+# ---------------------------------------------------------------- findings for --runtime
+
+
+def runtime_findings(verdicts: Iterable[RuntimeVerdict], where: str | None) -> list[Finding]:
+    """verify --runtime: the findings that fail the gate (GQ601 refuses to load, GQ602-GQ605
+    decodes wrongly, one per cause) and those that warn (GQ606 another path of it would,
+    GQ607 not decidable)."""
+    out: list[Finding] = []
+    for v in verdicts:
+        r = v.runtime
+        head = f"{r.name} {r.versions}"
+        details: dict[str, Any] = {"runtime": r.id}
+        if not v.loads:
+            failed = v.taken.failed if v.taken else v.failed
+            hints = _next_steps(r, failed)
+            out.append(Finding("GQ601", f"{head} would not load it: " + "; ".join(
+                               x for x in v.reasons if x not in hints), file=where,
+                               hint="; ".join(hints) or None,
+                               details={**details, "rules_failed": [
+                                   _rule_json(rule, got) for rule, got in failed]}))
+        elif v.decodes_correctly is False:
+            t = v.taken
+            for cause, names in t.causes.items():
+                out.append(Finding(
+                    cause, f"{head} ({t.path.kernel}) would compute other weights than the data "
+                    f"mean: {_modules(names)}: " + _cause_text(
+                        cause, t.path.readings[t.convention_read or 'gptq'],
+                        t.convention_read or "gptq", "", t.path).replace(", but the data are ",
+                                                                          "")
+                    + f"; {t.cells_affected} zero-point cells in {t.modules_affected} modules"
+                    + (f", weights move by up to {t.max_weight_change:.6g}"
+                       if t.max_weight_change else ""),
+                    file=where, hint=_hint(cause),
+                    details={**details, "kernel": t.path.kernel, "modules": len(names),
+                             "zero_cells_affected": t.cells_affected,
+                             "max_weight_change": _rounded(t.max_weight_change)}))
+        elif v.decodes_correctly is None:
+            out.append(Finding("GQ607", f"{head}: " + "; ".join(v.reasons), file=where,
+                               details=details))
+        for alt in (v.alternatives if v.taken is not None else []):
+            if not alt.loads or alt.decodes_correctly is False:
+                what = "would not load it" if not alt.loads else "would decode it wrongly"
+                out.append(Finding("GQ606", f"{head}: its {alt.path.kernel} path ({alt.when}) "
+                                   f"{what}: " + "; ".join(alt.reasons), file=where,
+                                   details={**details, "kernel": alt.path.kernel}))
+    return out
+
+
+def _hint(cause: str) -> str:
+    return {CAUSE_LABEL: "run `gptqfmt fix-label PATH` to set the label the data have",
+            CAUSE_IGNORES: "set sym=false so that no runtime takes Marlin, or re-export",
+            CAUSE_MAXQ: "convert to gptq_v2 (`gptqfmt convert`), which stores Z = 0 exactly",
+            CAUSE_WORDS: "convert to gptq_v2 (`gptqfmt convert`): this runtime then reads the "
+                         "fields as they are"}[cause]
