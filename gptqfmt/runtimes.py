@@ -713,7 +713,11 @@ class RuntimeGroup:
 
     @property
     def name(self) -> str:
-        return ", ".join(self.labels)
+        """The first path and how many more ("vLLM gptq_gemm and 5 other kernels"); the
+        runtimes section of inspect and verify says which."""
+        more = len(self.labels) - 1
+        return self.labels[0] + (f" and {more} other kernel{'s' if more > 1 else ''}"
+                                 if more else "")
 
     def rule(self, convention: str) -> ZeroRule:
         return ZeroRule.V2 if STORED_OFFSET[check(convention)] == 0 else self.gptq
@@ -742,9 +746,4 @@ def maxq_readings(bits: int, sep: str = "; ") -> str:
     gptq_gemm and 5 other kernels read Z = 16; TGI triton and 2 other kernels read Z = 0" at 4
     bits (which ones: the runtimes section of inspect and verify)."""
     z = {ZeroRule.V1_NOWRAP: 1 << bits, ZeroRule.V1_WRAP: 0}
-    parts = []
-    for g in groups():
-        more = len(g.labels) - 1
-        who = g.labels[0] + (f" and {more} other kernel{'s' if more > 1 else ''}" if more else "")
-        parts.append(f"{who} read Z = {z[g.gptq]}")
-    return sep.join(parts)
+    return sep.join(f"{g.name} read Z = {z[g.gptq]}" for g in groups())

@@ -4,7 +4,8 @@ text reports), as one file: a record to diff a refactoring against (a redesign m
 byte of them unchanged).
 
 For each directory under fixtures/ckpt, fixtures/invalid and fixtures/hostile it runs, in
-process, with --format json and with --format text: `inspect`, `verify --quiet`, `convert SRC
+process, with --format json and with --format text: `inspect`, `verify --quiet`,
+`fix-label --dry-run` (which writes nothing), `convert SRC
 DST --to T --quiet` into a temporary DST with T each convention, and `verify DST --against SRC`
 where the conversion succeeded. It keeps each command's exit code and stdout, with three things
 that differ from run to run replaced: the temporary directory (<TMP>), the repository's
@@ -61,6 +62,8 @@ def outputs() -> dict[str, dict]:
                 opts = ["--format", fmt]
                 record[f"{key}inspect {name}"] = run(["inspect", src, *opts], tmp)
                 record[f"{key}verify {name}"] = run(["verify", src, "--quiet", *opts], tmp)
+                record[f"{key}fix-label --dry-run {name}"] = run(
+                    ["fix-label", src, "--dry-run", *opts], tmp)
                 for to in CONVENTIONS:
                     dst = tmp / f"{d.parent.name}-{d.name}-{to}-{fmt}"
                     got = run(["convert", src, str(dst), "--to", to, "--quiet", *opts], tmp)
