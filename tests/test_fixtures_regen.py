@@ -22,8 +22,10 @@ def test_regenerated_fixtures_are_byte_identical(tmp_path):
 
 
 def test_committed_fixtures_stay_small():
+    # 6 MiB: the 111 checkpoints of fixtures/ckpt (the runtime conditions of issue 12 added 12,
+    # about 0.6 MiB) and the invalid and hostile cases
     total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
-    assert total < 5 * 1024 * 1024, total
+    assert total < 6 * 1024 * 1024, total
 
 
 def test_fixtures_contain_the_edge_cases_they_promise():

@@ -24,7 +24,8 @@ def test_inspect_matches_generator(name):
     assert q["bits"] == spec.bits
     assert q["group_size"] == spec.group_size
     # AutoGPTQ records no sym in __metadata__, and inspect reports only what is declared
-    assert q["sym"] is (None if spec.config_style == "autogptq-metadata" else spec.sym)
+    assert q["sym"] is (None if spec.config_style == "autogptq-metadata" or "sym" in spec.omit
+                        else spec.sym)
     assert q["desc_act"] is spec.act_order
     assert q["pack_dtype"] == f"int{spec.word_bits}"
     assert q["static_groups"] is spec.static_groups
@@ -85,7 +86,11 @@ def expected_zero_point_findings(name):
 
 def test_findings_of_valid_fixtures():
     # inspect reports what it finds with verify's rules (GQ406/GQ407 from every qzeros field)
-    expected = {"lmhead-b4-sym-gptq_v2": {"GQ311"}, "formatonly-b4-asym-gptq_v2": {"GQ209", "GQ401"}}
+    expected = {"lmhead-b4-sym-gptq_v2": {"GQ311"}, "formatonly-b4-asym-gptq_v2": {"GQ209", "GQ401"},
+                # the runtime conditions: each fixture's own finding
+                "rt-nosym-b4-sym-gptq": {"GQ208"}, "rt-nodescact-b4-sym-gptq": {"GQ208"},
+                "rt-lmhead-undeclared-b4-sym-gptq_v2": {"GQ311"},
+                "rt-nogidx-b4-asym-gptq_v2": {"GQ308"}, "rt-odd-b4-asym-gptq_v2": {"GQ312"}}
     expected.update({n: {"GQ401"} for n in SPECS if n.startswith("mislabelled")})
     for name in SPECS:
         found = gptqfmt.inspect(CKPT / name).findings

@@ -150,8 +150,8 @@ def test_truth_takes_a_stored_maxq_as_zero_unless_its_codes_say_otherwise():
 def test_v2_data_labelled_gptq_with_marlin_shapes():
     """4-bit sym, in % 128 and out % 64: Marlin ignores qzeros, so vLLM decodes right; the
     paths that read qzeros as gptq read every zero point one too high."""
-    v = verdicts("rt-marlin-b4-sym-v2-as-gptq")
-    ckpt = open_checkpoint(CKPT / "rt-marlin-b4-sym-v2-as-gptq")
+    v = verdicts("mislabelled-marlin-b4-sym-v2-as-gptq")
+    ckpt = open_checkpoint(CKPT / "mislabelled-marlin-b4-sym-v2-as-gptq")
     cells = sum(m.groups * m.out_features for m in ckpt.modules)
     max_scale = max(float(ckpt.float32(m.tensors["scales"]).max()) for m in ckpt.modules)
     for rid in ("vllm", "sglang", "gptqmodel", "transformers"):
@@ -243,7 +243,7 @@ def test_undecidable_data_leave_the_verdict_open(monkeypatch):
 
 
 def test_setup_rules_choose_the_path_on_older_gpus():
-    v = verdicts("rt-marlin-b4-sym-v2-as-gptq", capability=70)
+    v = verdicts("mislabelled-marlin-b4-sym-v2-as-gptq", capability=70)
     assert v["vllm-gptq-gemm"].taken.path.kernel == "gptq_gemm"
     assert v["vllm-gptq-gemm"].decodes_correctly is False
     assert v["tgi"].taken.path.kernel == "triton"
@@ -261,7 +261,7 @@ def test_runtimes_that_ignore_dynamic_refuse_its_overrides():
 
 def test_runtimes_section_is_in_both_reports_and_valid(run_cli):
     for cmd, schema in (("inspect", "inspect"), ("verify", "report")):
-        r = run_cli(cmd, "--format", "json", CKPT / "rt-marlin-b4-sym-v2-as-gptq")
+        r = run_cli(cmd, "--format", "json", CKPT / "mislabelled-marlin-b4-sym-v2-as-gptq")
         doc = json.loads(r.stdout)
         validator(schema).validate(doc)
         assert [e["id"] for e in doc["runtimes"]] == [x.id for x in rt.RUNTIMES]
@@ -283,8 +283,8 @@ def test_runtimes_section_is_in_both_reports_and_valid(run_cli):
     ("rt-marlin-b4-sym-gptq_v2", "vllm,sglang,transformers", 0, set()),
     # TGI ignores the label: right on Marlin, its exllamav2 and triton paths read gptq_v2 wrong
     ("rt-marlin-b4-sym-gptq_v2", "tgi", 0, {"GQ606"}),
-    ("rt-marlin-b4-sym-v2-as-gptq", "vllm", 1, {"GQ401"}),
-    ("rt-marlin-b4-sym-v2-as-gptq", "vllm-gptq-gemm", 1, {"GQ401", "GQ606"}),
+    ("mislabelled-marlin-b4-sym-v2-as-gptq", "vllm", 1, {"GQ401"}),
+    ("mislabelled-marlin-b4-sym-v2-as-gptq", "vllm-gptq-gemm", 1, {"GQ401", "GQ606"}),
 ])
 def test_verify_runtime_gate(run_cli, name, ids, code, codes):
     r = run_cli("verify", "--quiet", "--format", "json", "--runtime", ids, CKPT / name)
@@ -370,3 +370,15 @@ def test_counting_on_packed_words_equals_comparing_every_field(name):
                     assert (fast.cells, fast.cause) == (full.cells, full.cause), \
                         (m.name, truth, reading, right)
                     assert fast.max_change is None and full.max_change is not None
+
+
+def test_marlin_ignoring_non_constant_zeros_is_gq603(run_cli):
+    """sym: true over zero points that are not 8: GPTQModel takes Marlin, which decodes with 8."""
+    from tests.support import FIXTURES
+    r = run_cli("verify", "--quiet", "--format", "json", "--runtime", "gptqmodel",
+                FIXTURES / "invalid" / "sym-true-with-asymmetric-zeros")
+    doc = json.loads(r.stdout)
+    f = next(f for f in doc["findings"] if f["code"] == "GQ603")
+    assert r.exit_code == 1 and f["details"]["kernel"] == "marlin"
+    assert f["details"]["zero_cells_affected"] > 0 and f["details"]["max_weight_change"] > 0
+    assert "marlin ignores qzeros" in f["message"] and "sym=false" in f["hint"]
