@@ -51,6 +51,9 @@ class Facts:
     labels: tuple[tuple[str, str, str], ...] = ()   # (source, key, value) of label keys
     quantizer: str | None = None                # meta.quantizer, as written
     lm_head_declared: bool | None = None        # the config's lm_head key
+    # a shard whose config (after `dynamic`) differs from its fused layer's (FUSED), as
+    # "name: ... vs ...": what a runtime that resolves `dynamic` on fused names builds wrongly
+    fused_conflict: str | None = None
     capability: int = 80                        # the GPU's compute capability, as 10 * major
     rows: int = 1                               # rows (tokens) per forward: 1 when decoding
 
@@ -191,6 +194,23 @@ def not_lm_head(source: Source) -> Rule:
     return Rule("lm_head", "lm_head not quantized",
                 lambda f: "a quantized lm_head" if f.name and f.name.split(".")[-1] == "lm_head"
                 else None, source)
+
+
+# How vLLM's model files fuse checkpoint layers (packed_modules_mapping, e.g. LlamaForCausalLM:
+# {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}):
+# `dynamic` is matched against the fused name, so the shards take the fused layer's config.
+FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+         "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+
+
+def fused_dynamic(source: Source) -> Rule:
+    return Rule("fused_dynamic", "`dynamic` giving every shard of a fused layer (q/k/v_proj, "
+                "gate/up_proj) its fused name's config",
+                lambda f: f.fused_conflict and f"{f.fused_conflict}: the fused layer is built "
+                "with the latter (a load error, or weights decoded with the wrong config)",
+                source, "config").with_hint(
+        "next step: give the shards of each fused layer the same `dynamic` overrides, with "
+        "patterns that match the fused name too (e.g. `.*\\.(gate|up|gate_up)_proj`)")
 
 
 def capability_at_least(major_minor: int, source: Source) -> Rule:
@@ -603,7 +623,8 @@ def _vllm_marlin(ref: str, capability: int) -> Path:
             bits_in((4, 8), _vl(ref, "utils/gptq_utils.py", "dynamic overrides: "
                                 "\"Unsupported quantization config\""), rid="dynamic_bits"),
             lm_head_declared(_vl(ref, "utils/gptq_utils.py", "get_linear_quant_method: "
-                                 "lm_head quantized only with `lm_head: true`"))),
+                                 "lm_head quantized only with `lm_head: true`")),
+            _vllm_int32(ref)),
         readings=NO_QZEROS,
         source=_vl(ref, "kernels/mixed_precision/marlin.py", "zero_points=False: qzeros "
                    "replaced by an empty tensor (Exllama: synthetic 2^(bits-1) - 1)"))
@@ -618,7 +639,8 @@ def _vllm_gptq_gemm(ref: str, readings: dict, where: str) -> Path:
         requires=(in_features_per_group(_vl(ref, "gptq.py", "create_weights: \"not aligned "
                                             "with the quantized weight shape\"")),
                   scales_fp16(_vl(ref, "gptq.py", "get_supported_act_dtypes: [torch.half]")),
-                  lm_head_declared(_vl(ref, "utils/gptq_utils.py", "get_linear_quant_method"))),
+                  lm_head_declared(_vl(ref, "utils/gptq_utils.py", "get_linear_quant_method")),
+                  _vllm_int32(ref)),
         readings=readings, source=src,
         otherwise="when gptq_marlin's conditions fail (e.g. a GPU below its compute capability), "
                   "or with --quantization gptq")
@@ -626,6 +648,18 @@ def _vllm_gptq_gemm(ref: str, readings: dict, where: str) -> Path:
 
 _VLLM_DESC_ACT = key_set("desc_act", Source(_VLLM, _Q + "gptq.py", _V21,
                                             "from_config: \"Cannot find any of ['desc_act']\""))
+
+
+def _vllm_fused(ref: str) -> Rule:
+    return fused_dynamic(_vl(ref, "utils/gptq_utils.py", "get_dynamic_override: re.match on "
+                             "the vLLM layer prefix (qkv_proj, gate_up_proj; "
+                             "models/llama.py packed_modules_mapping)"))
+
+
+def _vllm_int32(ref: str) -> Rule:
+    return pack_dtype_in(("int32",), _vl(ref, "gptq.py" if ref != _V33 else "auto_gptq.py",
+                                         "create_weights: qweight and qzeros int32, pack "
+                                         "factor 32 / bits"))
 _VLLM_CONFIG_NOTE = ("vLLM detects the method from config.json's quantization_config; it reads "
                      "quantize_config.json only when --quantization gptq is given")
 
@@ -647,7 +681,8 @@ VLLM = Runtime(
                           ).with_hint(_VLLM_NEXT),
                   sym_true(_vl(_V33, "utils/gptq_utils.py", "dynamic overrides"), missing="true",
                            scope="module", rid="dynamic_sym").with_hint(_VLLM_NEXT),
-                  lm_head_declared(_vl(_V33, "utils/gptq_utils.py", "get_linear_quant_method"))),
+                  lm_head_declared(_vl(_V33, "utils/gptq_utils.py", "get_linear_quant_method")),
+                  _vllm_int32(_V33)),
         readings=NO_QZEROS,
         source=_vl(_V33, "auto_gptq.py", "create_weights L389-435: qzeros loaded, never used "
                    "(zero_points=False)")),),
@@ -668,7 +703,8 @@ VLLM = Runtime(
                    _vl(_V33, "utils/gptq_utils.py", "L23-50: \"GPTQ group activation ordering "
                        "(desc_act=True) is no longer supported\""), "config").with_hint(
                   "next step: vLLM 0.30 and later refuse act-order with groups; use vLLM "
-                  "0.22-0.29, or a checkpoint quantized without desc_act")),
+                  "0.22-0.29, or a checkpoint quantized without desc_act"),
+              _vllm_fused(_V33)),
     label_source=_vl(_V33, "auto_gptq.py", "neither checkpoint_format nor format is read"),
     config_note=_VLLM_CONFIG_NOTE)
 
@@ -678,7 +714,7 @@ VLLM_GPTQ_GEMM = Runtime(
     paths=(_vllm_marlin(_V21, 75),
            _vllm_gptq_gemm(_V21, ZERO_V1, "GPTQLinearMethod: use_v2_format = checkpoint_format "
                            "== \"gptq_v2\"; q_gemm.cu zero = s + (use_v2_format ? 0 : 1)")),
-    requires=(_VLLM_DESC_ACT,),
+    requires=(_VLLM_DESC_ACT, _vllm_fused(_V21)),
     label_source=_vl(_V21, "gptq.py", "from_config L158-160 checkpoint_format; "
                      "use_v2_format L242 (exact match)"),
     config_note=_VLLM_CONFIG_NOTE)
@@ -689,7 +725,7 @@ VLLM_LEGACY = Runtime(
     paths=(_vllm_marlin(_V11, 80),
            _vllm_gptq_gemm(_V11, ZERO_V1_ONLY, "apply: ops.gptq_gemm with 7 arguments, no "
                            "format flag (s + 1)")),
-    requires=(key_set("desc_act", _vl(_V11, "gptq.py", "from_config")),),
+    requires=(key_set("desc_act", _vl(_V11, "gptq.py", "from_config")), _vllm_fused(_V11)),
     label_source=_vl(_V11, "gptq.py", "no checkpoint_format for GPTQ"),
     config_note=_VLLM_CONFIG_NOTE)
 

@@ -74,7 +74,30 @@ def config_facts(ckpt: Checkpoint, capability: int) -> rt.Facts:
         act_order=any(m.act_order for m in mods),
         pack_dtype=pick(base and base.pack_dtype, "pack_dtype"),
         sources=_sources(ckpt), labels=_labels(ckpt), quantizer=quantizer(ckpt), capability=capability,
-        lm_head_declared=ckpt.config.lm_head if ckpt.config else None)
+        lm_head_declared=ckpt.config.lm_head if ckpt.config else None,
+        fused_conflict=_fused_conflict(ckpt))
+
+
+def _fused_conflict(ckpt: Checkpoint) -> str | None:
+    """The first shard of a fused layer whose config after `dynamic` differs from the config
+    `dynamic` gives the fused name (rt.FUSED), said with both; None when every shard agrees."""
+    cfg = ckpt.config
+    if cfg is None or not cfg.dynamic:
+        return None
+    keys = ("bits", "group_size", "sym", "desc_act")
+    for m in ckpt.modules:
+        head, _, part = m.name.rpartition(".")
+        if part not in rt.FUSED:
+            continue
+        fused = f"{head}.{rt.FUSED[part]}"
+        own, theirs = cfg.for_module(m.name), cfg.for_module(fused)
+        if own != theirs:
+            def show(c):
+                return "no quantization" if c is None else ", ".join(
+                    f"{k}={getattr(c, k)!r}" for k in keys if own is None or theirs is None
+                    or getattr(own, k) != getattr(theirs, k))
+            return f"{m.name} has {show(own)}, but {fused} gets {show(theirs)}"
+    return None
 
 
 def _labels(ckpt: Checkpoint) -> tuple[tuple[str, str, str], ...]:

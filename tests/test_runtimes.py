@@ -254,9 +254,20 @@ def test_runtimes_that_ignore_dynamic_refuse_its_overrides():
     v = verdicts("rt-dynamic-b4-sym-gptq_v2", scales=False)
     for rid in ("tgi", "autogptq", "exllamav2"):
         assert not v[rid].loads and any("`dynamic`" in r for r in v[rid].reasons), rid
-    # vLLM reads dynamic: the 3-bit module fails its Marlin type map
-    fails = {rule.id for rule, _ in v["vllm"].taken.failed}
+    # SGLang reads dynamic per module: the 3-bit module and the asymmetric one fail Marlin
+    fails = {rule.id for rule, _ in v["sglang"].taken.failed}
     assert {"dynamic_bits", "dynamic_sym"} <= fails
+    # vLLM resolves dynamic on its fused names: up_proj's override misses gate_up_proj
+    for rid in ("vllm", "vllm-gptq-gemm", "vllm-legacy"):
+        (rule, got), = [(r, g) for r, g in v[rid].failed if r.id == "fused_dynamic"]
+        assert got.startswith("model.layers.0.mlp.up_proj has sym=False, but "
+                              "model.layers.0.mlp.gate_up_proj gets sym=True")
+
+
+def test_dynamic_patterns_that_cover_the_fused_name_are_fine():
+    v = verdicts("dynamic-b4-asym-gptq_v2", scales=False)
+    for rid in ("vllm", "vllm-gptq-gemm", "vllm-legacy"):
+        assert "fused_dynamic" not in {r.id for r, _ in v[rid].failed}
 
 
 def test_runtimes_section_is_in_both_reports_and_valid(run_cli):
