@@ -11,7 +11,6 @@ makes the whole model fail to load, as in the runtimes, which build every layer 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 

@@ -174,6 +174,30 @@ def misread(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str, reading: 
     """How `reading` of module `m` differs from the Z the data mean (`truth`: the detected
     convention). With `scales`, the largest weight change too (reads the module's scales and
     compares every field); without, the cells are counted on the packed words (inspect)."""
+    return misreads(ckpt, m, v, truth, [(reading, label_right)], scales)[(reading, label_right)]
+
+
+def misreads(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
+             keys: list[tuple[Reading, bool]], scales: bool) -> dict[tuple[Reading, bool], Misread]:
+    """misread for several (reading, label read right) of one module, sharing what they read:
+    the data's Z and the scales, each at most once."""
+    shared: dict[str, np.ndarray] = {}
+
+    def want() -> np.ndarray:
+        if "want" not in shared:
+            shared["want"] = truth_zeros(ckpt.view(m.tensors["qzeros"]), m.bits, truth,
+                                         v.stats.consistent_at if v.stats else ())
+        return shared["want"]
+
+    def scale() -> np.ndarray:
+        if "scales" not in shared:
+            shared["scales"] = ckpt.float32(m.tensors["scales"])
+        return shared["scales"]
+
+    return {key: _misread(ckpt, m, v, truth, *key, scales, want, scale) for key in keys}
+
+
+def _misread(ckpt, m, v, truth, reading, label_right, scales, want, scale) -> Misread:
     reading = canonical(reading, m.bits)
     if _agrees_without_reading(reading, truth, v):
         return Misread(0, 0.0 if scales else None)
@@ -189,18 +213,14 @@ def misread(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str, reading: 
         cells = _count_misread(ckpt, m, v, truth, reading)
         if cells is not None:
             return Misread(cells, None, cause) if cells else Misread(0, None)
-    qz = ckpt.view(m.tensors["qzeros"])
-    want = truth_zeros(qz, m.bits, truth, v.stats.consistent_at if v.stats else ())
-    got = read_zeros(qz, m.bits, reading)
-    diff = got != want
-    cells = int(np.count_nonzero(diff))
+    delta = read_zeros(ckpt.view(m.tensors["qzeros"]), m.bits, reading)
+    delta -= want()                      # the change of Z per cell (int32, in place)
+    cells = int(np.count_nonzero(delta))
     if not cells:
         return Misread(0, 0.0 if scales else None)
     change = None
-    if scales:
-        sc = ckpt.float32(m.tensors["scales"])
-        change = float(np.max(np.abs(sc[diff].astype(np.float64) *
-                                     (got[diff] - want[diff]))))
+    if scales:  # scale x change: exact in float32 (an fp16 scale times |dZ| <= 256)
+        change = float(np.max(np.abs(scale() * delta.astype(np.float32))))
     return Misread(cells, change, cause)
 
 
@@ -353,13 +373,18 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
         pairs = {(canonical(p.readings[r.convention_read(cfg)], 0), r.convention_read(cfg) == truth)
                  for r in chosen for p in r.paths
                  if not _failures([x for x in p.when if x.scope != "setup"], cfg)}
-        keys = [(m, reading, right) for m in mods for reading, right in sorted(
-            pairs, key=lambda t: (t[0].value, t[1]))]
+        keys = sorted(pairs, key=lambda t: (t[0].value, t[1]))
+
+        def module(m: Module) -> dict:
+            try:
+                return misreads(ckpt, m, by_name[m.name], truth, keys, scales)
+            finally:
+                ckpt.store.release(m.tensors.values())  # resident memory: one module a thread
+
         with ThreadPoolExecutor(max_workers=cpus()) as pool:
-            for (m, reading, right), r in zip(keys, pool.map(
-                    lambda k: misread(ckpt, k[0], by_name[k[0].name], truth, k[1], k[2], scales),
-                    keys)):
-                cache[(m.name, reading, right)] = r
+            for m, found in zip(mods, pool.map(module, mods)):
+                for (reading, right), r in found.items():
+                    cache[(m.name, reading, right)] = r
     dynamic = _dynamic_changes(ckpt, mods)
     out = []
     for runtime in chosen:
