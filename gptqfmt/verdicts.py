@@ -194,7 +194,14 @@ def misreads(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
             shared["scales"] = ckpt.float32(m.tensors["scales"])
         return shared["scales"]
 
-    return {key: _misread(ckpt, m, v, truth, *key, scales, want, scale) for key in keys}
+    done: dict[tuple[Reading, bool], Misread] = {}   # by the reading it amounts to here
+    out = {}
+    for reading, right in keys:
+        same = (canonical(reading, m.bits), right)
+        if same not in done:
+            done[same] = _misread(ckpt, m, v, truth, *same, scales, want, scale)
+        out[(reading, right)] = done[same]
+    return out
 
 
 def _misread(ckpt, m, v, truth, reading, label_right, scales, want, scale) -> Misread:
