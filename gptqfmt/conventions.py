@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from functools import lru_cache
 
 import numpy as np
 
@@ -93,6 +94,7 @@ def read_zeros(qzeros: np.ndarray, bits: int, reading: Reading) -> np.ndarray:
     return fields if reading is Reading.V1_CARRY else fields + 1
 
 
+@lru_cache(maxsize=64)
 def _lanes(bits: int, ut) -> tuple:
     """(low bits, 1, top bit) of every `bits`-wide field of one word of type `ut`."""
     w = np.dtype(ut).itemsize * 8
@@ -116,21 +118,41 @@ def carried_fields(qzeros: np.ndarray, bits: int, reading: Reading) -> np.ndarra
     if reading not in (Reading.V1_CARRY, Reading.V2_BORROW) or 32 % bits and bits != 8:
         raise ValueError(f"carried_fields: {reading} at {bits} bits is not a word reading")
     u = np.ascontiguousarray(unsigned(np.asarray(qzeros)))
-    low, one, top = _lanes(bits, u.dtype.type)
-    word, field = np.empty_like(u), np.empty_like(u)   # in place: two buffers, no temporaries
+    x, ends = _superwords(u)
+    low, one, top = _lanes(bits, x.dtype.type)
+    word, field = np.empty_like(x), np.empty_like(x)   # in place: two buffers, no temporaries
     with np.errstate(over="ignore"):
+        # the whole words' +1s and -1s, lane by lane (a lane = one W-bit word): the same SWAR
+        # step with the words' top bits, so nothing crosses from one word into the next
         if reading is Reading.V1_CARRY:
-            np.add(u, one, out=word)
-            np.bitwise_and(u, low, out=field)
+            np.bitwise_and(x, ~ends, out=word)
+            np.add(word, one, out=word)
+            np.bitwise_xor(word, np.bitwise_and(x, ends), out=word)
+            np.bitwise_and(x, low, out=field)
             np.add(field, one, out=field)
-            np.bitwise_xor(field, np.bitwise_and(u, top), out=field)
+            np.bitwise_xor(field, np.bitwise_and(x, top), out=field)
         else:
-            np.subtract(u, one, out=word)
-            np.bitwise_or(u, top, out=field)
+            np.bitwise_or(x, ends, out=word)
+            np.subtract(word, one, out=word)
+            np.bitwise_xor(word, np.bitwise_and(np.invert(x), ends), out=word)
+            np.bitwise_or(x, top, out=field)
             np.subtract(field, one, out=field)
-            np.bitwise_xor(field, np.bitwise_and(np.invert(u), top), out=field)
+            np.bitwise_xor(field, np.bitwise_and(np.invert(x), top), out=field)
     np.bitwise_xor(word, field, out=word)
-    return _nonzero_tops(word, low, top, field)
+    return _nonzero_tops(word, low, top, field).view(u.dtype)
+
+
+def _superwords(u: np.ndarray) -> tuple[np.ndarray, np.generic]:
+    """Unsigned words [G, n] as 64-bit superwords where the rows allow (one operation then
+    handles 64/W words), and the top bit of every W-bit word in a superword."""
+    w = u.dtype.itemsize * 8
+    x = u.view(np.uint64) if w < 64 and u.ndim == 2 and (u.shape[1] * w) % 64 == 0 else u
+    return x, _word_tops(w, x.dtype.type)
+
+
+@lru_cache(maxsize=16)
+def _word_tops(w: int, ut) -> np.generic:
+    return ut(sum(1 << j for j in range(w - 1, np.dtype(ut).itemsize * 8, w)))
 
 
 def _nonzero_tops(t: np.ndarray, low, top, buf: np.ndarray) -> np.ndarray:
@@ -146,10 +168,38 @@ def _nonzero_tops(t: np.ndarray, low, top, buf: np.ndarray) -> np.ndarray:
 def fields_equal(qzeros: np.ndarray, bits: int, value: int) -> np.ndarray:
     """Per packed word, the top bit of each field set where the field equals `value`."""
     u = np.ascontiguousarray(unsigned(np.asarray(qzeros)))
-    low, _, top = _lanes(bits, u.dtype.type)
-    t = np.bitwise_xor(u, constant_words(value, bits, u.dtype.itemsize * 8)[0])
+    x, _ = _superwords(u)
+    low, _, top = _lanes(bits, x.dtype.type)
+    t = np.bitwise_xor(x, constant_words(value, bits, 64 if x.dtype.itemsize == 8 else
+                                         u.dtype.itemsize * 8)[0])
     t = _nonzero_tops(t, low, top, np.empty_like(t))
-    return np.bitwise_xor(t, top, out=t)
+    return np.bitwise_xor(t, top, out=t).view(u.dtype)
+
+
+MARK_CHUNK = 1 << 15   # words per chunk of count_marked (its temporaries stay in cache)
+
+
+def count_marked(qzeros: np.ndarray, bits: int, reading: Reading | None = None,
+                 value: int | None = None, unless_carried: bool = False) -> int:
+    """How many fields carried_fields(qzeros, bits, reading) marks, or fields_equal(qzeros,
+    bits, value) (with `unless_carried`: those equal to `value` that the reading's carry or
+    borrow does not reach), a chunk of rows at a time: the same counts with the temporaries in
+    cache, where whole-tensor passes are bound by memory bandwidth."""
+    u = np.asarray(qzeros)
+    n = u.shape[1] if u.ndim == 2 else 1
+    rows = max(1, MARK_CHUNK // max(1, n))
+    total = 0
+    for r0 in range(0, u.shape[0], rows):
+        part = u[r0:r0 + rows]
+        moved = carried_fields(part, bits, reading) if reading is not None else None
+        if value is None:
+            total += count_fields(moved)
+            continue
+        eq = fields_equal(part, bits, value)
+        if unless_carried:
+            eq &= ~moved
+        total += count_fields(eq)
+    return total
 
 
 def count_fields(marks: np.ndarray) -> int:

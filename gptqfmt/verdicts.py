@@ -18,8 +18,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from . import runtimes as rt
-from .conventions import (GPTQ, GPTQ_V2, Reading, carried_fields, count_fields, fields_equal,
-                          marked, read_zeros, sym_field)
+from .conventions import (GPTQ, GPTQ_V2, Reading, carried_fields, count_marked, marked,
+                          read_zeros, sym_field)
 from .findings import Finding
 from .gptq.checkpoint import Checkpoint, Module
 from .gptq.detect import AMBIGUOUS, Detection, ModuleVerdict
@@ -243,18 +243,22 @@ def _count_misread(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
         if reading is Reading.V1_WRAP:      # wrong exactly where the codes say 2^bits
             return int(high.size)
         if reading is Reading.V1_NOWRAP:    # wrong at every stored maxq the codes say is 0
-            top = (1 << m.bits) - 1
-            return count_fields(fields_equal(qz, m.bits, top)) - int(high.size)
+            return count_marked(qz, m.bits, value=(1 << m.bits) - 1) - int(high.size)
         if reading is Reading.V1_CARRY:     # where a carry lands, and the 2^bits cells
-            moved = carried_fields(qz, m.bits, reading)
-            return count_fields(moved) + int(np.count_nonzero(
-                ~marked(moved, m.bits, high, m.out_features)))
+            if not high.size:
+                return count_marked(qz, m.bits, reading)
+            rows = np.unique(high // m.out_features)   # the few rows those cells are in
+            at = np.searchsorted(rows, high // m.out_features) * m.out_features + \
+                high % m.out_features
+            reached = marked(carried_fields(qz[rows], m.bits, reading), m.bits, at,
+                             m.out_features)
+            return count_marked(qz, m.bits, reading) + int(np.count_nonzero(~reached))
     if truth == GPTQ_V2 and reading is Reading.V2_BORROW:  # where a borrow lands, and the 0s
-        moved = carried_fields(qz, m.bits, reading)
-        return count_fields(moved) + count_fields(fields_equal(qz, m.bits, 0) & ~moved)
+        return count_marked(qz, m.bits, reading) + count_marked(
+            qz, m.bits, reading, value=0, unless_carried=True)
     if reading is Reading.SYMMETRIC:        # every field other than the constant's
         const = sym_field(m.bits, truth)
-        return m.groups * m.out_features - count_fields(fields_equal(qz, m.bits, const))
+        return m.groups * m.out_features - count_marked(qz, m.bits, value=const)
     return None
 
 
@@ -374,12 +378,15 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
         return cache[key]
 
     chosen = list(runtimes if runtimes is not None else rt.RUNTIMES)
+    dynamic = _dynamic_changes(ckpt, mods)
     if truth is not None:
-        # every reading some path would apply, computed once per module, in threads (numpy
-        # releases the GIL on the word arithmetic; inspect of a 70B model counts 560 modules)
-        pairs = {(canonical(p.readings[r.convention_read(cfg)], 0), r.convention_read(cfg) == truth)
-                 for r in chosen for p in r.paths
-                 if not _failures([x for x in p.when if x.scope != "setup"], cfg)}
+        # every reading that a path which loads would apply, computed once per module, in
+        # threads (numpy releases the GIL on the word arithmetic; inspect of a 70B model
+        # counts 560 modules)
+        pairs = {(p.readings[r.convention_read(cfg)], r.convention_read(cfg) == truth)
+                 for r in chosen if not _refusal(r, cfg, dynamic)[0] for p in r.paths
+                 if not _failures([x for x in p.when if x.scope != "setup"], cfg)
+                 and not any(_failures(p.requires, facts[m.name]) for m in mods)}
         keys = sorted(pairs, key=lambda t: (t[0].value, t[1]))
 
         def module(m: Module) -> dict:
@@ -392,19 +399,9 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
             for m, found in zip(mods, pool.map(module, mods)):
                 for (reading, right), r in found.items():
                     cache[(m.name, reading, right)] = r
-    dynamic = _dynamic_changes(ckpt, mods)
     out = []
     for runtime in chosen:
-        failed = _failures(runtime.requires, cfg)
-        refusal = [_line(rule, got) for rule, got in failed]
-        if runtime.needs_config and runtime.config_file(cfg) is None:
-            refusal.insert(0, f"no quantization config it reads: it reads "
-                           f"{' or '.join(runtime.config_files)}"
-                           + (f" ({runtime.config_note})" if runtime.config_note else ""))
-        if runtime.ignores_dynamic is not None and dynamic:
-            refusal.append(f"{len(dynamic)} module(s) differ from the base config through "
-                           f"`dynamic`, e.g. {dynamic[0]}; it does not read `dynamic` and "
-                           "builds every layer from the base config")
+        refusal, failed = _refusal(runtime, cfg, dynamic)
         paths: list[tuple[bool, PathVerdict]] = []
         for path in runtime.paths:
             if _failures([r for r in path.when if r.scope != "setup"], cfg):
@@ -427,6 +424,23 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
         out.append(RuntimeVerdict(runtime, taken,
                                   [taken] + [pv for _, pv in paths if pv is not taken]))
     return out
+
+
+def _refusal(runtime: rt.Runtime, cfg: rt.Facts, dynamic: list[str]
+             ) -> tuple[list[str], list[tuple[rt.Rule, str]]]:
+    """Why `runtime` refuses the checkpoint before any path (empty: it does not), and the
+    config-level rules that fail."""
+    failed = _failures(runtime.requires, cfg)
+    refusal = [_line(rule, got) for rule, got in failed]
+    if runtime.needs_config and runtime.config_file(cfg) is None:
+        refusal.insert(0, f"no quantization config it reads: it reads "
+                       f"{' or '.join(runtime.config_files)}"
+                       + (f" ({runtime.config_note})" if runtime.config_note else ""))
+    if runtime.ignores_dynamic is not None and dynamic:
+        refusal.append(f"{len(dynamic)} module(s) differ from the base config through "
+                       f"`dynamic`, e.g. {dynamic[0]}; it does not read `dynamic` and "
+                       "builds every layer from the base config")
+    return refusal, failed
 
 
 def _dynamic_changes(ckpt: Checkpoint, mods: list[Module]) -> list[str]:

@@ -393,3 +393,23 @@ def test_marlin_ignoring_non_constant_zeros_is_gq603(run_cli):
     assert r.exit_code == 1 and f["details"]["kernel"] == "marlin"
     assert f["details"]["zero_cells_affected"] > 0 and f["details"]["max_weight_change"] > 0
     assert "marlin ignores qzeros" in f["message"] and "sym=false" in f["hint"]
+
+
+def test_count_marked_in_chunks_equals_whole_tensor_marks(monkeypatch):
+    """count_marked walks rows in chunks of MARK_CHUNK words; forced to tiny chunks, it counts
+    what the whole-tensor marks count."""
+    from gptqfmt import conventions as cv
+    rng = np.random.default_rng(9)
+    s = rng.integers(0, 16, size=(37, 64)).astype(np.uint8)
+    s[:, ::5] = 15
+    s[:, 2::7] = 0
+    w = pack(s, 4, 32, axis=1)
+    want = (cv.count_fields(cv.carried_fields(w, 4, Reading.V1_CARRY)),
+            cv.count_fields(cv.fields_equal(w, 4, 15)),
+            cv.count_fields(cv.fields_equal(w, 4, 0) &
+                            ~cv.carried_fields(w, 4, Reading.V2_BORROW)))
+    for chunk in (8, 24, 1 << 15):
+        monkeypatch.setattr(cv, "MARK_CHUNK", chunk)
+        assert (cv.count_marked(w, 4, Reading.V1_CARRY), cv.count_marked(w, 4, value=15),
+                cv.count_marked(w, 4, Reading.V2_BORROW, value=0, unless_carried=True)) == want
+    assert want[1] == int((s == 15).sum())
