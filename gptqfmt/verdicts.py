@@ -379,6 +379,14 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
 
     chosen = list(runtimes if runtimes is not None else rt.RUNTIMES)
     dynamic = _dynamic_changes(ckpt, mods)
+    refused_by: dict[int, dict[str, list]] = {}   # id(path) -> module -> failed rules
+
+    def module_failures(path: rt.Path) -> dict[str, list]:
+        if id(path) not in refused_by:
+            refused_by[id(path)] = {m.name: f for m in mods
+                                    if (f := _failures(path.requires, facts[m.name]))}
+        return refused_by[id(path)]
+
     if truth is not None:
         # every reading that a path which loads would apply, computed once per module, in
         # threads (numpy releases the GIL on the word arithmetic; inspect of a 70B model
@@ -386,7 +394,7 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
         pairs = {(p.readings[r.convention_read(cfg)], r.convention_read(cfg) == truth)
                  for r in chosen if not _refusal(r, cfg, dynamic)[0] for p in r.paths
                  if not _failures([x for x in p.when if x.scope != "setup"], cfg)
-                 and not any(_failures(p.requires, facts[m.name]) for m in mods)}
+                 and not module_failures(p)}
         keys = sorted(pairs, key=lambda t: (t[0].value, t[1]))
 
         def module(m: Module) -> dict:
@@ -407,8 +415,8 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
             if _failures([r for r in path.when if r.scope != "setup"], cfg):
                 continue
             on_device = not _failures([r for r in path.when if r.scope == "setup"], cfg)
-            paths.append((on_device, _path_verdict(runtime, path, mods, facts, cfg, truth,
-                                                   misread_of)))
+            paths.append((on_device, _path_verdict(runtime, path, mods, module_failures(path),
+                                                   cfg, truth, misread_of)))
         taken = next((pv for ok, pv in paths if ok), None)
         if taken is None and not refusal:
             for p in runtime.paths:
@@ -465,12 +473,13 @@ def _dynamic_changes(ckpt: Checkpoint, mods: list[Module]) -> list[str]:
     return out
 
 
-def _path_verdict(runtime, path, mods, facts, cfg, truth, misread_of) -> PathVerdict:
+def _path_verdict(runtime, path, mods, failures, cfg, truth, misread_of) -> PathVerdict:
+    """`failures`: module name -> the path's rules it fails (only modules that fail one)."""
     pv = PathVerdict(path)
     refused: dict[str, list[str]] = {}   # rule id -> modules
     first: dict[str, tuple[rt.Rule, str]] = {}
     for m in mods:
-        for rule, got in _failures(path.requires, facts[m.name]):
+        for rule, got in failures.get(m.name, ()):
             refused.setdefault(rule.id, []).append(m.name)
             first.setdefault(rule.id, (rule, got))
     if refused:
