@@ -18,12 +18,14 @@ from typing import Any, Iterable
 import numpy as np
 
 from . import runtimes as rt
-from .conventions import (GPTQ, GPTQ_V2, Reading, carried_fields, count_marked, marked,
-                          read_zeros, sym_field)
+from .conventions import (GPTQ, GPTQ_V2, Reading, ZeroRule, carried_fields, count_marked,
+                          effective_zeros, marked, read_zeros, sym_field)
 from .findings import Finding
 from .gptq.checkpoint import Checkpoint, Module
 from .gptq.detect import AMBIGUOUS, Detection, ModuleVerdict
 from .gptq.evidence import cpus, quantizer
+from .gptq.packing import unpack
+from .safetensors_io.dtypes import to_float32
 
 # the device verdicts assume unless told: a current NVIDIA GPU (Ampere or later)
 DEFAULT_CAPABILITY = 80
@@ -113,12 +115,14 @@ def _sources(ckpt: Checkpoint) -> tuple[str, ...]:
 # ---------------------------------------------------------------- zero points
 
 
-def truth_zeros(qzeros: np.ndarray, bits: int, convention: str,
+def truth_zeros(stored: np.ndarray, bits: int, convention: str,
                 consistent_at: Iterable[int] = ()) -> np.ndarray:
-    """Z per cell [G, N] as the data mean it (see the module docstring)."""
+    """Z per cell [G, N] (int32) as the data mean it, from the stored fields [G, N] (see the
+    module docstring): s for gptq_v2; s + 1 for gptq, a stored maxq 0 unless its codes say
+    2^bits (consistent_at: flat indices)."""
     if convention == GPTQ_V2:
-        return read_zeros(qzeros, bits, Reading.V2)
-    z = read_zeros(qzeros, bits, Reading.V1_WRAP)
+        return effective_zeros(stored, bits, ZeroRule.V2)
+    z = effective_zeros(stored, bits, ZeroRule.V1_WRAP)
     at = np.fromiter(consistent_at, dtype=np.int64)
     if at.size:
         z.reshape(-1)[at] = 1 << bits
@@ -177,58 +181,93 @@ def misread(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str, reading: 
     return misreads(ckpt, m, v, truth, [(reading, label_right)], scales)[(reading, label_right)]
 
 
+ROWS_CHUNK = 1 << 16   # cells per chunk of the field-by-field comparison (kept in cache)
+
+
 def misreads(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
              keys: list[tuple[Reading, bool]], scales: bool) -> dict[tuple[Reading, bool], Misread]:
-    """misread for several (reading, label read right) of one module, sharing what they read:
-    the data's Z and the scales, each at most once."""
-    shared: dict[str, np.ndarray] = {}
+    """misread for several (reading, label read right) of one module. The readings that need
+    every field compared (verify, and what the packed-word counts do not cover) share one walk
+    over the module, a chunk of groups at a time: the fields unpacked once, the data's Z and the
+    scales read once per chunk."""
+    out: dict[tuple[Reading, bool], Misread] = {}
+    full: dict[tuple[Reading, bool], str] = {}     # -> cause, the ones compared field by field
+    maxscale: list[float] = []
 
-    def want() -> np.ndarray:
-        if "want" not in shared:
-            shared["want"] = truth_zeros(ckpt.view(m.tensors["qzeros"]), m.bits, truth,
-                                         v.stats.consistent_at if v.stats else ())
-        return shared["want"]
+    def scale_max() -> float:
+        if not maxscale:
+            maxscale.append(float(np.max(np.abs(ckpt.float32(m.tensors["scales"])))))
+        return maxscale[0]
 
-    def scale() -> np.ndarray:
-        if "scales" not in shared:
-            shared["scales"] = ckpt.float32(m.tensors["scales"])
-        return shared["scales"]
-
-    done: dict[tuple[Reading, bool], Misread] = {}   # by the reading it amounts to here
-    out = {}
     for reading, right in keys:
         same = (canonical(reading, m.bits), right)
-        if same not in done:
-            done[same] = _misread(ckpt, m, v, truth, *same, scales, want, scale)
-        out[(reading, right)] = done[same]
-    return out
+        if same not in out and same not in full:
+            r = _misread_closed(ckpt, m, v, truth, *same, scales, scale_max)
+            if isinstance(r, Misread):
+                out[same] = r
+            else:
+                full[same] = r
+    if full:
+        out.update(_compare_fields(ckpt, m, v, truth, full, scales))
+    return {(reading, right): out[(canonical(reading, m.bits), right)] for reading, right in keys}
 
 
-def _misread(ckpt, m, v, truth, reading, label_right, scales, want, scale) -> Misread:
-    reading = canonical(reading, m.bits)
+def _effective_reading(reading: Reading, bits: int) -> Reading:
+    """The runtimes that add packed constants (GPTQModel, ExLlamaV2) do so per word, and 3-bit
+    fields straddle words: modelled field by field, the carry within a word only would be a
+    guess; the label's offset is what every cell shows."""
+    if bits == 3 and reading in (Reading.V1_CARRY, Reading.V2_BORROW):
+        return Reading.V1_WRAP if reading is Reading.V1_CARRY else Reading.V2
+    return reading
+
+
+def _misread_closed(ckpt, m, v, truth, reading, label_right, scales, scale_max):
+    """The Misread where it follows without comparing fields, else its cause (a str)."""
     if _agrees_without_reading(reading, truth, v):
         return Misread(0, 0.0 if scales else None)
     cause = cause_of(reading, label_right, m.bits)
-    if m.bits == 3 and reading in (Reading.V1_CARRY, Reading.V2_BORROW):
-        # the runtimes that add packed constants (GPTQModel, ExLlamaV2) do so per word, and
-        # 3-bit fields straddle words: modelled field by field, the carry within a word only
-        # would be a guess; the label's offset is what every cell shows
-        reading = Reading.V1_WRAP if reading is Reading.V1_CARRY else Reading.V2
+    reading = _effective_reading(reading, m.bits)
+    if truth == GPTQ_V2 and reading is Reading.V1_NOWRAP:
+        # s + 1 against s: every Z one higher, so every weight moves by its scale
+        return Misread(m.groups * m.out_features, scale_max() if scales else None, cause)
     if not scales:
         if _differs_everywhere(reading, truth):
             return Misread(m.groups * m.out_features, None, cause)
         cells = _count_misread(ckpt, m, v, truth, reading)
         if cells is not None:
             return Misread(cells, None, cause) if cells else Misread(0, None)
-    delta = read_zeros(ckpt.view(m.tensors["qzeros"]), m.bits, reading)
-    delta -= want()                      # the change of Z per cell (int32, in place)
-    cells = int(np.count_nonzero(delta))
-    if not cells:
-        return Misread(0, 0.0 if scales else None)
-    change = None
-    if scales:  # scale x change: exact in float32 (an fp16 scale times |dZ| <= 256)
-        change = float(np.max(np.abs(scale() * delta.astype(np.float32))))
-    return Misread(cells, change, cause)
+    return cause
+
+
+def _compare_fields(ckpt, m, v, truth, todo: dict, scales: bool) -> dict:
+    """Compare every field under each reading of `todo` ((reading, right) -> cause) with the
+    data's Z, a chunk of groups at a time; with `scales`, the largest scale x change of Z."""
+    qz = ckpt.view(m.tensors["qzeros"])
+    sc = ckpt.view(m.tensors["scales"]) if scales else None
+    sc_dtype = ckpt.store.info(m.tensors["scales"]).dtype
+    high = np.fromiter(v.stats.consistent_at if v.stats else (), dtype=np.int64)
+    n = m.out_features
+    rows = max(1, ROWS_CHUNK // max(1, n))
+    cells = dict.fromkeys(todo, 0)
+    worst = dict.fromkeys(todo, 0.0)
+    for r0 in range(0, qz.shape[0], rows):
+        part = qz[r0:r0 + rows]
+        stored = unpack(part, m.bits, axis=1)
+        at = high[(high >= r0 * n) & (high < (r0 + len(part)) * n)] - r0 * n
+        want = truth_zeros(stored, m.bits, truth, at)
+        s32 = to_float32(sc[r0:r0 + rows], sc_dtype) if scales else None
+        for key in todo:
+            reading = _effective_reading(key[0], m.bits)
+            got = (effective_zeros(stored, m.bits, reading.rule) if reading.rule is not None
+                   else read_zeros(part, m.bits, reading))
+            got -= want                      # the change of Z per cell (int32, in place)
+            cells[key] += int(np.count_nonzero(got))
+            if scales:  # scale x change: exact in float32 (an fp16 scale times |dZ| <= 256)
+                worst[key] = max(worst[key], float(np.max(np.abs(s32 * got.astype(np.float32)),
+                                                          initial=0.0)))
+    return {key: Misread(cells[key], worst[key] if scales else None,
+                         todo[key] if cells[key] else None) if cells[key] else
+            Misread(0, 0.0 if scales else None) for key in todo}
 
 
 def _count_misread(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,

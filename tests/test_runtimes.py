@@ -139,10 +139,10 @@ def test_nibble_reading_is_mod_16_at_8_bits():
 
 
 def test_truth_takes_a_stored_maxq_as_zero_unless_its_codes_say_otherwise():
-    w = pack(np.array([[15, 7, 15, 0, 8, 8, 8, 8]], np.uint8), 4, 32, axis=1)
-    assert truth_zeros(w, 4, GPTQ)[0, :4].tolist() == [0, 8, 0, 1]
-    assert truth_zeros(w, 4, GPTQ, consistent_at=[2])[0, :4].tolist() == [0, 8, 16, 1]
-    assert truth_zeros(w, 4, GPTQ_V2)[0, :4].tolist() == [15, 7, 15, 0]
+    s = np.array([[15, 7, 15, 0, 8, 8, 8, 8]], np.uint8)
+    assert truth_zeros(s, 4, GPTQ)[0, :4].tolist() == [0, 8, 0, 1]
+    assert truth_zeros(s, 4, GPTQ, consistent_at=[2])[0, :4].tolist() == [0, 8, 16, 1]
+    assert truth_zeros(s, 4, GPTQ_V2)[0, :4].tolist() == [15, 7, 15, 0]
 
 
 # ---------------------------------------------------------------- the issue's verdicts
@@ -413,3 +413,21 @@ def test_count_marked_in_chunks_equals_whole_tensor_marks(monkeypatch):
         assert (cv.count_marked(w, 4, Reading.V1_CARRY), cv.count_marked(w, 4, value=15),
                 cv.count_marked(w, 4, Reading.V2_BORROW, value=0, unless_carried=True)) == want
     assert want[1] == int((s == 15).sum())
+
+
+def test_field_comparison_in_chunks_equals_one_pass(monkeypatch):
+    """verify compares fields a chunk of groups at a time (ROWS_CHUNK cells); the 2^bits cells
+    of consistent_at land in the right chunk: tiny chunks give the one-pass answer."""
+    import gptqfmt.verdicts as vd
+    ckpt = open_checkpoint(CKPT / "b4-asym-noact-gptq_v2-single")
+    det = detect_checkpoint(ckpt, full=True)
+    assert any(v.stats.consistent_at for v in det.modules)
+    keys = [(r, right) for r in Reading for right in (True, False)]
+    for truth in (GPTQ, GPTQ_V2):
+        whole = {m.name: vd.misreads(ckpt, m, v, truth, keys, True)
+                 for m, v in zip(ckpt.modules, det.modules)}
+        monkeypatch.setattr(vd, "ROWS_CHUNK", 64)   # one group row of 64 columns per chunk
+        parts = {m.name: vd.misreads(ckpt, m, v, truth, keys, True)
+                 for m, v in zip(ckpt.modules, det.modules)}
+        monkeypatch.undo()
+        assert parts == whole
