@@ -102,7 +102,8 @@ _CATALOGUE = [
     Code("GQ602", ERROR, "runtime reads the zero points as the other convention"),
     Code("GQ603", ERROR, "runtime ignores qzeros that are not the symmetric constant"),
     Code("GQ604", ERROR, "runtime reads stored maxq fields as another Z than the data mean"),
-    Code("GQ605", ERROR, "runtime's zero-point arithmetic corrupts fields (carries, borrows, masks)"),
+    Code("GQ605", ERROR,
+         "runtime's zero-point arithmetic corrupts fields (carries, borrows, masks)"),
     Code("GQ606", WARNING, "another path of the runtime (other GPU or option) would fail"),
     Code("GQ607", WARNING, "runtime's decoding not decidable: the data's convention is not"),
 ]

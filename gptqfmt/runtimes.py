@@ -273,8 +273,8 @@ _TGI_TRITON = Source(_TGI, "server/text_generation_server/layers/gptq/triton.py"
                      "matmul_248_kernel L184-185 (zeros + 1) & maxq; QuantLinear L263-264")
 _TGI_EXL2 = Source("turboderp/exllamav2", "exllamav2/exllamav2_ext/cuda/q_gemm_kernel_gptq.cuh",
                    "509f9aaca9dd7f553169fb00ba4eb6d64d457616",
-                   "v0.1.8 as TGI's CUDA image builds it (server/Makefile-exllamav2): zeros[i] + 1, "
-                   "no mask")
+                   "v0.1.8 as TGI's CUDA image builds it (server/Makefile-exllamav2): "
+                   "zeros[i] + 1, no mask")
 _TGI_HEAD = Source(_TGI, "server/text_generation_server/layers/tensor_parallel.py", _TGI_REF,
                    "TensorParallelHead.load L45-73 reads lm_head.weight only")
 TGI = Runtime(

@@ -53,8 +53,8 @@ def module_facts(ckpt: Checkpoint, m: Module, capability: int) -> rt.Facts:
         sym=d.sym if d else None, desc_act=d.desc_act if d else None, act_order=m.act_order,
         pack_dtype=m.pack_dtype, in_features=m.in_features, out_features=m.out_features,
         has_g_idx="g_idx" in m.tensors, scale_dtype=m.scale_dtype,
-        sources=_sources(ckpt), labels=_labels(ckpt), quantizer=quantizer(ckpt), capability=capability,
-        lm_head_declared=ckpt.config.lm_head if ckpt.config else None)
+        sources=_sources(ckpt), labels=_labels(ckpt), quantizer=quantizer(ckpt),
+        capability=capability, lm_head_declared=ckpt.config.lm_head if ckpt.config else None)
 
 
 def config_facts(ckpt: Checkpoint, capability: int) -> rt.Facts:
@@ -75,8 +75,8 @@ def config_facts(ckpt: Checkpoint, capability: int) -> rt.Facts:
         sym=base.sym if base else None, desc_act=base.desc_act if base else None,
         act_order=any(m.act_order for m in mods),
         pack_dtype=pick(base and base.pack_dtype, "pack_dtype"),
-        sources=_sources(ckpt), labels=_labels(ckpt), quantizer=quantizer(ckpt), capability=capability,
-        lm_head_declared=ckpt.config.lm_head if ckpt.config else None,
+        sources=_sources(ckpt), labels=_labels(ckpt), quantizer=quantizer(ckpt),
+        capability=capability, lm_head_declared=ckpt.config.lm_head if ckpt.config else None,
         fused_conflict=_fused_conflict(ckpt))
 
 
