@@ -12,7 +12,7 @@ read scales). Nothing is decided when the data's convention is not.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 import numpy as np
@@ -46,15 +46,15 @@ class Misread:
     cause: str | None = None
 
 
-def module_facts(ckpt: Checkpoint, m: Module, capability: int) -> rt.Facts:
+def module_facts(base: rt.Facts, m: Module) -> rt.Facts:
+    """A module's facts: the checkpoint's (config_facts: labels, sources, quantizer, device)
+    with the module's own values, as declared after `dynamic` and as its tensors show."""
     d = m.declared
-    return rt.Facts(
-        name=m.name, bits=m.bits, group_size=m.group_size,
+    return replace(
+        base, name=m.name, bits=m.bits, group_size=m.group_size,
         sym=d.sym if d else None, desc_act=d.desc_act if d else None, act_order=m.act_order,
         pack_dtype=m.pack_dtype, in_features=m.in_features, out_features=m.out_features,
-        has_g_idx="g_idx" in m.tensors, scale_dtype=m.scale_dtype,
-        sources=_sources(ckpt), labels=_labels(ckpt), quantizer=quantizer(ckpt),
-        capability=capability, lm_head_declared=ckpt.config.lm_head if ckpt.config else None)
+        has_g_idx="g_idx" in m.tensors, scale_dtype=m.scale_dtype, fused_conflict=None)
 
 
 def config_facts(ckpt: Checkpoint, capability: int) -> rt.Facts:
@@ -406,7 +406,7 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
     cfg = config_facts(ckpt, capability)
     by_name = {v.name: v for v in det.modules}
     mods = [m for m in ckpt.modules if m.valid and m.declared is not None and m.name in by_name]
-    facts = {m.name: module_facts(ckpt, m, capability) for m in mods}
+    facts = {m.name: module_facts(cfg, m) for m in mods}
     truth = det.verdict if det.verdict != AMBIGUOUS else None
     cache: dict[tuple[str, Reading, bool], Misread] = {}
 

@@ -58,6 +58,20 @@ def set_convention(doc: dict, to: str, provenance: dict) -> dict:
     return out
 
 
+def relabelled(name: str, doc: dict, to: str, provenance: dict) -> dict:
+    """A copy of config file `name`'s parsed document with its quantization config set to
+    `to` (set_convention; in config.json, its quantization_config)."""
+    if name == "config.json":
+        return {**doc, "quantization_config": set_convention(doc["quantization_config"], to,
+                                                             provenance)}
+    return set_convention(doc, to, provenance)
+
+
+def dumps(doc) -> bytes:
+    """A config file's bytes as gptqfmt writes them (indent 2, UTF-8, a final newline)."""
+    return (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
 def provenance(src: str, dst: str, counts: dict) -> dict:
     return {"converter": "gptqfmt", "version": __version__, "from": src, "to": dst, **counts}
 
@@ -94,12 +108,7 @@ def rewrite_configs(src_dir: Path, out_dir: Path, to: str, prov: dict,
                 fout.write(fin.read())
             written.append(name)
             continue
-        if name == "config.json":
-            doc = dict(doc)
-            doc["quantization_config"] = set_convention(doc["quantization_config"], to, prov)
-        else:
-            doc = set_convention(doc, to, prov)
-        _write_json(out_dir / name, doc)
+        _write_json(out_dir / name, relabelled(name, doc, to, prov))
         written.append(name)
     if derived is not None:
         _write_json(out_dir / DERIVED_FILE, set_convention(derived, to, {**prov,
@@ -110,7 +119,7 @@ def rewrite_configs(src_dir: Path, out_dir: Path, to: str, prov: dict,
 
 def _write_json(path: Path, doc) -> None:
     with create(path) as f:
-        f.write((json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+        f.write(dumps(doc))
 
 
 def derive_config(ckpt: Checkpoint, src_conv: str, to: str) -> tuple[dict | None, list[Finding]]:

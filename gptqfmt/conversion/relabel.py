@@ -35,7 +35,7 @@ from ..gptq.evidence import detect_checkpoint
 from ..reports import tool_json
 from ..validation import Report, validate
 from ..version import __version__
-from .configs import CONFIG_FILES, set_convention
+from .configs import CONFIG_FILES, dumps, relabelled
 from .atomic import TMP_TAG, alive, fsync_path
 
 DETECTED = "detected"
@@ -61,6 +61,7 @@ class RelabelPlan:
     detection: Detection
     changes: list[LabelChange] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    docs: dict[str, Any] = field(default_factory=dict)   # the config files as read (by name)
 
     @property
     def refused(self) -> bool:
@@ -103,7 +104,7 @@ def plan_relabel(path: str | os.PathLike, to: str = DETECTED) -> RelabelPlan:
                 + "; ".join(det.evidence), file=where,
                 hint="name the convention with --to gptq or --to gptq_v2 if you know it "
                      "(e.g. from the tool that wrote the checkpoint)"))
-            return RelabelPlan(Path(path), root, None, det, [], findings)
+            return RelabelPlan(Path(path), root, None, det, [], findings, docs)
         target = detected
     else:
         target = to
@@ -114,7 +115,7 @@ def plan_relabel(path: str | os.PathLike, to: str = DETECTED) -> RelabelPlan:
                 "point off by one", file=where,
                 hint=f"run with --to {detected} (or --to detected)",
                 details={"requested": to, "detected": detected}))
-            return RelabelPlan(Path(path), root, None, det, [], findings)
+            return RelabelPlan(Path(path), root, None, det, [], findings, docs)
     changes = []
     for name in declaring:
         q = _quant_config(name, docs[name])
@@ -123,7 +124,7 @@ def plan_relabel(path: str | os.PathLike, to: str = DETECTED) -> RelabelPlan:
             if old != target:
                 changes.append(LabelChange(name, key, old if isinstance(old, str) or old is None
                                            else json.dumps(old), target))
-    return RelabelPlan(Path(path), root, target, det, changes, findings)
+    return RelabelPlan(Path(path), root, target, det, changes, findings, docs)
 
 
 def apply_relabel(plan: RelabelPlan) -> list[str]:
@@ -138,19 +139,11 @@ def apply_relabel(plan: RelabelPlan) -> list[str]:
     try:
         for name in plan.files:
             dst = root / name
-            doc = _read(dst)
             prov = {"tool": "gptqfmt", "version": __version__, "command": "fix-label",
                     "from": {c.key: c.old for c in plan.changes if c.file == name},
                     "to": plan.target}
-            if name == "config.json":
-                doc = dict(doc)
-                doc["quantization_config"] = set_convention(doc["quantization_config"],
-                                                            plan.target, prov)
-            else:
-                doc = set_convention(doc, plan.target, prov)
             tmp = root / f".{name}{TMP_TAG}{os.getpid()}-{secrets.token_hex(4)}"
-            _write_new(tmp, dst, (json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
-                       .encode("utf-8"))
+            _write_new(tmp, dst, dumps(relabelled(name, plan.docs[name], plan.target, prov)))
             staged.append((tmp, dst))
             faults.point("relabel-staged", len(staged) - 1)
         # config.json last: vLLM, transformers and SGLang read it first, so until the last
