@@ -21,7 +21,8 @@ from functools import lru_cache
 import numpy as np
 
 from .errors import GptqfmtError
-from .gptq.packing import UNSIGNED, constant_words, maxq, unpack, unsigned
+from .gptq.packing import (UNSIGNED, constant_words, field_masks, maxq, superwords, unpack,
+                           unsigned)
 
 GPTQ, GPTQ_V2 = "gptq", "gptq_v2"
 # Each convention as data: what it adds to a stored field to give Z (Z = s + offset). Everything
@@ -94,16 +95,6 @@ def read_zeros(qzeros: np.ndarray, bits: int, reading: Reading) -> np.ndarray:
     return fields if reading is Reading.V1_CARRY else fields + 1
 
 
-@lru_cache(maxsize=64)
-def _lanes(bits: int, ut) -> tuple:
-    """(low bits, 1, top bit) of every `bits`-wide field of one word of type `ut`."""
-    w = np.dtype(ut).itemsize * 8
-
-    def every(value: int):
-        return ut(sum(value << j for j in range(0, w, bits)))
-    return every((1 << (bits - 1)) - 1), every(1), every(1 << (bits - 1))
-
-
 def carried_fields(qzeros: np.ndarray, bits: int, reading: Reading) -> np.ndarray:
     """Per packed word, the top bit of each field set where the reading's word arithmetic
     (V1_CARRY: word + 0x..1111; V2_BORROW: word - 0x..1111) leaves another value than the same
@@ -118,8 +109,9 @@ def carried_fields(qzeros: np.ndarray, bits: int, reading: Reading) -> np.ndarra
     if reading not in (Reading.V1_CARRY, Reading.V2_BORROW) or 32 % bits and bits != 8:
         raise ValueError(f"carried_fields: {reading} at {bits} bits is not a word reading")
     u = np.ascontiguousarray(unsigned(np.asarray(qzeros)))
-    x, ends = _superwords(u)
-    low, one, top = _lanes(bits, x.dtype.type)
+    x = superwords(u)
+    ends = _word_tops(u.dtype.itemsize * 8, x.dtype.type)
+    low, one, top = field_masks(bits, x.dtype.type)
     word, field = np.empty_like(x), np.empty_like(x)   # in place: two buffers, no temporaries
     with np.errstate(over="ignore"):
         # the whole words' +1s and -1s, lane by lane (a lane = one W-bit word): the same SWAR
@@ -142,16 +134,9 @@ def carried_fields(qzeros: np.ndarray, bits: int, reading: Reading) -> np.ndarra
     return _nonzero_tops(word, low, top, field).view(u.dtype)
 
 
-def _superwords(u: np.ndarray) -> tuple[np.ndarray, np.generic]:
-    """Unsigned words [G, n] as 64-bit superwords where the rows allow (one operation then
-    handles 64/W words), and the top bit of every W-bit word in a superword."""
-    w = u.dtype.itemsize * 8
-    x = u.view(np.uint64) if w < 64 and u.ndim == 2 and (u.shape[1] * w) % 64 == 0 else u
-    return x, _word_tops(w, x.dtype.type)
-
-
 @lru_cache(maxsize=16)
 def _word_tops(w: int, ut) -> np.generic:
+    """The top bit of every W-bit word in an unsigned integer of type `ut`."""
     return ut(sum(1 << j for j in range(w - 1, np.dtype(ut).itemsize * 8, w)))
 
 
@@ -168,8 +153,8 @@ def _nonzero_tops(t: np.ndarray, low, top, buf: np.ndarray) -> np.ndarray:
 def fields_equal(qzeros: np.ndarray, bits: int, value: int) -> np.ndarray:
     """Per packed word, the top bit of each field set where the field equals `value`."""
     u = np.ascontiguousarray(unsigned(np.asarray(qzeros)))
-    x, _ = _superwords(u)
-    low, _, top = _lanes(bits, x.dtype.type)
+    x = superwords(u)
+    low, _, top = field_masks(bits, x.dtype.type)
     t = np.bitwise_xor(x, constant_words(value, bits, 64 if x.dtype.itemsize == 8 else
                                          u.dtype.itemsize * 8)[0])
     t = _nonzero_tops(t, low, top, np.empty_like(t))

@@ -29,7 +29,7 @@ from statistics import NormalDist
 import numpy as np
 
 from ..conventions import GPTQ, GPTQ_V2, sym_field
-from .packing import block, constant_words, unpack, unsigned
+from .packing import block, constant_words, field_masks, superwords, unpack, unsigned
 from .packing import maxq as code_max
 
 AMBIGUOUS = "ambiguous"  # the verdict where the evidence decides neither convention
@@ -176,21 +176,6 @@ def field_counts(qzeros: np.ndarray, bits: int, chance: bool | None = None,
     return FieldCounts(stored_maxq, stored_zero, top, expected)
 
 
-def _superwords(u: np.ndarray) -> np.ndarray:
-    """Unsigned words [G, n] as 64-bit superwords where rows allow: one operation then handles
-    64/W words."""
-    w = u.dtype.itemsize * 8
-    return u.view(np.uint64) if w < 64 and (u.shape[1] * w) % 64 == 0 else u
-
-
-def _field_masks(bits: int, ut) -> tuple:
-    """(low bits, 1, top bit) of every `bits`-wide field of an unsigned integer of type `ut`
-    (4-bit uint32: 0x77777777, 0x11111111, 0x88888888): the constants of _maxq_bits."""
-    def every(value: int):
-        return ut(sum(value << j for j in range(0, np.dtype(ut).itemsize * 8, bits)))
-    return every((1 << (bits - 1)) - 1), every(1), every(1 << (bits - 1))
-
-
 def _chunk_rows(g: int, nx: int, multiple: int = 1) -> int:
     """Rows per chunk of FIELD_CHUNK superwords (at least one; a multiple of `multiple` when
     there are that many)."""
@@ -208,9 +193,9 @@ def _maxq_bits(xs, a, t, low, one, top_bit) -> None:
 
 def _maxq_zero_counts(u: np.ndarray, bits: int) -> tuple[int, int]:
     """(fields at maxq, fields at 0) of unsigned words u [G, n] (see field_counts)."""
-    x = _superwords(u)
+    x = superwords(u)
     ut = x.dtype.type
-    low, one, top_bit = _field_masks(bits, ut)
+    low, one, top_bit = field_masks(bits, ut)
     g, nx = x.shape
     rows = _chunk_rows(g, nx)
     at, tmp, nz = (np.empty((min(rows, g), nx), ut) for _ in range(3))
@@ -242,11 +227,11 @@ def _maxq_by_group_and_run_column(u: np.ndarray, bits: int, run: int
                                   ) -> tuple[np.ndarray, np.ndarray]:
     """(maxq fields of each group [G], groups storing maxq at each of the run's fields of each
     word [n words, run]) of unsigned words u [G, n]: the rates behind the runs by chance."""
-    x = _superwords(u)
+    x = superwords(u)
     ut = x.dtype.type
     w, sw = u.dtype.itemsize * 8, x.dtype.itemsize * 8
     k, fpw = sw // w, w // bits
-    low, one, top_bit = _field_masks(bits, ut)
+    low, one, top_bit = field_masks(bits, ut)
     g, nx = x.shape
     per_lane = code_max(bits)      # rows whose 0/1 fields can be summed without a carry
     # chunks of whole partial sums (a partial sum's lanes are taken apart in Python steps)
