@@ -58,6 +58,8 @@ _CATALOGUE = [
     Code("GQ207", ERROR, "invalid dynamic override pattern"),
     Code("GQ208", WARNING, "config key missing; runtimes disagree on its default"),
     Code("GQ209", ERROR, "format set without checkpoint_format; vLLM and transformers read gptq"),
+    Code("GQ210", ERROR, "compressed-tensors or AWQ config is not a scheme gptqfmt reads"),
+    Code("GQ211", ERROR, "a pack-quantized module is not targeted by a config group, or ignored"),
     # GQ3xx: tensors and shapes
     Code("GQ301", ERROR, "quantized module lacks a tensor"),
     Code("GQ302", ERROR, "tensor has the wrong dtype"),
@@ -75,6 +77,7 @@ _CATALOGUE = [
     Code("GQ314", ERROR, "no quantized module found"),
     Code("GQ315", WARNING, "desc_act is true but g_idx is trivial"),
     Code("GQ316", INFO, "quantized router gate; many runtimes refuse it"),
+    Code("GQ317", ERROR, "bits set past the last value of a packed stream (another layout)"),
     # GQ4xx: zero points
     Code("GQ401", ERROR, "declared zero-point convention contradicts the data"),
     Code("GQ402", WARNING, "zero-point convention not decidable from the data"),
@@ -93,6 +96,8 @@ _CATALOGUE = [
     Code("GQ415", ERROR, "convert: no config, and the modules' shapes disagree on one config"),
     Code("GQ416", ERROR, "fix-label: the data's convention is undecidable"),
     Code("GQ417", ERROR, "fix-label: --to names a convention the data contradict"),
+    Code("GQ418", ERROR, "compressed-tensors codes clamped to the signed range (exporter bug)"),
+    Code("GQ419", ERROR, "convert: the target format has no lossless form for a module"),
     # GQ5xx: numerical
     Code("GQ501", ERROR, "scales not finite or not positive"),
     Code("GQ502", ERROR, "dequantized weights overflow float16"),

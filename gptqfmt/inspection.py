@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .findings import ERROR, Finding
+from .formats import GPTQ, open_source, sniff
+from .formats import checks as format_checks
+from .safetensors_io.index import open_store
 from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from .gptq.checks import declared_findings, zero_point_findings
 from .gptq.detect import Detection
@@ -34,9 +37,50 @@ class InspectResult:
         return inspect_json(self)
 
 
-def inspect_checkpoint(path: str | os.PathLike) -> InspectResult:
+@dataclass(frozen=True)
+class FormatInspectResult:
+    """inspect of a compressed-tensors or AWQ checkpoint (formats/checks.py)."""
+    path: str
+    source: Any
+    findings: list[Finding]
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == ERROR for f in self.findings)
+
+    def to_json(self) -> dict[str, Any]:
+        src = self.source
+        st = src.store
+        others = src.passthrough
+        return {
+            "tool": tool_json(), "path": self.path,
+            "status": "ok" if self.ok else "fail", "format": src.format,
+            "files": [{"name": n, "size": f.size, "tensors": len(f.tensors)}
+                      for n, f in sorted(st.files.items())],
+            "sharded": st.index_name is not None, "config_sources": src.config_files,
+            "quantization": format_checks.summary(src),
+            "modules": [format_checks.module_json(src, m) for m in src.modules],
+            "other_tensors": {"count": len(others),
+                              "bytes": sum(st.info(t).nbytes for t in others),
+                              "names": others},
+            "findings": [f.to_json() for f in self.findings],
+            "summary": summary_counts(self.findings, len(src.modules)),
+        }
+
+
+def inspect_checkpoint(path: str | os.PathLike) -> InspectResult | FormatInspectResult:
     """Model the checkpoint at `path` and detect its convention from bounded reads (every
-    qzeros, a sample of qweight rows)."""
+    qzeros, a sample of qweight rows). A compressed-tensors or AWQ checkpoint gets its
+    format's checks instead (its zero points are stored exactly: nothing to detect)."""
+    store = open_store(path)
+    sniffed = sniff(store)
+    if sniffed.format != GPTQ:
+        src = open_source(path, sniffed, store)
+        findings = list(src.findings)
+        for m in src.modules:
+            findings += format_checks.data_findings(src, m, full=False)
+        return FormatInspectResult(str(path), src, sorted(findings, key=Finding.sort_key))
+    store.close()
     ckpt = open_checkpoint(path)
     det = detect_checkpoint(ckpt, full=False)
     findings = ckpt.findings + convention_findings(ckpt, det)

@@ -11,7 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import UsageError
 from .findings import ERROR, WARNING, Finding
+from .formats import GPTQ, open_source, sniff
+from .formats import checks as format_checks
+from .safetensors_io.index import open_store
 from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from .gptq.checks import module_findings
 from .gptq.detect import Detection, ModuleVerdict, combine
@@ -52,14 +56,62 @@ class Report:
         }
 
 
+@dataclass(frozen=True)
+class FormatReport:
+    """verify of a compressed-tensors or AWQ checkpoint (formats/checks.py)."""
+    path: str
+    source: Any
+    findings: list[Finding]
+    qweight_bytes: int
+
+    def failed(self, strict: bool = False) -> bool:
+        bad = {ERROR, WARNING} if strict else {ERROR}
+        return any(f.severity in bad for f in self.findings)
+
+    def to_json(self, strict: bool = False) -> dict[str, Any]:
+        return {"tool": tool_json(), "path": self.path,
+                "status": "fail" if self.failed(strict) else "ok", "strict": strict,
+                "format": self.source.format,
+                "findings": [f.to_json() for f in self.findings],
+                "summary": {**summary_counts(self.findings, len(self.source.modules)),
+                            "qweight_bytes": self.qweight_bytes}}
+
+
+def validate_format(path, store, sniffed, progress=None) -> FormatReport:
+    """Every check of a compressed-tensors or AWQ checkpoint, one module at a time."""
+    src = open_source(path, sniffed, store)
+    findings = list(src.findings)
+    codes = {m.name: src.store.info(m.tensors.get("packed") or m.tensors["qweight"]).nbytes
+             for m in src.modules}
+    total = sum(codes.values())
+    progress and progress(0, total)
+    for m in src.modules:
+        findings += format_checks.module_findings(src, m)
+        progress and progress(codes[m.name], total)
+    findings.sort(key=Finding.sort_key)
+    return FormatReport(str(path), src, findings, total)
+
+
 def validate(path: str | os.PathLike, progress=None, jobs: int | None = None,
-             gate: tuple[str, ...] = ()) -> Report:
+             gate: tuple[str, ...] = ()) -> Report | FormatReport:
     """Run every check on the checkpoint at `path`, reading all of its quantized data.
 
     Modules are checked in `jobs` threads (default: one per CPU this process may use; verify's
     work is large numpy loops over qweight, which release the GIL). `progress(nbytes, total_bytes)` is called after each module with its qweight
     bytes (first with 0, so a progress bar knows its total). `gate`: runtime ids (runtimes.BY_ID)
-    whose refusal or wrong decoding is a finding (verify --runtime: GQ601-GQ607)."""
+    whose refusal or wrong decoding is a finding (verify --runtime: GQ601-GQ607).
+
+    A compressed-tensors or AWQ checkpoint gets its format's checks (validate_format): the
+    runtime table describes GPTQ checkpoints, so `gate` is refused there."""
+    store = open_store(path)
+    sniffed = sniff(store)
+    if sniffed.format != GPTQ:
+        if gate:
+            store.close()
+            raise UsageError(f"{path}: a {sniffed.format} checkpoint; --runtime judges GPTQ "
+                             "checkpoints (the runtime table covers their kernels)")
+        return validate_format(path, store, sniffed, progress)
+    store.close()
     ckpt = open_checkpoint(path)
     findings = list(ckpt.findings)
     modules = [m for m in ckpt.modules if m.valid]

@@ -3,11 +3,11 @@
 text reports), as one file: a record to diff a refactoring against (a redesign must leave every
 byte of them unchanged).
 
-For each directory under fixtures/ckpt, fixtures/invalid and fixtures/hostile it runs, in
-process, with --format json and with --format text: `inspect`, `verify --quiet`,
+For each directory under fixtures/ckpt, fixtures/invalid, fixtures/hostile and fixtures/formats
+it runs, in process, with --format json and with --format text: `inspect`, `verify --quiet`,
 `fix-label --dry-run` (which writes nothing), `convert SRC
-DST --to T --quiet` into a temporary DST with T each convention, and `verify DST --against SRC`
-where the conversion succeeded. It keeps each command's exit code and stdout, with three things
+DST --to T --quiet` into a temporary DST with T each convention (and compressed-tensors for
+fixtures/formats), and `verify DST --against SRC` where the conversion succeeded. It keeps each command's exit code and stdout, with three things
 that differ from run to run replaced: the temporary directory (<TMP>), the repository's
 directory (<ROOT>) and the tool's version.
 
@@ -32,8 +32,9 @@ from click.testing import CliRunner  # noqa: E402
 from gptqfmt.cli import main  # noqa: E402
 from gptqfmt.version import __version__  # noqa: E402
 
-KINDS = ("ckpt", "invalid", "hostile")
+KINDS = ("ckpt", "invalid", "hostile", "formats")
 CONVENTIONS = ("gptq", "gptq_v2")
+TARGETS = {"formats": ("gptq", "gptq_v2", "compressed-tensors")}  # else CONVENTIONS
 FORMATS = ("json", "text")
 
 
@@ -64,7 +65,7 @@ def outputs() -> dict[str, dict]:
                 record[f"{key}verify {name}"] = run(["verify", src, "--quiet", *opts], tmp)
                 record[f"{key}fix-label --dry-run {name}"] = run(
                     ["fix-label", src, "--dry-run", *opts], tmp)
-                for to in CONVENTIONS:
+                for to in TARGETS.get(d.parent.name, CONVENTIONS):
                     dst = tmp / f"{d.parent.name}-{d.name}-{to}-{fmt}"
                     got = run(["convert", src, str(dst), "--to", to, "--quiet", *opts], tmp)
                     record[f"{key}convert {name} --to {to}"] = got

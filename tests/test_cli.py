@@ -57,7 +57,7 @@ def test_corrupt_file_exit_1_with_finding_line(run_cli, tmp_path):
     validator("inspect").validate(doc)
 
 
-def test_non_gptq_refused(run_cli, tmp_path):
+def test_gptq_tensors_under_an_awq_label_are_named(run_cli, tmp_path):
     d = tmp_path / "awq"
     d.mkdir()
     (d / "model.safetensors").write_bytes((CKPT / SPECS["gsm1-b4-sym-gptq"].name /
@@ -65,7 +65,8 @@ def test_non_gptq_refused(run_cli, tmp_path):
     (d / "quant_config.json").write_text(json.dumps({"w_bit": 4, "q_group_size": 128,
                                                      "zero_point": True, "version": "GEMM"}))
     r = run_cli("inspect", d)
-    assert r.exit_code == 1 and "GQ203" in r.stdout and "AutoAWQ" in r.stdout
+    assert r.exit_code == 1 and "GQ303" in r.stdout and "GPTQ's shapes" in r.stdout
+    assert "AutoAWQ" in r.stdout and "quant_config.json" in r.stdout
 
 
 def test_control_characters_in_names_are_escaped(run_cli, tmp_path):

@@ -3,23 +3,25 @@ from __future__ import annotations
 
 import click
 
-from ..conventions import CONVENTIONS, GPTQ_V2
+from ..conventions import GPTQ_V2
+from ..formats import FORMATS, TARGETS
 from ..conversion import convert
 from .boundary import guarded
 from .progress import Progress
 from .reporters import reporter
 
 
-@click.command("convert", short_help="Rewrite zero points gptq <-> gptq_v2 losslessly into a new "
-                                       "directory, proven equal before it appears.")
+@click.command("convert", short_help="Convert losslessly into a new directory (gptq <-> gptq_v2, "
+                                       "<-> compressed-tensors, AWQ ->), proven equal first.")
 @click.argument("src", type=click.Path(exists=False, file_okay=True, dir_okay=True))
 @click.argument("dst", type=click.Path(exists=False, file_okay=False, dir_okay=True))
-@click.option("--to", "to", type=click.Choice(CONVENTIONS), default=GPTQ_V2,
-              show_default=True, help="Target zero-point convention.")
-@click.option("--from", "src_convention", type=click.Choice(["auto", *CONVENTIONS]),
+@click.option("--to", "to", type=click.Choice(TARGETS), default=GPTQ_V2,
+              show_default=True, help="Target: a GPTQ zero-point convention, or "
+                                      "compressed-tensors (pack-quantized).")
+@click.option("--from", "src_convention", type=click.Choice(["auto", *FORMATS]),
               default="auto", show_default=True,
-              help="Source convention; auto takes the declared one and refuses when the data "
-                   "contradict it.")
+              help="Source format or GPTQ convention; auto reads the configs and tensors "
+                   "(for GPTQ: the declared convention, refused when the data contradict it).")
 @click.option("--allow-lossy", is_flag=True,
               help="Convert fields the target cannot hold exactly, and report them.")
 @click.option("--dry-run", is_flag=True, help="Plan and report; write nothing.")
@@ -32,9 +34,10 @@ from .reporters import reporter
 @guarded
 def convert_cmd(src, dst, fmt, to, src_convention, allow_lossy, dry_run, force, jobs, backend,
                 quiet):
-    """Convert the GPTQ checkpoint directory SRC into DST with zero points in the --to
-    convention. Every byte outside qzeros is copied unchanged; DST appears only after the
-    output has been verified against SRC.
+    """Convert the checkpoint directory SRC into DST: GPTQ zero points between gptq and
+    gptq_v2 (every byte outside qzeros copied unchanged), gptq/gptq_v2 to compressed-tensors,
+    or compressed-tensors/AWQ to gptq_v2 (tensors re-laid out, every other tensor copied). DST
+    appears only after the output has been proven equal to SRC.
 
     Exit 0 converted (or planned, with --dry-run), 1 refused or invalid input (nothing
     written), 2 usage error or DST exists, 3 internal error."""

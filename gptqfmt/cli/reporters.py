@@ -14,8 +14,9 @@ import click
 from ..conversion import ConvertReport
 from ..conversion.relabel import RelabelResult
 from ..findings import Finding
-from ..inspection import InspectResult, inspect_json
-from ..validation import Report
+from ..formats.checks import layout_words
+from ..inspection import FormatInspectResult, InspectResult, inspect_json
+from ..validation import FormatReport, Report
 from ..numerics.equivalence import EquivalenceReport, ReferenceReport
 from .output import emit_json, escape, finding_line, human_bytes, note, plural, table
 
@@ -36,7 +37,7 @@ class JsonReporter:
     name = "json"
 
     def inspect(self, result: InspectResult, code: int) -> None:
-        emit_json(inspect_json(result))
+        emit_json(result.to_json())
 
     def verify(self, report: Report, strict: bool, code: int) -> None:
         emit_json(report.to_json(strict))
@@ -66,13 +67,23 @@ class TextReporter:
     name = "text"
 
     def inspect(self, result: InspectResult, code: int) -> None:
-        for line in inspect_lines(result, inspect_json(result)):
+        lines = (format_inspect_lines(result, result.to_json())
+                 if isinstance(result, FormatInspectResult) else
+                 inspect_lines(result, inspect_json(result)))
+        for line in lines:
             click.echo(line)
 
     def verify(self, report: Report, strict: bool, code: int) -> None:
         for f in report.findings:
             click.echo(finding_line(f))
         doc = report.to_json(strict)
+        if isinstance(report, FormatReport):
+            s = doc["summary"]
+            click.echo(f"{'FAIL' if report.failed(strict) else 'OK'}: "
+                       f"{plural(s['modules'], 'module')}, {plural(s['errors'], 'error')}, "
+                       f"{plural(s['warnings'], 'warning')}, {plural(s['infos'], 'info')}; "
+                       f"{escape(layout_words(report.source))}; zero points stored exactly")
+            return
         for line in runtime_lines(doc["runtimes"]):
             click.echo(line)
         s, cf = doc["summary"], doc["checkpoint_format"]
@@ -111,6 +122,21 @@ class TextReporter:
             click.echo(finding_line(f))
         t = doc["totals"]
         verb = "would convert" if report.dry_run else "converted"
+        if report.between_formats:
+            click.echo(f"{verb} {escape(report.src)} ({doc['from']}) -> {escape(report.dst)} "
+                       f"({doc['to']}): {plural(len(doc['modules']), 'module')} re-laid out "
+                       f"(codes, zero points, scales); "
+                       + (f"{t['changed']} of {plural(t['fields'], 'zero point')} re-encoded "
+                          f"from gptq's Z - 1, {t['ambiguous']} ambiguous, {t['lossy']} lossy"
+                          if doc["from"] == "gptq" else
+                          f"{plural(t['fields'], 'zero point')} carried exactly"))
+            if report.gate is not None:
+                checks = report.gate.modules
+                click.echo(f"verified ({report.backend}): {plural(len(checks), 'module')} "
+                           f"equal in codes, zero points, scales and g_idx with Y = X @ W "
+                           f"bitwise; {report.gate.bytes_compared} bytes of other tensors "
+                           "identical")
+            return
         click.echo(f"{verb} {escape(report.src)} ({doc['from']}) -> {escape(report.dst)} "
                    f"({doc['to']}): {plural(len(doc['modules']), 'module')}, {t['changed']} of "
                    f"{plural(t['fields'], 'zero-point field')} changed, {t['ambiguous']} "
@@ -213,6 +239,38 @@ def inspect_lines(result: InspectResult, doc: dict) -> list[str]:
     if findings:
         lines.append(f"findings     {len(findings)}")
         lines += ["  " + finding_line(f) for f in findings]
+    s = doc["summary"]
+    lines.append(f"{doc['status']}: {plural(s['errors'], 'error')}, "
+                 f"{plural(s['warnings'], 'warning')}, {plural(s['infos'], 'info')}")
+    return lines
+
+
+def format_inspect_lines(result: FormatInspectResult, doc: dict) -> list[str]:
+    """inspect's text report of a compressed-tensors or AWQ checkpoint, from its JSON."""
+    q = doc["quantization"]
+    size = sum(f["size"] for f in doc["files"])
+    n_files = len(doc["files"])
+    kind = "shards" if doc["sharded"] else "file" + ("s" if n_files > 1 else "")
+    lines = [f"checkpoint   {escape(doc['path'])}",
+             f"files        {n_files} {kind}, {human_bytes(size)}, config from "
+             f"{', '.join(doc['config_sources']) or 'nothing (no config file)'}",
+             f"format       {escape(layout_words(result.source))}",
+             "zero points  stored exactly (Z itself): no convention to detect",
+             f"quantization bits={q['bits']} group_size={q['group_size']} sym={_yn(q['sym'])} "
+             f"desc_act={_yn(q['desc_act'])}" + (" (mixed per module)" if q["mixed"] else "")]
+    mods = doc["modules"]
+    lines.append(f"modules      {len(mods)} quantized, "
+                 f"{plural(doc['other_tensors']['count'], 'other tensor')} "
+                 f"({human_bytes(doc['other_tensors']['bytes'])})")
+    if mods:
+        rows = [[escape(m["name"]), m["bits"], m["group_size"], _yn(m["desc_act"]),
+                 f"{m['in_features']}x{m['out_features']}", m["scale_dtype"],
+                 "sym" if m["sym"] else "asym"] for m in mods]
+        lines += ["  " + r for r in table(rows, ["module", "bits", "group", "act", "KxN",
+                                                 "scales", "zeros"])]
+    if result.findings:
+        lines.append(f"findings     {len(result.findings)}")
+        lines += ["  " + finding_line(f) for f in result.findings]
     s = doc["summary"]
     lines.append(f"{doc['status']}: {plural(s['errors'], 'error')}, "
                  f"{plural(s['warnings'], 'warning')}, {plural(s['infos'], 'info')}")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .. import faults
+from ..formats import FORMATS, GPTQ, TARGETS, Sniffed, sniff
+from ..safetensors_io.index import open_store
 from ..conventions import CONVENTIONS
 from ..errors import FindingError, OutputError, UsageError
 from ..findings import ERROR, Finding
@@ -18,11 +19,12 @@ from ..gptq.checkpoint import Checkpoint, open_checkpoint
 from ..gptq.detect import Detection
 from ..gptq.evidence import detect_checkpoint
 from ..reports import tool_json
-from . import atomic
+from . import atomic, reformat
+from .reformat_gate import run_format_gate
 from .configs import CONFIG_FILES, declaring_configs, derive_config, provenance, rewrite_configs
 from .gate import GateResult, check_labels, run_gate
 from .plan import ModulePlan, plan, refuse_invalid, resolve_from
-from .write import QzerosJob, copy_plain, write_shard
+from .write import QzerosJob, copy_other_files, snapshot, write_shard
 
 @dataclass(frozen=True)
 class ConvertReport:
@@ -32,11 +34,17 @@ class ConvertReport:
     dst_convention: str
     dry_run: bool
     modules: list[ModulePlan]
-    detection: Detection
+    detection: Detection | None       # None: a format whose zero points are stored exactly
     findings: list[Finding] = field(default_factory=list)
     gate: GateResult | None = None
     written: bool = False
     backend: str = "cpu"
+
+    @property
+    def between_formats(self) -> bool:
+        """Whether this converts between formats (tensors re-laid out), not only between
+        GPTQ's two zero-point conventions."""
+        return not (self.src_convention in CONVENTIONS and self.dst_convention in CONVENTIONS)
 
     @property
     def totals(self) -> dict[str, int]:
@@ -50,8 +58,8 @@ class ConvertReport:
             "status": "ok", "src": self.src, "dst": self.dst,
             "from": self.src_convention, "to": self.dst_convention,
             "dry_run": self.dry_run, "written": self.written, "backend": self.backend,
-            "detected": {"verdict": self.detection.verdict,
-                         "confidence": self.detection.confidence},
+            "detected": None if self.detection is None else {
+                "verdict": self.detection.verdict, "confidence": self.detection.confidence},
             "totals": self.totals,
             "modules": [m.to_json() for m in self.modules],
             "verified": None if g is None else {
@@ -72,8 +80,9 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
 
     Raises FindingError (exit 1) when the input is invalid or the conversion is refused, and
     UsageError (exit 2) for paths and options; nothing is written in either case."""
-    if to not in CONVENTIONS or src_convention not in CONVENTIONS + ("auto",):
-        raise UsageError(f"conventions are {CONVENTIONS}; got from={src_convention!r}, to={to!r}")
+    if to not in TARGETS or src_convention not in FORMATS + ("auto",):
+        raise UsageError(f"--to takes {', '.join(TARGETS)} and --from auto, "
+                         f"{', '.join(FORMATS)}; got from={src_convention!r}, to={to!r}")
     backend = _backend(backend)
     src_path, dst_path = Path(src), Path(dst)
     if src_path.is_file():
@@ -83,6 +92,10 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
     if not src_path.is_dir():
         raise UsageError(f"{src}: no such directory")
     atomic.check_destination(dst_path, force, src_path)
+    sniffed = _sniff(src_path)
+    if sniffed.format != GPTQ or to not in CONVENTIONS:
+        return _convert_format(src_path, dst_path, sniffed, to, src_convention, allow_lossy,
+                               dry_run, force, backend, progress, on_module)
     ckpt = open_checkpoint(src_path)
     det = detect_checkpoint(ckpt, full=False)
     refuse_invalid(ckpt, det, allow_lossy)
@@ -113,6 +126,57 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
     return replace(report, written=True, gate=gate)
 
 
+def _sniff(path: Path) -> Sniffed:
+    store = open_store(path)
+    try:
+        return sniff(store)
+    finally:
+        store.close()
+
+
+def _convert_format(src_path: Path, dst_path: Path, sniffed: Sniffed, to: str, requested: str,
+                    allow_lossy: bool, dry_run: bool, force: bool, backend: str, progress,
+                    on_module) -> ConvertReport:
+    """Between formats (conversion/reformat.py): plan, write, gate, commit."""
+    opened = reformat.open_for_convert(src_path, sniffed, requested, to, allow_lossy)
+    src = opened.source
+    try:
+        refusals = [f for f in opened.findings if f.severity == ERROR]
+        if refusals:
+            raise FindingError(*refusals)
+        report = ConvertReport(str(src_path), str(dst_path), opened.from_, to, dry_run,
+                               opened.plans, opened.detection, opened.findings, backend=backend)
+        if dry_run:
+            return report
+        try:
+            gate = _write_format(src, opened, report, dst_path, force, progress, on_module)
+        except atomic.AfterRename as e:
+            raise OutputError(f"{e.filename or dst_path}: {e.strerror or e} after {dst_path} "
+                              "was put in place; check it with `gptqfmt verify`") from None
+        except OSError as e:
+            raise OutputError(f"{e.filename or dst_path}: cannot write the output: "
+                              f"{e.strerror or e}; nothing was written") from None
+        return replace(report, written=True, gate=gate)
+    finally:
+        src.close()
+
+
+def _write_format(src, opened, report: ConvertReport, dst: Path, force: bool, progress,
+                  on_module) -> GateResult:
+    before = snapshot(src.root)
+    with atomic.staging(dst, force, src.root) as tmp:
+        reformat.write_all(src, report.dst_convention, tmp,
+                           reformat.prov(opened.from_, report.dst_convention, opened.plans),
+                           progress)
+        faults.point("before-gate")
+        gate = run_format_gate(src, tmp, report.dst_convention, report.backend, on_module)
+        if not gate.ok:
+            raise FindingError(*[Finding("GQ503", msg, file=str(dst)) for msg in gate.failures])
+        reformat.unchanged(before, src.root)
+        atomic.commit(tmp, dst, force)
+    return gate
+
+
 @dataclass(frozen=True)
 class Job:
     """What a conversion writes, decided before anything is written."""
@@ -135,20 +199,10 @@ class Job:
                  i) for i, s in enumerate(sorted(store.files))]
 
 
-def _snapshot(ckpt: Checkpoint) -> dict[str, tuple[int, int, int]]:
-    """(size, mtime_ns, inode) of every source file, to notice a source that changes mid-way."""
-    out = {}
-    for p in sorted(ckpt.store.root.iterdir()):
-        if p.is_file():
-            st = p.stat()
-            out[p.name] = (st.st_size, st.st_mtime_ns, st.st_ino)
-    return out
-
-
 def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -> GateResult:
     """Write, verify and commit the planned `report`; the gate's result once DST is in
     place."""
-    before = _snapshot(job.ckpt)
+    before = snapshot(job.ckpt.store.root)
     with atomic.staging(job.dst, job.force, job.ckpt.store.root) as tmp, \
             ThreadPoolExecutor(1) as flusher:
         # each shard is flushed to disk in the background while the next one is written
@@ -171,7 +225,7 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
                 progress and progress(n)
         faults.point("shards-written")
         root = job.ckpt.store.root
-        _copy_other_files(root, tmp, set(job.ckpt.store.files))
+        copy_other_files(root, tmp, set(job.ckpt.store.files) | set(CONFIG_FILES))
         rewrite_configs(root, tmp, job.dst_conv,
                         provenance(job.src_conv, job.dst_conv, report.totals), job.derived_config)
         # the staged configs must declare what the shards hold, as verify reads them
@@ -187,7 +241,7 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
         if not gate.ok:
             raise FindingError(*[Finding("GQ503", msg, file=str(job.dst))
                                  for msg in gate.failures])
-        after = _snapshot(job.ckpt)
+        after = snapshot(job.ckpt.store.root)
         changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
         if changed:
             raise FindingError(*[Finding("GQ118", "changed while being converted; nothing was "
@@ -229,17 +283,3 @@ def _backend(requested: str) -> str:
         return "cpu"
     from ..numerics import get_backend
     return get_backend(requested).name
-
-
-def _copy_other_files(root: Path, tmp: Path, shards: set[str]) -> None:
-    """Tokenizer, generation config, README, index, subfolders...: copied as they are, reading
-    through symbolic links (configs are rewritten separately)."""
-    for p in sorted(root.iterdir()):
-        if p.name in shards or p.name in CONFIG_FILES or atomic.TMP_TAG in p.name:
-            continue
-        if p.is_dir():
-            shutil.copytree(p, tmp / p.name, copy_function=copy_plain,
-                            ignore_dangling_symlinks=True,
-                            ignore=shutil.ignore_patterns(f"*{atomic.TMP_TAG}*"))
-        elif p.is_file():
-            copy_plain(p, tmp / p.name)

@@ -18,7 +18,7 @@ from .. import faults
 from ..conventions import convert_fields
 from ..gptq.packing import pack, unpack
 from ..safetensors_io.reader import SafetensorsFile
-from .atomic import create
+from .atomic import TMP_TAG, create
 
 COPY_CHUNK = 64 << 20
 
@@ -44,17 +44,17 @@ def write_shard(src: Path, out: Path, jobs: list[QzerosJob], src_conv: str, dst_
     with open(src, "rb") as fin, create(out) as fout:
         pos = 0
         for t, (start, job) in enumerate(ranges):
-            _copy(fin, fout, pos, start - pos)
+            copy_range(fin, fout, pos, start - pos)
             new = converted_qzeros(f.view(job.tensor), job.bits, src_conv, dst_conv, allow_lossy)
             f.release()
             fout.write(new.tobytes())
             pos = start + new.nbytes
             faults.point("mid-shard", index, t)
-        _copy(fin, fout, pos, f.size - pos)
+        copy_range(fin, fout, pos, f.size - pos)
     return f.size  # durability: atomic.commit fsyncs every file before the rename
 
 
-def _copy(fin, fout, offset: int, length: int) -> None:
+def copy_range(fin, fout, offset: int, length: int) -> None:
     """Copy `length` bytes of fin from `offset` to fout's current position."""
     if length <= 0:
         return
@@ -90,3 +90,28 @@ def copy_plain(src: Path, out: Path) -> None:
     """Copy a non-tensor file, reading through symbolic links (the HF cache is made of them)."""
     with open(src, "rb") as fin, create(out) as fout:
         shutil.copyfileobj(fin, fout, COPY_CHUNK)
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int, int]]:
+    """(size, mtime_ns, inode) of every file of the source directory, to notice a source that
+    changes while it is converted."""
+    out = {}
+    for p in sorted(root.iterdir()):
+        if p.is_file():
+            st = p.stat()
+            out[p.name] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def copy_other_files(root: Path, tmp: Path, skip: set[str]) -> None:
+    """Tokenizer, generation config, README, subfolders...: copied as they are, reading through
+    symbolic links; `skip` names what the conversion writes itself (shards, configs, index)."""
+    for p in sorted(root.iterdir()):
+        if p.name in skip or TMP_TAG in p.name:
+            continue
+        if p.is_dir():
+            shutil.copytree(p, tmp / p.name, copy_function=copy_plain,
+                            ignore_dangling_symlinks=True,
+                            ignore=shutil.ignore_patterns(f"*{TMP_TAG}*"))
+        elif p.is_file():
+            copy_plain(p, tmp / p.name)

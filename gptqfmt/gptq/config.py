@@ -88,6 +88,32 @@ class QuantConfig:
 def load_config(root: Path, st_metadata: dict[str, str] | None = None
                 ) -> tuple[QuantConfig | None, list[Finding]]:
     """Read every config source under `root`. Raises FindingError for a non-GPTQ layout."""
+    sources, findings = config_documents(root)
+    sources = [(label, _normalise(doc)) for label, doc in sources]
+    if not sources and st_metadata and "gptq_bits" in st_metadata:
+        sources.append(("__metadata__", _from_st_metadata(st_metadata)))
+    if not sources:
+        findings.append(Finding("GQ206", "no quantize_config.json, config.json "
+                                "quantization_config or quant_config.json; values come from the "
+                                "tensor shapes alone"))
+        return None, findings
+    for label, doc in sources:
+        _refuse_non_gptq(label, doc)
+    for label, doc in sources:
+        for err in sorted(validator("quantize_config").iter_errors(doc), key=lambda e: list(e.path)):
+            where = ".".join(str(p) for p in err.path) or "(top level)"
+            findings.append(Finding("GQ202", f"{where}: {err.message}", file=label))
+    bad = {label for f in findings if f.code == "GQ202" for label in [f.file]}
+    usable = [(label, doc) for label, doc in sources if label not in bad] or []
+    cfg = _reconcile(sources, usable, findings)
+    return cfg, findings
+
+
+def config_documents(root: Path) -> tuple[list[tuple[str, dict]], list[Finding]]:
+    """The quantization configs under `root` as (label, parsed object), in precedence order
+    (config.json's quantization_config labelled `config.json:quantization_config`), with the
+    findings of files that cannot be read or are not JSON objects. Every format reads its
+    configs through here (formats/detect.py decides which format they describe)."""
     findings: list[Finding] = []
     sources: list[tuple[str, dict]] = []
     for fname, subkey in FILES:
@@ -107,24 +133,8 @@ def load_config(root: Path, st_metadata: dict[str, str] | None = None
             findings.append(Finding("GQ202", f"expected a JSON object; got {type(doc).__name__}",
                                     file=label))
             continue
-        sources.append((label, _normalise(doc)))
-    if not sources and st_metadata and "gptq_bits" in st_metadata:
-        sources.append(("__metadata__", _from_st_metadata(st_metadata)))
-    if not sources:
-        findings.append(Finding("GQ206", "no quantize_config.json, config.json "
-                                "quantization_config or quant_config.json; values come from the "
-                                "tensor shapes alone"))
-        return None, findings
-    for label, doc in sources:
-        _refuse_non_gptq(label, doc)
-    for label, doc in sources:
-        for err in sorted(validator("quantize_config").iter_errors(doc), key=lambda e: list(e.path)):
-            where = ".".join(str(p) for p in err.path) or "(top level)"
-            findings.append(Finding("GQ202", f"{where}: {err.message}", file=label))
-    bad = {label for f in findings if f.code == "GQ202" for label in [f.file]}
-    usable = [(label, doc) for label, doc in sources if label not in bad] or []
-    cfg = _reconcile(sources, usable, findings)
-    return cfg, findings
+        sources.append((label, doc))
+    return sources, findings
 
 
 def _read_json(path: Path, label: str, findings: list[Finding]):

@@ -1,0 +1,148 @@
+"""The gate of a conversion between formats: the staged output is opened in the target format by
+the same readers verify uses, and every module is compared with SRC in the one model
+(formats/model.py): codes word for word, effective zero points cell for cell, scale bits and
+g_idx; then Y = X @ W on sampled columns from both sides' tensors on the CPU (every column on
+the GPU when that backend is in use), bitwise. Every tensor outside the modules is compared byte
+for byte. dequant(SRC) == dequant(DST) follows from the first three; the products check the
+readers and the kernel arithmetic on top.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .. import faults, formats
+from ..conventions import GPTQ_V2, ZeroRule
+from ..errors import FindingError
+from ..findings import ERROR
+from ..formats import COMPRESSED_TENSORS, module_tensors
+from ..formats.gptq import GptqSource, reference_zeros
+from ..gptq.checkpoint import open_checkpoint
+from ..gptq.packing import unpack, unsigned
+from ..numerics import get_backend
+from ..numerics.operands import F32, sample_columns
+from .gate import GEMM_COLUMNS, GEMM_ROWS, CMP_CHUNK, GateResult, ModuleCheck, check_labels
+
+
+def open_output(tmp: Path, to: str):
+    """The staged output in the target format, and what verify would fail it for."""
+    if to == COMPRESSED_TENSORS:
+        try:
+            out = formats.open_source(tmp)
+        except FindingError as e:
+            return None, [f.one_line() for f in e.findings]
+        errors = [f for f in out.findings if f.severity == ERROR]
+        for m in out.modules:
+            errors += [f for f in formats.ct.module_checks(out, m) if f.severity == ERROR]
+        return out, [f"the output would fail verify: {f.one_line()}" for f in errors]
+    msgs = check_labels(tmp, GPTQ_V2)
+    return GptqSource(open_checkpoint(tmp), GPTQ_V2), msgs
+
+
+def zeros_of(src, m) -> tuple[np.ndarray, np.ndarray]:
+    """(Z per cell as SRC means it, cells the target cannot hold)."""
+    if isinstance(src, GptqSource):
+        return reference_zeros(src, m)
+    z = unpack(src.qzeros(m), m.bits, axis=1).astype(np.int32)
+    return z, np.zeros(z.shape, dtype=bool)
+
+
+def check_module(src, out, m, mo, rng, backends) -> tuple[ModuleCheck, list[str]]:
+    why = []
+    if (m.bits, m.in_features, m.out_features, m.groups) != \
+            (mo.bits, mo.in_features, mo.out_features, mo.groups):
+        return ModuleCheck(m.name, 0, 0, False, False), ["geometry differs"]
+    ta, tb = module_tensors(src, m), module_tensors(out, mo)
+    if not np.array_equal(unsigned(np.asarray(ta.qweight)), unsigned(np.asarray(tb.qweight))):
+        why.append("codes differ")
+    if not np.array_equal(np.asarray(ta.scales).view(np.uint8),
+                          np.asarray(tb.scales).view(np.uint8)) or ta.scale_kind != tb.scale_kind:
+        why.append("scales differ")
+    if not np.array_equal(ta.g_idx, tb.g_idx):
+        why.append("g_idx differs")
+    truth, lossy = zeros_of(src, m)
+    written = unpack(tb.qzeros, m.bits, axis=1).astype(np.int32)
+    differ = truth != written
+    zeros_equal = bool(np.array_equal(differ, lossy))
+    if not zeros_equal:
+        why.append(f"{int((differ & ~lossy).sum())} zero points differ")
+    cols = sample_columns(m.out_features, GEMM_COLUMNS, rng,
+                          must=np.flatnonzero(lossy.any(axis=0)))
+    x = rng.standard_normal((GEMM_ROWS, m.in_features)).astype(np.float32)
+    gemm_equal, max_err, rel = True, 0.0, 0.0
+    for be in backends:
+        if be.name == "cpu":  # numpy's matmul: both sides computed alike, compared bitwise
+            ya = x @ be.dequant(ta, ZeroRule.V2, cols)
+            yb = x @ be.dequant(tb, ZeroRule.V2, cols)
+        else:                 # the CUDA kernel, every column
+            ya, yb = be.gemm(x, F32, ta, ZeroRule.V2), be.gemm(x, F32, tb, ZeroRule.V2)
+        if not np.array_equal(ya, yb):
+            gemm_equal = False
+            max_err = max(max_err, float(np.abs(yb - ya).max(initial=0.0)))
+            rel = max(rel, float(np.linalg.norm(yb - ya) / (np.linalg.norm(ya) or 1.0)))
+    if not gemm_equal and not lossy.any():
+        why.append("Y = X @ W differs")
+    return ModuleCheck(m.name, int(differ.size), int(lossy.sum()), zeros_equal, gemm_equal,
+                       max_err, rel), why
+
+
+def compare_passthrough(src, out, result: GateResult) -> None:
+    """Every tensor outside the modules: the same dtype, shape and bytes."""
+    for t in src.passthrough:
+        if t not in out.store.locations:
+            if t.split(".")[-1] not in ("gptq_bits", "gptq_groupsize", "gptq_sym"):
+                result.failures.append(f"{t}: missing in the output")
+            continue
+        a, b = src.store.info(t), out.store.info(t)
+        if (a.dtype, tuple(a.shape)) != (b.dtype, tuple(b.shape)):
+            result.failures.append(f"{t}: {b.dtype}{list(b.shape)} in the output, "
+                                   f"{a.dtype}{list(a.shape)} in SRC")
+            continue
+        va = src.store.view(t).reshape(-1).view(np.uint8)
+        vb = out.store.view(t).reshape(-1).view(np.uint8)
+        for lo in range(0, va.size, CMP_CHUNK):
+            if not np.array_equal(va[lo:lo + CMP_CHUNK], vb[lo:lo + CMP_CHUNK]):
+                result.failures.append(f"{t}: bytes differ from SRC")
+                break
+        result.bytes_compared += va.size
+        src.store.release([t])
+        out.store.release([t])
+
+
+def run_format_gate(src, tmp: Path, to: str, backend: str = "cpu",
+                    on_module=None) -> GateResult:
+    backends = [get_backend("cpu")] + ([get_backend("cupy")] if backend == "cupy" else [])
+    result = GateResult(method=(
+        "exact, in the one model: codes, effective zero points, scales and g_idx of every "
+        f"module compared with SRC, Y = X @ W bitwise on {GEMM_COLUMNS}+ columns per module "
+        "(cpu)" + ("; Y = X @ W on every column with the CUDA kernel (cupy)"
+                   if backend == "cupy" else "") + "; every other tensor compared byte for "
+        "byte"))
+    out, problems = open_output(tmp, to)
+    result.failures += problems
+    if out is None:
+        return result
+    try:
+        theirs = {m.name: m for m in out.modules}
+        missing = [m.name for m in src.modules if m.name not in theirs]
+        extra = sorted(set(theirs) - {m.name for m in src.modules})
+        result.failures += [f"{n}: missing in the output" for n in missing]
+        result.failures += [f"{n}: in the output but not in SRC" for n in extra]
+        on_module and on_module(0, len(src.modules))
+        rng = np.random.default_rng(0)
+        for i, m in enumerate(src.modules):
+            if m.name in theirs:
+                chk, why = check_module(src, out, m, theirs[m.name], rng, backends)
+                src.store.release(m.tensors.values())
+                out.store.release(theirs[m.name].tensors.values())
+                result.modules.append(chk)
+                if why:
+                    result.failures.append(f"{m.name}: the converted module does not compute "
+                                           f"what the source computed ({'; '.join(why)})")
+            on_module and on_module(1, len(src.modules))
+            faults.point("gate-module", i)
+        compare_passthrough(src, out, result)
+    finally:
+        out.close()
+    return result

@@ -1,0 +1,145 @@
+"""AutoAWQ GEMM (4-bit): reader into the one model (relayout.py has the nibble order).
+
+AutoAWQ 0.2.9 (awq/modules/linear/gemm.py, WQLinear_GEMM) stores per quantized linear `P`
+with weight [N, K] and group size gs:
+    P.qweight  I32  [K, N/8]    codes, 8 output channels per word in AWQ_ORDER
+    P.qzeros   I32  [K/gs, N/8] zero points, the same packing, stored as Z itself
+    P.scales   F16  [K/gs, N]
+    P.bias     F16  [N]         optional
+and no g_idx; its config (quant_config.json, or config.json `quantization_config` as
+transformers' AwqConfig writes it) says quant_method "awq", version "gemm", w_bit/bits 4,
+q_group_size/group_size and zero_point.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..findings import Finding
+from ..gptq.layout import trivial_g_idx
+from ..gptq.packing import pack
+from ..safetensors_io.index import TensorStore
+from .model import AWQ, QuantModule
+from .relayout import AWQ_BITS, awq_fields
+
+# AutoAWQ's exllama, exllamav2 and ipex versions store GEMM's tensors and repack at load time;
+# gemv, gemv_fast and marlin store other layouts (research: awq/modules/linear/*.py, 0.2.9)
+VERSIONS = ("gemm", "exllama", "exllamav2", "ipex")
+
+
+def parse_config(label: str, doc: dict) -> tuple[dict, list[Finding]]:
+    """(bits, group_size, zero_point) of an AWQ config, with GQ210 for what is not GEMM 4-bit."""
+    bits = doc.get("bits", doc.get("w_bit"))
+    gs = doc.get("group_size", doc.get("q_group_size"))
+    version = str(doc.get("version", "gemm")).lower()
+    found = []
+    hint = "convert it to GEMM with AutoAWQ first"
+    if version not in VERSIONS:
+        found.append(Finding("GQ210", f"AWQ version is {doc.get('version')!r}; gptqfmt reads the "
+                             "GEMM layout (GEMV, Marlin and ExLlama versions pack differently)",
+                             file=label, hint=hint))
+    if doc.get("zero_point", True) is False:
+        found.append(Finding("GQ210", "AWQ zero_point is false: AutoAWQ's GEMM layout always "
+                             "stores zero points (gemm.py asserts them); symmetric AWQ is the "
+                             "Marlin layout", file=label, hint=hint))
+    if bits not in (None, AWQ_BITS):
+        found.append(Finding("GQ210", f"AWQ bits is {bits!r}; the GEMM layout is 4-bit",
+                             file=label, hint=hint))
+    return {"bits": AWQ_BITS, "group_size": gs, "zero_point": doc.get("zero_point", True),
+            "modules_to_not_convert": doc.get("modules_to_not_convert") or []}, found
+
+
+def looks_like(store: TensorStore) -> bool:
+    """AWQ's shapes: qweight [K, N/8] beside scales [G, N] (GPTQ's qweight is [K*bits/32, N])."""
+    for t in store.locations:
+        if t.endswith(".qweight"):
+            s = t[:-len("qweight")] + "scales"
+            if s in store.locations:
+                qw, sc = store.info(t).shape, store.info(s).shape
+                return len(qw) == 2 and len(sc) == 2 and qw[1] * 8 == sc[1] and qw[1] != sc[1]
+    return False
+
+
+class AwqSource:
+    format = AWQ
+
+    def __init__(self, store: TensorStore, label: str | None, doc: dict,
+                 config_files: list[str]):
+        self.store, self.root, self.config_files = store, store.root, config_files
+        self.label = label
+        cfg, found = parse_config(label or "(no config)", doc)
+        self.config = cfg
+        self.findings = list(store.findings) + found
+        self.modules: list[QuantModule] = []
+        claimed: set[str] = set()
+        prefixes = sorted(t[:-len(".qweight")] for t in store.locations if t.endswith(".qweight"))
+        for p in prefixes:
+            names = {r: f"{p}.{r}" for r in ("qweight", "qzeros", "scales")
+                     if f"{p}.{r}" in store.locations}
+            claimed.update(names.values())
+            m = self._module(p, names)
+            if m is not None:
+                self.modules.append(m)
+        if not prefixes:
+            self.findings.append(Finding("GQ314", "no tensor named *.qweight", file=label))
+        self.passthrough = sorted(t for t in store.locations if t not in claimed)
+
+    def _module(self, p: str, names: dict[str, str]) -> QuantModule | None:
+        st = self.store
+        file = st.file_of(names["qweight"])
+
+        def bad(code, msg, tensor=None):
+            self.findings.append(Finding(code, msg, file=file, tensor=tensor or names["qweight"]))
+
+        missing = [r for r in ("qzeros", "scales") if r not in names]
+        if missing:
+            bad("GQ301", f"lacks {', '.join(p + '.' + r for r in missing)}")
+            return None
+        for role, dts in (("qweight", ("I32",)), ("qzeros", ("I32",)),
+                          ("scales", ("F16", "BF16", "F32"))):
+            if st.info(names[role]).dtype not in dts:
+                bad("GQ302", f"dtype {st.info(names[role]).dtype}; expected {' or '.join(dts)}",
+                    names[role])
+                return None
+        qw, qz, sc = (tuple(st.info(names[r]).shape) for r in ("qweight", "qzeros", "scales"))
+        if not (len(qw) == len(qz) == len(sc) == 2):
+            bad("GQ303", f"qweight {list(qw)}, qzeros {list(qz)}, scales {list(sc)}: expected 2-D")
+            return None
+        k, n, groups = qw[0], sc[1], sc[0]
+        if qw[1] == n:
+            bad("GQ303", f"qweight {list(qw)} and scales {list(sc)} have GPTQ's shapes "
+                f"(qweight [K*bits/32, N]), but {self.label or 'the config'} says AutoAWQ, whose "
+                "GEMM layout stores qweight [K, N/8]: the label does not match the tensors")
+            return None
+        if qw[1] * 8 != n or qz != (groups, qw[1]) or groups == 0 or k % groups:
+            bad("GQ303", f"qweight {list(qw)}, qzeros {list(qz)}, scales {list(sc)}: AutoAWQ "
+                f"GEMM stores [K, N/8], [K/group_size, N/8] and [K/group_size, N]")
+            return None
+        gs = k // groups if groups > 1 else -1
+        declared = self.config["group_size"]
+        if groups > 1 and isinstance(declared, int) and declared not in (gs, -1):
+            bad("GQ305", f"config group_size {declared}; the shapes say {gs} "
+                f"({k} input channels in {groups} groups)")
+            return None
+        sym = False  # AWQ stores its zero points (zero_point=false writes Z = 0: checked below)
+        return QuantModule(p, AWQ_BITS, gs, k, n, sym, False, st.info(names["scales"]).dtype,
+                           names)
+
+    def qweight(self, m: QuantModule) -> np.ndarray:
+        return pack(awq_fields(self.store.view(m.tensors["qweight"])), AWQ_BITS, 32, axis=0)
+
+    def qzeros(self, m: QuantModule) -> np.ndarray:
+        return pack(awq_fields(self.store.view(m.tensors["qzeros"])), AWQ_BITS, 32, axis=1)
+
+    def scales(self, m: QuantModule) -> np.ndarray:
+        return self.store.view(m.tensors["scales"])
+
+    def g_idx(self, m: QuantModule) -> np.ndarray:
+        return trivial_g_idx(m.in_features, m.group_size).astype(np.int32)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def module_checks(src: AwqSource, m: QuantModule) -> list[Finding]:
+    """Nothing beyond the shapes: every nibble of a word is a valid 4-bit code or zero point."""
+    return []

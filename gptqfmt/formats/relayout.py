@@ -1,0 +1,74 @@
+"""Word-level re-layouts between GPTQ and its neighbouring formats (pure functions, numpy in and
+out, no file access).
+
+All three formats store the codes as one little-endian bit stream of `bits`-bit values (value k
+at stream bit k*bits, least significant first; gptq/packing.py). They differ in the axis the
+stream runs along, and AutoAWQ in the order of the eight nibbles of a word:
+
+- GPTQ `qweight [K*bits/32, N]`: per output column n, the stream over input channels k.
+  GPTQ `qzeros [G, N*bits/32]`: per group g, the stream over output channels n.
+- compressed-tensors `weight_packed [N, ceil(K*bits/32)]` (pack_to_int32, packed_dim=1): per
+  output row n, the stream over k, padded with zero bits to whole words; `weight_zero_point
+  [ceil(N*bits/32), G]` (packed_dim=0): per group, the stream over n. With the dense
+  packing of 0.18 and later (compressors/pack_quantized/helpers.py, 0.20.0: "32 consecutive elements
+  are packed into exactly num_bits int32 words"), so `weight_packed == qweight.T` and
+  `weight_zero_point == qzeros.T`, word for word, whenever K*bits and N*bits are multiples of
+  32. (Before 0.18, 32 // bits values went to a word, padded: the same words for 1/2/4/8 bits,
+  another layout for 3 bits.) Stored codes and zeros are offset-binary (signed + 2^(bits-1)), i.e. GPTQ's unsigned codes
+  and gptq_v2's Z.
+- AutoAWQ GEMM `qweight [K, N/8]`, `qzeros [G, N/8]` (4-bit; awq/modules/linear/gemm.py): per
+  input row (per group), 8 output channels per int32 word, channel `8c + AWQ_ORDER[i]` in nibble
+  i of word c.
+
+Worked example (AWQ, one word): channels 0..7 hold codes 0x0..0x7; nibble i holds channel
+AWQ_ORDER[i] = [0, 2, 4, 6, 1, 3, 5, 7], so nibbles 7..0 read 7 5 3 1 6 4 2 0: the word is
+0x75316420. GPTQ packs the same eight channels of one group as 0x76543210 (qzeros, axis 1).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..gptq.packing import pack, unpack
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)               # nibble i holds channel AWQ_ORDER[i]
+AWQ_INVERSE = tuple(AWQ_ORDER.index(j) for j in range(8))  # channel j sits in nibble (0,4,1,...)
+AWQ_BITS = 4
+
+
+def transposed(words: np.ndarray) -> np.ndarray:
+    """A C-contiguous int32 copy of words.T (GPTQ <-> compressed-tensors, both directions)."""
+    return np.ascontiguousarray(np.asarray(words).view(np.int32).T)
+
+
+def awq_fields(words: np.ndarray) -> np.ndarray:
+    """AutoAWQ words [R, C] (int32) -> codes [R, 8C] (uint8) in channel order."""
+    nibbles = unpack(np.asarray(words).view(np.int32), AWQ_BITS, axis=1)  # nibble i at 8c + i
+    r, n = nibbles.shape
+    return np.ascontiguousarray(
+        nibbles.reshape(r, n // 8, 8)[:, :, list(AWQ_INVERSE)].reshape(r, n))
+
+
+def awq_words(fields: np.ndarray) -> np.ndarray:
+    """Codes [R, 8C] in channel order -> AutoAWQ words [R, C] (int32): awq_fields' inverse."""
+    f = np.asarray(fields, dtype=np.uint8)
+    r, n = f.shape
+    nibbles = f.reshape(r, n // 8, 8)[:, :, list(AWQ_ORDER)].reshape(r, n)
+    return pack(nibbles, AWQ_BITS, 32, axis=1)
+
+
+def stream_words(values: int, bits: int) -> int:
+    """Words holding `values` codes of a dense stream (compressed-tensors rounds up)."""
+    return -(-values * bits // 32)
+
+
+def padding_clean(words: np.ndarray, values: int, bits: int, axis: int) -> np.ndarray:
+    """Per stream (the lines across `axis`), whether the bits past the last of `values` codes
+    are zero: pack_to_int32 pads with zeros, so set bits there mean another layout (e.g. the
+    10-per-word 3-bit packing of compressed-tensors before its dense packing)."""
+    used = values * bits
+    n_words = stream_words(values, bits)
+    u = np.moveaxis(np.asarray(words).view(np.uint32), axis, -1)
+    if used % 32 == 0:
+        return np.ones(u.shape[:-1], dtype=bool)
+    keep = np.uint32((1 << (used % 32)) - 1)
+    return (u[..., n_words - 1] & ~keep) == 0

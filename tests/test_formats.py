@@ -1,0 +1,649 @@
+"""Formats as readers and writers of one module model: compressed-tensors pack-quantized and
+AutoAWQ GEMM beside GPTQ (gptqfmt/formats/), convert between them, and their checks.
+
+Oracles: compressed-tensors' own packer, compressor and decompressor (a test dependency, never a
+runtime one), make_formats.py's independent slow writers of each documented layout, and golden
+words. AutoAWQ itself does not import without transformers, accelerate and datasets (its package
+__init__ loads models/base.py), so its layout is checked against golden words of gemm.py's
+packing loop and the slow writer instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gptqfmt import formats
+from gptqfmt.conventions import GPTQ_V2, ZeroRule
+from gptqfmt.conversion import convert
+from gptqfmt.errors import FindingError, UsageError
+from gptqfmt.formats import relayout
+from gptqfmt.formats.targets import matches, patterns
+from gptqfmt.gptq.checkpoint import open_checkpoint
+from gptqfmt.gptq.packing import pack, unpack
+from gptqfmt.inspection import inspect_checkpoint
+from gptqfmt.numerics.cpu import dequant
+from gptqfmt.resources import validator
+from gptqfmt.safetensors_io import save_file
+from gptqfmt.safetensors_io.index import open_store
+from gptqfmt.validation import validate
+from tests.support import CKPT, FIXTURES, ROOT, SPECS, digest, load_generator, staging_dirs
+
+FORMATS = FIXTURES / "formats"
+FMANIFEST = json.loads((FORMATS / "manifest.json").read_text())
+FGEN = load_generator("make_formats")
+
+# compressed-tensors 0.20 needs Python 3.11; the test extra pins it there (pyproject.toml)
+if sys.version_info >= (3, 11):
+    import torch
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig,
+                                                 QuantizationScheme)
+    HAVE_CT = True
+else:  # pragma: no cover - Python 3.10
+    HAVE_CT = False
+needs_ct = pytest.mark.skipif(not HAVE_CT, reason="compressed-tensors 0.20 needs Python 3.11")
+
+# every GPTQ fixture in gptq_v2 without act-order, one file each: all bits, sym and group sizes
+V2_PLAIN = sorted(n for n, s in SPECS.items()
+                  if s.convention == "gptq_v2" and not s.act_order and s.config_style == "gptqmodel"
+                  and s.declared == "same" and s.g_idx and not n.endswith("-sharded")
+                  and not n.startswith(("rt-", "mislabelled")))
+
+
+def tensors_of(path):
+    """{name: (dtype, bytes)} of every tensor of a checkpoint directory."""
+    st = open_store(path)
+    try:
+        return {t: (st.info(t).dtype, tuple(st.info(t).shape), st.view(t).tobytes())
+                for t in st.locations}
+    finally:
+        st.close()
+
+
+def open_any(path):
+    st = open_store(path)
+    s = formats.sniff(st)
+    if s.format == formats.GPTQ:
+        st.close()
+        from gptqfmt.formats.gptq import GptqSource
+        return GptqSource(open_checkpoint(path), GPTQ_V2)
+    return formats.open_source(path, s, st)
+
+
+def dequant_all(path) -> dict[str, np.ndarray]:
+    """W [K, N] float32 of every module, through the one model."""
+    src = open_any(path)
+    try:
+        return {m.name: dequant(formats.module_tensors(src, m), ZeroRule.V2)
+                for m in src.modules}
+    finally:
+        src.close()
+
+
+# ------------------------------------------------------------------ golden words, pure layouts
+
+def test_awq_word_golden():
+    """gemm.py packs output channels 0..7 as nibbles [0,2,4,6,1,3,5,7]: 0x75316420."""
+    w = relayout.awq_words(np.arange(8, dtype=np.uint8)[None])
+    assert w.view(np.uint32)[0, 0] == 0x75316420
+    assert relayout.awq_fields(np.array([[0x75316420]], np.uint32).view(np.int32)).tolist() \
+        == [list(range(8))]
+
+
+def test_awq_layout_matches_the_slow_writer():
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 16, (5, 64)).astype(np.uint8)
+    words = FGEN.awq_pack(codes)
+    assert np.array_equal(words, relayout.awq_words(codes))
+    assert np.array_equal(relayout.awq_fields(words), codes)
+
+
+@needs_ct
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_ct_words_are_gptq_words_transposed(bits):
+    """pack_to_int32 (rows, and zero points along dim 0) gives GPTQ's words transposed."""
+    rng = np.random.default_rng(bits)
+    n, k, g = 64, 96, 3
+    q = rng.integers(0, 1 << bits, (n, k))
+    signed = torch.tensor(q - (1 << (bits - 1)), dtype=torch.int8)
+    assert np.array_equal(pack_to_int32(signed, bits).numpy(),
+                          relayout.transposed(pack(q.T.astype(np.uint8), bits, 32, axis=0)))
+    z = rng.integers(0, 1 << bits, (n, g))
+    zs = torch.tensor(z - (1 << (bits - 1)), dtype=torch.int8)
+    assert np.array_equal(pack_to_int32(zs, bits, packed_dim=0).numpy(),
+                          relayout.transposed(pack(z.T.astype(np.uint8), bits, 32, axis=1)))
+    assert np.array_equal(FGEN.stream_rows(q, bits), pack_to_int32(signed, bits).numpy())
+
+
+def test_ct_golden_word():
+    """compressed-tensors' own example: signed [-8,-7,0,7,1,2,3,4] at 4 bits is 0xcba9f810."""
+    signed = np.array([-8, -7, 0, 7, 1, 2, 3, 4])
+    w = pack((signed + 8).astype(np.uint8)[:, None], 4, 32, axis=0)
+    assert w.view(np.uint32)[0, 0] == 0xCBA9F810
+
+
+def test_padding_bits():
+    q = np.arange(40, dtype=np.int64)[None] % 8                      # 40 3-bit values: 120 bits
+    words = FGEN.stream_rows(q, 3)
+    assert relayout.padding_clean(words, 40, 3, axis=1).all()
+    words[0, -1] |= np.int32(1 << 30)                                 # bit 126: padding
+    assert not relayout.padding_clean(words, 40, 3, axis=1).any()
+
+
+def test_target_patterns_generalise_layers_only_when_exact():
+    universe = [f"model.layers.{i}.mlp.{p}" for i in range(3) for p in ("up_proj", "down_proj")]
+    ups = [u for u in universe if u.endswith("up_proj")]
+    assert patterns(ups, universe) == [r"re:^model\.layers\.\d+\.mlp\.up_proj$"]
+    assert patterns(ups[:2], universe) == sorted(ups[:2])   # layer 2 differs: exact names
+    assert matches("Linear", "anything.q_proj") and not matches("lm_head", "model.lm_head")
+    assert matches("re:.*lm_head", "model.lm_head") and matches("lm_head", "lm_head")
+
+
+# ------------------------------------------------------------------ fixtures read and checked
+
+def test_regenerated_format_fixtures_are_byte_identical(tmp_path):
+    FGEN.generate_formats(tmp_path)
+    for name in FMANIFEST:
+        assert digest(tmp_path / "formats" / name) == digest(FORMATS / name), name
+    assert (tmp_path / "formats" / "manifest.json").read_bytes() == \
+        (FORMATS / "manifest.json").read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted(FMANIFEST))
+def test_inspect_and_verify_read_every_format_fixture(name):
+    truth = FMANIFEST[name]
+    r = inspect_checkpoint(FORMATS / name)
+    doc = r.to_json()
+    assert not list(validator("inspect").iter_errors(doc))
+    assert doc["format"] == ("awq" if name.startswith("awq") else "compressed-tensors")
+    mods = {m["name"]: m for m in doc["modules"]}
+    assert set(mods) == set(truth["modules"])
+    for n, t in truth["modules"].items():
+        assert (mods[n]["bits"], mods[n]["in_features"], mods[n]["out_features"],
+                mods[n]["groups"], mods[n]["desc_act"]) == \
+            (t["bits"], t["in_features"], t["out_features"], t["groups"], t["act_order"])
+    rep = validate(FORMATS / name)
+    assert not list(validator("report").iter_errors(rep.to_json()))
+    codes = sorted({f.code for f in rep.findings})
+    assert codes == (["GQ418"] if truth["params"]["clamp"] else []), codes
+    assert r.ok is not truth["params"]["clamp"]
+
+
+def test_signed_clamp_is_found_in_every_module_and_by_inspect():
+    rep = validate(FORMATS / "ct-b4-asym-signed-clamp")
+    hits = [f for f in rep.findings if f.code == "GQ418"]
+    assert len(hits) == 7 and all("auto-round" in f.message for f in hits)
+    assert {f.code for f in inspect_checkpoint(FORMATS / "ct-b4-asym-signed-clamp").findings} \
+        == {"GQ418"}
+
+
+# ------------------------------------------------------------------ round trips
+
+@pytest.mark.parametrize("name", V2_PLAIN)
+def test_gptq_v2_to_ct_and_back_is_byte_identical(name, tmp_path):
+    src = CKPT / name
+    ct, back = tmp_path / "ct", tmp_path / "back"
+    rep = convert(src, ct, to="compressed-tensors", backend="cpu")
+    assert rep.written and rep.gate.ok and rep.to_json()["detected"]["verdict"] == "gptq_v2"
+    assert not list(validator("convert").iter_errors({**rep.to_json(), "exit_code": 0}))
+    convert(ct, back, to="gptq_v2", backend="cpu")
+    a, b = tensors_of(src), tensors_of(back)
+    if SPECS[name].word_bits == 32:
+        assert a == b
+    else:  # GPTQModel's int8/16/64 words come back as int32 words of the same bit stream
+        assert {k: v for k, v in a.items() if not k.endswith((".qweight", ".qzeros"))} == \
+            {k: v for k, v in b.items() if not k.endswith((".qweight", ".qzeros"))}
+    wa, wb = dequant_all(src), dequant_all(back)
+    assert all(np.array_equal(wa[k], wb[k]) for k in wa)
+    assert validate(back).failed() is False and validate(ct).failed() is False
+
+
+@pytest.mark.parametrize("name", sorted(n for n in FMANIFEST if "clamp" not in n))
+def test_format_fixture_to_gptq_v2_keeps_every_code_zero_and_scale(name, tmp_path):
+    out = tmp_path / "out"
+    rep = convert(FORMATS / name, out, backend="cpu")
+    assert rep.written and rep.to_json()["detected"] is None
+    assert validate(out).failed() is False
+    wa, wb = dequant_all(FORMATS / name), dequant_all(out)
+    assert set(wa) == set(wb) and all(np.array_equal(wa[k], wb[k]) for k in wa)
+    truth = FMANIFEST[name]["modules"]
+    with open_checkpoint(out) as ck:
+        for m in ck.modules:
+            z = unpack(ck.view(m.tensors["qzeros"]), m.bits, axis=1)
+            assert int((z == 0).sum()) == truth[m.name]["zero_fields"], m.name
+    q = json.loads((out / "quantize_config.json").read_text())
+    assert q["checkpoint_format"] == q["format"] == "gptq_v2"
+
+
+def test_awq_to_compressed_tensors_through_the_one_model(tmp_path):
+    convert(FORMATS / "awq-b4-g32", tmp_path / "ct", to="compressed-tensors", backend="cpu")
+    wa, wb = dequant_all(FORMATS / "awq-b4-g32"), dequant_all(tmp_path / "ct")
+    assert set(wa) == set(wb) and all(np.array_equal(wa[k], wb[k]) for k in wa)
+    assert not validate(tmp_path / "ct").failed()
+
+
+def test_awq_keeps_zero_points_of_zero(tmp_path):
+    """The case every AWQ -> GPTQ converter loses: Z = 0 stays 0 in gptq_v2."""
+    truth = FMANIFEST["awq-b4-g32"]["modules"]
+    assert sum(t["zero_fields"] for t in truth.values()) > 0
+    convert(FORMATS / "awq-b4-g32", tmp_path / "out", backend="cpu")
+    r = validate(tmp_path / "out")
+    assert not r.failed() and r.detection.verdict == "gptq_v2"
+
+
+def test_mixed_schemes_become_dynamic_rules_and_back(tmp_path):
+    convert(FORMATS / "ct-b2-asym-mixed", tmp_path / "v2", backend="cpu")
+    q = json.loads((tmp_path / "v2" / "quantize_config.json").read_text())
+    assert q["bits"] == 2 and q["dynamic"] == {
+        r"-:^model\.layers\.0\.self_attn\.o_proj$": {},
+        r"+:^model\.layers\.0\.mlp\.down_proj$": {"bits": 8, "group_size": 32, "sym": False,
+                                                  "desc_act": False}}
+    with open_checkpoint(tmp_path / "v2") as ck:
+        assert {m.name: m.bits for m in ck.modules}["model.layers.0.mlp.down_proj"] == 8
+        assert {m.name: (m.declared.bits if m.declared else None) for m in ck.modules} == \
+            {m.name: m.bits for m in ck.modules}
+    convert(tmp_path / "v2", tmp_path / "ct", to="compressed-tensors", backend="cpu")
+    qc = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    groups = {g["weights"]["num_bits"]: g["targets"] for g in qc["config_groups"].values()}
+    assert groups[8] == ["model.layers.0.mlp.down_proj"] and len(groups[2]) == 5
+    assert "model.layers.0.self_attn.o_proj" in qc["ignore"] and "lm_head" in qc["ignore"]
+    assert tensors_of(tmp_path / "ct") == tensors_of(FORMATS / "ct-b2-asym-mixed")
+
+
+def test_gptq_dynamic_fixture_becomes_config_groups(tmp_path):
+    convert(CKPT / "dynamic-b4-asym-gptq_v2", tmp_path / "ct", to="compressed-tensors",
+            backend="cpu")
+    qc = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    bits = sorted(g["weights"]["num_bits"] for g in qc["config_groups"].values())
+    assert bits == [4, 8] and "model.layers.0.self_attn.o_proj" in qc["ignore"]
+    assert not (tmp_path / "ct" / "quantize_config.json").exists()  # GPTQModel would read it
+
+
+# ------------------------------------------------------------------ refusals
+
+def refusal_codes(src, to):
+    try:
+        convert(src, src.parent / "never", to=to, dry_run=True, backend="cpu")
+    except FindingError as e:
+        return sorted({f.code for f in e.findings})
+    return []
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in SPECS.items() if s.convention == "gptq"
+                                        and s.config_style == "gptqmodel"
+                                        and s.declared == "same"))
+def test_gptq_to_ct_refuses_where_gptq_to_v2_does_plus_act_order(name, tmp_path):
+    src = tmp_path / name
+    shutil.copytree(CKPT / name, src)
+    v2, ct = refusal_codes(src, "gptq_v2"), refusal_codes(src, "compressed-tensors")
+    with open_checkpoint(src) as ck:
+        no_form = any(m.act_order or (m.group_size not in (-1, None) and
+                                      m.in_features % m.group_size)
+                      for m in ck.modules if m.valid)
+    assert set(ct) - {"GQ419"} == set(v2)             # the same zero-point refusals
+    if not v2:                                         # and GQ419 exactly where no form exists
+        assert ("GQ419" in ct) == no_form
+    if no_form:
+        assert SPECS[name].act_order or SPECS[name].group_size not in (32, -1, 128)
+
+
+def test_act_order_refusal_names_the_reason(tmp_path):
+    with pytest.raises(FindingError) as e:
+        convert(CKPT / "b4-asym-act-gptq_v2-single", tmp_path / "x", to="compressed-tensors")
+    f = e.value.findings[0]
+    assert f.code == "GQ419" and "removed 2026/08/27" in f.message and "vLLM 0.30" in f.message
+    assert f.hint and not (tmp_path / "x").exists()
+
+
+def test_partial_last_group_is_refused(tmp_path):
+    src = CKPT / "rt-ragged-b4-sym-gptq_v2"       # in_features 96, group_size 64
+    with open_checkpoint(src) as ck:
+        assert all(m.in_features % 64 for m in ck.modules)
+    with pytest.raises(FindingError) as e:
+        convert(src, tmp_path / "x", to="compressed-tensors")
+    assert {f.code for f in e.value.findings} == {"GQ419"}
+    f = e.value.findings[0]
+    assert "divisible by the given group_size" in f.message and f.tensor.endswith(".qweight")
+
+
+def test_old_ct_act_order_converts_to_gptq_v2_with_its_g_idx(tmp_path):
+    convert(FORMATS / "ct-b4-asym-actorder-g32", tmp_path / "v2", backend="cpu")
+    with open_checkpoint(tmp_path / "v2") as ck:
+        assert all(m.act_order for m in ck.modules)
+    q = json.loads((tmp_path / "v2" / "quantize_config.json").read_text())
+    assert q["desc_act"] is True
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("awq-b4-g32", "gptq"), "converts to gptq_v2"),
+    (("ct-b4-asym-g32", "compressed-tensors"), "already compressed-tensors"),
+    (("ct-b4-asym-g32", "gptq"), "convert that to gptq afterwards"),
+])
+def test_unsupported_directions_are_usage_errors(args, fragment, tmp_path):
+    name, to = args
+    with pytest.raises(UsageError, match=fragment):
+        convert(FORMATS / name, tmp_path / "x", to=to)
+
+
+def test_from_must_name_the_source_format(tmp_path):
+    with pytest.raises(UsageError, match="not --from awq"):
+        convert(FORMATS / "ct-b4-asym-g32", tmp_path / "x", src_convention="awq")
+    with pytest.raises(UsageError, match="a GPTQ checkpoint"):
+        convert(CKPT / "b4-sym-noact-gptq_v2-single", tmp_path / "x",
+                to="compressed-tensors", src_convention="compressed-tensors")
+
+
+def test_clamped_export_is_refused(tmp_path):
+    with pytest.raises(FindingError) as e:
+        convert(FORMATS / "ct-b4-asym-signed-clamp", tmp_path / "x")
+    assert {f.code for f in e.value.findings} == {"GQ418"} and not (tmp_path / "x").exists()
+
+
+# ------------------------------------------------------------------ one case per finding
+
+def ct_copy(tmp_path, name="ct-b4-asym-g32"):
+    d = tmp_path / name
+    shutil.copytree(FORMATS / name, d)
+    return d
+
+
+def edit_config(d, fn):
+    cfg = json.loads((d / "config.json").read_text())
+    fn(cfg["quantization_config"])
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def rewrite_tensors(d, fn):
+    st = open_store(d)
+    t = {n: (st.info(n).dtype, np.array(st.view(n))) for n in st.locations}
+    st.close()
+    fn(t)
+    save_file(t, d / "model.safetensors")
+
+
+Q = "model.layers.0.self_attn.q_proj"
+
+
+def _float_weights(q):
+    q["config_groups"]["group_0"]["weights"]["type"] = "float"
+
+
+def _old_3bit(q):
+    q["version"] = "0.17.0"
+
+
+def _untargeted(q):
+    q["config_groups"]["group_0"]["targets"] = ["re:.*mlp.*"]
+
+
+def _ignored(q):
+    q["ignore"].append(Q)
+
+
+CASES = [
+    ("GQ210", "ct-b4-asym-g32", _float_weights, None, "type is 'float'"),
+    ("GQ210", "ct-b3-asym-g32", _old_3bit, None, "32 // 3 values per word"),
+    ("GQ211", "ct-b4-asym-g32", _untargeted, None, "no config group"),
+    ("GQ211", "ct-b4-asym-g32", _ignored, None, "ignore lists"),
+    ("GQ301", "ct-b4-asym-g32", None, lambda t: t.pop(f"{Q}.weight_zero_point"),
+     "weight_zero_point"),
+    ("GQ302", "ct-b4-asym-g32", None,
+     lambda t: t.__setitem__(f"{Q}.weight_scale", ("F64", t[f"{Q}.weight_scale"][1]
+                                                     .astype(np.float64))), "dtype F64"),
+    ("GQ303", "ct-b4-asym-g32", None,
+     lambda t: t.__setitem__(f"{Q}.weight_scale", ("F16", t[f"{Q}.weight_scale"][1][:, :1])),
+     "weight_scale is [64, 1]"),
+    ("GQ304", "ct-b4-asym-g32", None,
+     lambda t: t.__setitem__(f"{Q}.weight_packed", ("I32", t[f"{Q}.weight_packed"][1][:, :4])),
+     "weight_packed is [64, 4]"),
+    ("GQ501", "ct-b4-asym-g32", None,
+     lambda t: t[f"{Q}.weight_scale"][1].__setitem__((0, 0), np.float16(-1)),
+     "not finite and positive"),
+]
+
+
+@pytest.mark.parametrize("code, name, cfg_edit, tensor_edit, fragment", CASES,
+                         ids=[f"{c[0]}-{c[4][:18]}" for c in CASES])
+def test_one_finding_per_defect(code, name, cfg_edit, tensor_edit, fragment, tmp_path):
+    d = ct_copy(tmp_path, name)
+    if cfg_edit:
+        edit_config(d, cfg_edit)
+    if tensor_edit:
+        rewrite_tensors(d, tensor_edit)
+    rep = validate(d)
+    found = [f for f in rep.findings if f.code == code]
+    assert found and fragment in found[0].message, [f.one_line() for f in rep.findings]
+    assert found[0].file and (found[0].tensor or code in ("GQ210",))
+    with pytest.raises(FindingError):
+        convert(d, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_padding_bits_set_are_found(tmp_path):
+    """K = 60 at 3 bits: 180 bits in 6 words, 12 padding bits that must be zero."""
+    d = ct_copy(tmp_path, "ct-b3-asym-g32")
+    edit_config(d, lambda q: q["config_groups"]["group_0"]["weights"].update(
+        {"strategy": "channel", "group_size": None}))
+
+    def channel_k60(t):
+        for n in [x for x in t if x.endswith(".weight_shape")]:
+            p = n[:-len("weight_shape")]
+            if t[n][1][1] == 64:
+                t[n] = ("I64", np.array([t[n][1][0], 60], np.int64))
+                t[p + "weight_packed"][1][:, -1] &= np.int32(0x000FFFFF)  # values 50..59
+            t[p + "weight_scale"] = ("F16", t[p + "weight_scale"][1][:, :1].copy())
+            t[p + "weight_zero_point"] = ("I32", t[p + "weight_zero_point"][1][:, :1].copy())
+        t[f"{Q}.weight_packed"][1][0, -1] |= np.int32(1 << 29)      # a padding bit
+    rewrite_tensors(d, channel_k60)
+    rep = validate(d)
+    assert [f.code for f in rep.findings] == ["GQ317"], [f.one_line() for f in rep.findings]
+    assert rep.findings[0].tensor == f"{Q}.weight_packed" and "1 of 64" in \
+        rep.findings[0].message
+
+
+def test_awq_gemv_is_refused_with_its_reason(tmp_path):
+    d = tmp_path / "a"
+    shutil.copytree(FORMATS / "awq-b4-g32", d)
+    edit_config(d, lambda q: q.update({"version": "gemv"}))
+    rep = validate(d)
+    assert [f.code for f in rep.findings if f.code == "GQ210"] and \
+        "GEMV" in next(f.message for f in rep.findings if f.code == "GQ210")
+
+
+def test_ct_tensors_without_a_config_are_refused(tmp_path):
+    d = ct_copy(tmp_path)
+    (d / "config.json").unlink()
+    with pytest.raises(FindingError) as e:
+        validate(d)
+    assert e.value.findings[0].code == "GQ210" and "no config" in e.value.findings[0].message
+
+
+# ------------------------------------------------------------------ verify --against
+
+def test_against_across_formats(run_cli, tmp_path):
+    src = CKPT / "b4-asym-noact-gptq-sharded"
+    convert(src, tmp_path / "v2", backend="cpu", allow_lossy=True)
+    convert(tmp_path / "v2", tmp_path / "ct", to="compressed-tensors", backend="cpu")
+    r = run_cli("verify", tmp_path / "v2", "--against", tmp_path / "ct", "--format", "json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["summary"]["differ"] == 0
+    assert doc["src_convention"] == "gptq_v2" and doc["dst_convention"] == "compressed-tensors"
+    assert not list(validator("equivalence").iter_errors(doc))
+    # the gptq source reads its maxq fields as Z = 16 (the reference runtime): not equal there
+    r = run_cli("verify", src, "--against", tmp_path / "ct")
+    assert r.exit_code == 1 and "DIFFERS" in r.stdout
+    # one flipped code is found
+    d = tmp_path / "ct2"
+    shutil.copytree(tmp_path / "ct", d)
+    shard = next(p for p in sorted(d.glob("*.safetensors"))
+                 if f"{Q}.weight_packed" in open_store(p).locations)
+    st = open_store(shard)
+    t = {n: (st.info(n).dtype, np.array(st.view(n))) for n in st.locations}
+    meta = st.files[shard.name].metadata
+    st.close()
+    t[f"{Q}.weight_packed"][1][3, 0] ^= 1
+    save_file(t, shard, meta)
+    r = run_cli("verify", tmp_path / "ct", "--against", d)
+    assert r.exit_code == 1 and Q in r.stdout.split("DIFFERS")[0]
+
+
+# ------------------------------------------------------------------ the peers' own code
+
+def ct_state(d, m, src):
+    """compressed-tensors' decompression of module `m` of the checkpoint at d."""
+    st = src.store
+    sd = {k: torch.from_numpy(np.array(st.view(v)))
+          for k, v in (("weight_packed", m.tensors["packed"]),
+                       ("weight_scale", m.tensors["scale"]),
+                       ("weight_shape", m.tensors["shape"]))}
+    if "zero" in m.tensors:
+        sd["weight_zero_point"] = torch.from_numpy(np.array(st.view(m.tensors["zero"])))
+    if m.scale_dtype == "BF16":
+        sd["weight_scale"] = sd["weight_scale"].view(torch.bfloat16)
+    g = src.config.group_for(m.name)
+    args = QuantizationArgs(num_bits=g.bits, type="int", symmetric=g.symmetric,
+                            strategy=g.strategy, group_size=g.group_size)
+    return PackedQuantizationCompressor.decompress(sd, QuantizationScheme(targets=["Linear"],
+                                                                          weights=args))
+
+
+def to_dtype(w32: np.ndarray, dtype: str) -> np.ndarray:
+    t = torch.from_numpy(w32)
+    return t.to(torch.bfloat16 if dtype == "BF16" else torch.float16).float().numpy()
+
+
+@needs_ct
+@pytest.mark.parametrize("name", [n for n in V2_PLAIN if SPECS[n].word_bits == 32])
+def test_compressed_tensors_decompresses_our_output_to_our_dequant(name, tmp_path):
+    convert(CKPT / name, tmp_path / "ct", to="compressed-tensors", backend="cpu")
+    qc = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    QuantizationConfig.model_validate(qc)    # their own parser accepts what we write
+    ours = dequant_all(CKPT / name)
+    src = formats.open_source(tmp_path / "ct")
+    try:
+        for m in src.modules:
+            theirs = ct_state(tmp_path / "ct", m, src)["weight"].float().numpy()   # [N, K]
+            assert np.array_equal(theirs, to_dtype(ours[m.name], m.scale_dtype).T), m.name
+    finally:
+        src.close()
+
+
+@needs_ct
+@pytest.mark.parametrize("bits, sym, gs", [(2, False, 32), (3, False, 32), (4, False, 32),
+                                           (4, True, 16), (8, False, -1), (8, True, 32),
+                                           (3, True, -1)])
+def test_we_read_what_compressed_tensors_compresses(bits, sym, gs, tmp_path):
+    """A checkpoint written by compressed-tensors' own compressor: our reading dequantizes to
+    its decompression, bit for bit, and converts to gptq_v2 and back to the same bytes."""
+    torch.manual_seed(bits * 10 + gs)
+    n, k = 64, 96
+    strategy = "channel" if gs == -1 else "group"
+    args = QuantizationArgs(num_bits=bits, type="int", symmetric=sym, strategy=strategy,
+                            group_size=None if gs == -1 else gs)
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    w = torch.randn(n, k) * 0.02
+    groups = 1 if gs == -1 else k // gs
+    wg = w.reshape(n, groups, -1)
+    lo, hi = wg.amin(-1).clamp(max=0), wg.amax(-1).clamp(min=0)
+    if sym:
+        hi = torch.maximum(-lo, hi)
+        scale = (2 * hi / ((1 << bits) - 1)).to(torch.float16)
+        zp = None
+    else:
+        scale = ((hi - lo) / ((1 << bits) - 1)).to(torch.float16)
+        zp = (torch.round(-lo / scale.float()) - (1 << (bits - 1))).clamp(
+            -(1 << (bits - 1)), (1 << (bits - 1)) - 1).to(torch.int8)
+    sd = {"weight": w.half(), "weight_scale": scale}
+    if zp is not None:
+        sd["weight_zero_point"] = zp
+    packed = PackedQuantizationCompressor.compress(sd, scheme)
+    d = tmp_path / "theirs"
+    d.mkdir()
+    name = "model.layers.0.mlp.up_proj"
+    tensors = {f"{name}.{k_}": v.numpy() for k_, v in packed.items()}
+    tensors["lm_head.weight"] = np.zeros((8, k), np.float16)
+    save_file(tensors, d / "model.safetensors")
+    qc = QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"],
+                            format="pack-quantized", quantization_status="compressed")
+    cfg = {"quantization_config": {"version": "0.20.0", "quant_method": "compressed-tensors",
+                                   **qc.model_dump(exclude=["quant_method"])}}
+    (d / "config.json").write_text(json.dumps(cfg))
+    theirs = PackedQuantizationCompressor.decompress(packed, scheme)["weight"].float().numpy()
+    assert not validate(d).failed()
+    ours = dequant_all(d)[name]
+    assert np.array_equal(theirs, to_dtype(ours, "F16").T)
+    convert(d, tmp_path / "v2", backend="cpu")
+    convert(tmp_path / "v2", tmp_path / "back", to="compressed-tensors", backend="cpu")
+    assert tensors_of(tmp_path / "back") == tensors_of(d)
+
+
+# ------------------------------------------------------------------ atomic, streamed, library
+
+def test_library_entry_point_and_cli_agree(run_cli, tmp_path):
+    import gptqfmt
+    rep = gptqfmt.convert(FORMATS / "ct-b4-sym-g32-sharded", tmp_path / "lib")
+    r = run_cli("convert", FORMATS / "ct-b4-sym-g32-sharded", tmp_path / "cli", "--format",
+                "json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["from"] == "compressed-tensors" and doc["to"] == "gptq_v2"
+    assert not list(validator("convert").iter_errors(doc))
+    assert tensors_of(tmp_path / "lib") == tensors_of(tmp_path / "cli") and rep.written
+    idx = json.loads((tmp_path / "cli" / "model.safetensors.index.json").read_text())
+    total = sum(p.stat().st_size for p in (tmp_path / "cli").glob("*.safetensors"))
+    assert sorted(set(idx["weight_map"].values())) == sorted(
+        p.name for p in (tmp_path / "cli").glob("*.safetensors"))
+    assert 0 < idx["metadata"]["total_size"] < total
+    r = run_cli("convert", FORMATS / "ct-b4-sym-g32-sharded", tmp_path / "t")
+    assert "carried exactly" in r.stdout and "verified (cpu)" in r.stdout
+
+
+def test_dry_run_writes_nothing(run_cli, tmp_path):
+    r = run_cli("convert", CKPT / "b4-sym-noact-gptq-single", tmp_path / "x", "--to",
+                "compressed-tensors", "--dry-run")
+    assert r.exit_code == 0 and "would convert" in r.stdout and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("fault", ["mid-shard:1.2", "before-gate", "gate-module:3",
+                                   "before-rename:SIGTERM"])
+def test_killed_conversion_leaves_nothing(fault, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(CKPT / "b4-asym-noact-gptq_v2-sharded", src)
+    before = digest(src)
+    env = {**os.environ, "GPTQFMT_FAULT": fault, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "gptqfmt", "convert", str(src),
+                        str(tmp_path / "dst"), "--to", "compressed-tensors", "--quiet"],
+                       env=env, capture_output=True, text=True)
+    sig = signal.SIGTERM if fault.endswith("SIGTERM") else signal.SIGKILL
+    assert r.returncode in (-sig, 128 + sig), r.stderr
+    assert not (tmp_path / "dst").exists() and digest(src) == before
+    if sig == signal.SIGTERM:   # unwound like an error: the staging directory is gone too
+        assert not staging_dirs(tmp_path)
+    else:                       # the next run removes what the killed one left
+        convert(src, tmp_path / "dst", to="compressed-tensors", backend="cpu")
+        assert not staging_dirs(tmp_path)
+
+
+def test_a_wrong_writer_is_caught_by_the_gate(monkeypatch, tmp_path):
+    from gptqfmt.formats import ct
+    real = ct.tensor
+
+    def off_by_one(role, src, m):
+        out = real(role, src, m)
+        if role == "scale" and m.name == Q:
+            out = out.copy()
+            out.view(np.uint16)[0, 0] ^= 1
+        return out
+    monkeypatch.setattr(ct, "tensor", off_by_one)
+    with pytest.raises(FindingError) as e:
+        convert(CKPT / "b4-asym-noact-gptq_v2-single", tmp_path / "x", to="compressed-tensors")
+    assert {f.code for f in e.value.findings} == {"GQ503"}
+    assert "scales differ" in e.value.findings[0].message
+    assert not (tmp_path / "x").exists() and not staging_dirs(tmp_path)
