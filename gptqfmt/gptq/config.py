@@ -210,6 +210,13 @@ def _refuse_non_gptq(label: str, doc: dict) -> None:
         why = f"version is {doc['version']!r} (AutoAWQ)"
     elif isinstance(doc.get("bits"), int) and doc["bits"] in (5, 6, 7):
         why = f"bits is {doc['bits']} (planar gptq_p packing)"
+    if why and (method in ("compressed-tensors", "awq") or "AutoAWQ" in why):
+        # a format gptqfmt reads (formats/): only the GPTQ-only commands end up here
+        raise FindingError(Finding("GQ203", f"{why}: not GPTQ's packing; this command reads "
+                                   "gptq and gptq_v2 checkpoints (inspect, verify and convert "
+                                   "read this format too)", file=label,
+                                   hint="`gptqfmt convert SRC DST --to gptq_v2` writes its GPTQ "
+                                        "form"))
     if why:
         raise FindingError(Finding("GQ203", f"{why}: not GPTQ's packing; gptqfmt reads only "
                                    "gptq and gptq_v2 checkpoints", file=label,
