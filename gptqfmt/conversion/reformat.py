@@ -11,6 +11,7 @@ only then does the directory appear as DST.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,23 +172,36 @@ def write_shard(src, shard: str, tensors: list[OutTensor], to: str, out: Path,
     prefix, ordered = layout([Entry(t.name, t.dtype, t.shape, t.nbytes) for t in tensors], meta)
     by_name = {t.name: t for t in tensors}
     written = len(prefix)
-    with open(f.path, "rb") as fin, atomic.create(out) as fout:
+    # a module tensor is written by a second thread while the next one is built (the write
+    # releases the GIL): at most two tensors in memory
+    pending: list = []
+
+    def settle():
+        for fut, i in pending:
+            fut.result()
+            faults.point("mid-shard", index, i)
+        pending.clear()
+
+    with open(f.path, "rb") as fin, atomic.create(out) as fout, ThreadPoolExecutor(1) as io:
         fout.write(prefix)
         for i, e in enumerate(ordered):
             t = by_name[e.name]
             if t.module is None:
+                settle()
                 info = f.tensors[t.name]
                 copy_range(fin, fout, f.header.data_start + info.begin, info.nbytes)
+                faults.point("mid-shard", index, i)
             else:
                 arr = np.ascontiguousarray(w.tensor(t.role, src, t.module))
                 want = DTYPES[t.dtype].numpy
                 if arr.shape != t.shape or arr.dtype.itemsize != want.itemsize:
                     raise AssertionError(f"{t.name}: built {arr.dtype}{list(arr.shape)}, "
                                          f"planned {t.dtype}{list(t.shape)}")
-                fout.write(memoryview(arr).cast("B"))
+                settle()
+                pending.append((io.submit(fout.write, memoryview(arr).cast("B")), i))
                 src.store.release(t.module.tensors.values())
             written += e.nbytes
-            faults.point("mid-shard", index, i)
+        settle()
     return written
 
 
@@ -238,12 +252,16 @@ def _weight_modules(src) -> list[str]:
     return out
 
 
-def write_all(src, to: str, tmp: Path, prov: dict, progress=None) -> dict[str, list[OutTensor]]:
+def write_all(src, to: str, tmp: Path, prov: dict, progress=None,
+              written=None) -> dict[str, list[OutTensor]]:
+    """Every output file into `tmp`; `written(path)` after each shard (convert flushes it to
+    disk in the background while the next one is built)."""
     shards = out_shards(src, to)
     total = sum(t.nbytes for ts in shards.values() for t in ts)
     progress and progress(0, total)
     for i, (name, tensors) in enumerate(sorted(shards.items())):
         n = write_shard(src, name, tensors, to, tmp / name, i)
+        written and written(tmp / name)
         progress and progress(n, total)
     faults.point("shards-written")
     write_index(src, shards, tmp)

@@ -19,9 +19,12 @@ from ..findings import ERROR
 from ..formats import COMPRESSED_TENSORS, module_tensors
 from ..formats.gptq import GptqSource, reference_zeros
 from ..gptq.checkpoint import open_checkpoint
+from ..formats.relayout import BLOCK, blocks, transposed
 from ..gptq.packing import unpack, unsigned
 from ..numerics import get_backend
+from ..numerics.cpu import dequant_fields
 from ..numerics.operands import F32, sample_columns
+from ..safetensors_io.dtypes import to_float32
 from .gate import GEMM_COLUMNS, GEMM_ROWS, CMP_CHUNK, GateResult, ModuleCheck, check_labels
 
 
@@ -48,21 +51,56 @@ def zeros_of(src, m) -> tuple[np.ndarray, np.ndarray]:
     return z, np.zeros(z.shape, dtype=bool)
 
 
+def stored_codes(src, m) -> tuple[np.ndarray, bool]:
+    """The words the codes are read from, and whether the one model's qweight is their
+    transpose (compressed-tensors): compared as they are, no transposed copy is made."""
+    stored = getattr(src, "stored_qweight", None)
+    return stored(m) if stored else (src.qweight(m), False)
+
+
+def codes_equal(src, m, out, mo) -> bool:
+    """qweight of both sides equal word for word, in blocks of BLOCK output channels (memory:
+    one block; a transposed side is read row-contiguously)."""
+    a, at = stored_codes(src, m)
+    b, bt = stored_codes(out, mo)
+    a, b = unsigned(np.asarray(a)), unsigned(np.asarray(b))
+    if at == bt:  # the same layout
+        return a.shape == b.shape and all(blocks(
+            lambda i: np.array_equal(a[i:i + BLOCK], b[i:i + BLOCK]), a.shape[0], a.nbytes))
+    if at:
+        a, b = b, a   # a: the one model's [K*bits/32, N]; b: its transpose as stored
+    return a.shape == b.shape[::-1] and all(blocks(
+        lambda n: np.array_equal(a[:, n:n + BLOCK], b[n:n + BLOCK].T), a.shape[1], a.nbytes))
+
+
+def qweight_columns(src, m, cols: np.ndarray) -> np.ndarray:
+    """qweight[:, cols] of the one model, reading only those columns' words."""
+    words, t = stored_codes(src, m)
+    return transposed(np.asarray(words)[cols]) if t else np.asarray(words)[:, cols]
+
+
+def dequant_columns(src, m, zeros: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """W[:, cols] in fp32: scale * (q - Z) with the given effective zeros [G, N]."""
+    q = unpack(np.ascontiguousarray(qweight_columns(src, m, cols)), m.bits, axis=0)
+    s = to_float32(np.asarray(src.scales(m))[:, cols], m.scale_dtype)
+    return dequant_fields(q, zeros[:, cols], s, src.g_idx(m))
+
+
 def check_module(src, out, m, mo, rng, backends) -> tuple[ModuleCheck, list[str]]:
     why = []
     if (m.bits, m.in_features, m.out_features, m.groups) != \
             (mo.bits, mo.in_features, mo.out_features, mo.groups):
         return ModuleCheck(m.name, 0, 0, False, False), ["geometry differs"]
-    ta, tb = module_tensors(src, m), module_tensors(out, mo)
-    if not np.array_equal(unsigned(np.asarray(ta.qweight)), unsigned(np.asarray(tb.qweight))):
+    if not codes_equal(src, m, out, mo):
         why.append("codes differ")
-    if not np.array_equal(np.asarray(ta.scales).view(np.uint8),
-                          np.asarray(tb.scales).view(np.uint8)) or ta.scale_kind != tb.scale_kind:
+    sa, sb = np.asarray(src.scales(m)), np.asarray(out.scales(mo))
+    if m.scale_dtype != mo.scale_dtype or not np.array_equal(sa.view(np.uint8),
+                                                             sb.view(np.uint8)):
         why.append("scales differ")
-    if not np.array_equal(ta.g_idx, tb.g_idx):
+    if not np.array_equal(src.g_idx(m), out.g_idx(mo)):
         why.append("g_idx differs")
     truth, lossy = zeros_of(src, m)
-    written = unpack(tb.qzeros, m.bits, axis=1).astype(np.int32)
+    written = unpack(out.qzeros(mo), m.bits, axis=1).astype(np.int32)
     differ = truth != written
     zeros_equal = bool(np.array_equal(differ, lossy))
     if not zeros_equal:
@@ -73,9 +111,10 @@ def check_module(src, out, m, mo, rng, backends) -> tuple[ModuleCheck, list[str]
     gemm_equal, max_err, rel = True, 0.0, 0.0
     for be in backends:
         if be.name == "cpu":  # numpy's matmul: both sides computed alike, compared bitwise
-            ya = x @ be.dequant(ta, ZeroRule.V2, cols)
-            yb = x @ be.dequant(tb, ZeroRule.V2, cols)
-        else:                 # the CUDA kernel, every column
+            ya = x @ dequant_columns(src, m, truth, cols)
+            yb = x @ dequant_columns(out, mo, written, cols)
+        else:                 # the CUDA kernel, every column, each side in the one model
+            ta, tb = module_tensors(src, m), module_tensors(out, mo)
             ya, yb = be.gemm(x, F32, ta, ZeroRule.V2), be.gemm(x, F32, tb, ZeroRule.V2)
         if not np.array_equal(ya, yb):
             gemm_equal = False

@@ -164,12 +164,16 @@ def _convert_format(src_path: Path, dst_path: Path, sniffed: Sniffed, to: str, r
 def _write_format(src, opened, report: ConvertReport, dst: Path, force: bool, progress,
                   on_module) -> GateResult:
     before = snapshot(src.root)
-    with atomic.staging(dst, force, src.root) as tmp:
+    with atomic.staging(dst, force, src.root) as tmp, ThreadPoolExecutor(1) as flusher:
+        flushes = []
         reformat.write_all(src, report.dst_convention, tmp,
                            reformat.prov(opened.from_, report.dst_convention, opened.plans),
-                           progress)
+                           progress, lambda p: flushes.append(flusher.submit(atomic.fsync_path,
+                                                                             p)))
         faults.point("before-gate")
         gate = run_format_gate(src, tmp, report.dst_convention, report.backend, on_module)
+        for f in flushes:
+            f.result()
         if not gate.ok:
             raise FindingError(*[Finding("GQ503", msg, file=str(dst)) for msg in gate.failures])
         reformat.unchanged(before, src.root)

@@ -243,6 +243,11 @@ class CtSource:
     def qweight(self, m: QuantModule) -> np.ndarray:
         return transposed(self.store.view(m.tensors["packed"]))
 
+    def stored_qweight(self, m: QuantModule) -> tuple[np.ndarray, bool]:
+        """weight_packed as stored, and True: qweight is its transpose (for comparisons that
+        need no transposed copy)."""
+        return self.store.view(m.tensors["packed"]), True
+
     def qzeros(self, m: QuantModule) -> np.ndarray:
         if m.sym:
             block = constant_words(1 << (m.bits - 1), m.bits).view(np.int32)

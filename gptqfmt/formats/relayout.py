@@ -26,6 +26,8 @@ AWQ_ORDER[i] = [0, 2, 4, 6, 1, 3, 5, 7], so nibbles 7..0 read 7 5 3 1 6 4 2 0: t
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from ..gptq.packing import pack, unpack
@@ -35,9 +37,33 @@ AWQ_INVERSE = tuple(AWQ_ORDER.index(j) for j in range(8))  # channel j sits in n
 AWQ_BITS = 4
 
 
-def transposed(words: np.ndarray) -> np.ndarray:
-    """A C-contiguous int32 copy of words.T (GPTQ <-> compressed-tensors, both directions)."""
-    return np.ascontiguousarray(np.asarray(words).view(np.int32).T)
+PARALLEL_BYTES = 16 << 20   # below this a transpose runs in the calling thread
+BLOCK = 256                 # columns moved (or compared) per step: a cache-sized strided read
+
+
+def transposed(words: np.ndarray, workers: int | None = None) -> np.ndarray:
+    """A C-contiguous int32 copy of words.T (GPTQ <-> compressed-tensors, both directions),
+    BLOCK columns at a time, on `workers` threads (default: the CPUs this process may use;
+    numpy's copies release the GIL)."""
+    w = np.asarray(words).view(np.int32)
+    out = np.empty(w.shape[::-1], dtype=np.int32)
+
+    def part(i: int) -> None:
+        out[i:i + BLOCK] = w[:, i:i + BLOCK].T
+    blocks(part, w.shape[1] if w.ndim == 2 else 0, w.nbytes, workers)
+    return out
+
+
+def blocks(fn, n: int, nbytes: int, workers: int | None = None) -> list:
+    """fn(i) for i = 0, BLOCK, 2*BLOCK, ... < n, on threads when the data are large; the
+    results in order."""
+    from ..gptq.evidence import cpus
+    starts = range(0, n, BLOCK)
+    workers = cpus() if workers is None else workers
+    if workers <= 1 or nbytes < PARALLEL_BYTES:
+        return [fn(i) for i in starts]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(fn, starts))
 
 
 def awq_fields(words: np.ndarray) -> np.ndarray:
