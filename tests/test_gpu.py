@@ -66,3 +66,16 @@ def test_convert_gate_on_gpu(tmp_path):
     rep = convert(CKPT / "b4-asym-act-gptq_v2-sharded", tmp_path / "o", to="gptq_v2",
                   backend="cupy")
     assert rep.backend == "cupy" and rep.gate.ok and "CUDA kernel" in rep.gate.method
+
+
+@pytest.mark.parametrize("src, to", [("ckpt/b3-asym-noact-gptq_v2-sharded", "compressed-tensors"),
+                                     ("formats/awq-b4-g32", "gptq_v2"),
+                                     ("formats/ct-b4-asym-actorder-g32", "gptq_v2")])
+def test_convert_between_formats_gate_on_gpu(tmp_path, run_cli, src, to):
+    """The gate between formats runs the kernel on every column of both sides' one model."""
+    from gptqfmt.conversion import convert
+    from tests.support import FIXTURES
+    rep = convert(FIXTURES / src, tmp_path / "o", to=to, backend="cupy")
+    assert rep.backend == "cupy" and rep.gate.ok and "CUDA kernel" in rep.gate.method
+    r = run_cli("verify", FIXTURES / src, "--against", tmp_path / "o", "--backend", "cupy")
+    assert r.exit_code == 0 and "backend cupy" in r.stdout

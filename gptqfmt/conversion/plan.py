@@ -11,9 +11,10 @@ from .. import runtimes
 from ..conventions import convert_fields, lossy_mask
 from ..errors import FindingError
 from ..findings import ERROR, Finding
-from ..gptq.checkpoint import Checkpoint
+from ..gptq.checkpoint import Checkpoint, open_checkpoint
 from ..gptq.checks import module_findings
 from ..gptq.detect import AMBIGUOUS, Detection, stored_fields
+from ..gptq.evidence import detect_checkpoint
 from ..gptq.labels import effective_declared
 from ..gptq.packing import maxq as code_max
 
@@ -119,3 +120,16 @@ def refuse_invalid(ckpt: Checkpoint, det: Detection, allow_lossy: bool) -> None:
             ckpt.store.release(m.tensors.values())
     if blocking:
         raise FindingError(*blocking)
+
+
+def open_and_plan(path, requested: str, to: str, allow_lossy: bool):
+    """A GPTQ source opened, checked (refuse_invalid), its convention resolved and its zero
+    points planned into convention `to`: (checkpoint, detection, convention, plans, findings)
+    with the --from notes first. Shared by convert between conventions and between formats."""
+    ckpt = open_checkpoint(path)
+    det = detect_checkpoint(ckpt, full=False)
+    refuse_invalid(ckpt, det, allow_lossy)
+    notes: list[Finding] = []
+    from_conv = resolve_from(requested, ckpt, det, notes)
+    plans, findings = plan(ckpt, det, from_conv, to, allow_lossy)
+    return ckpt, det, from_conv, plans, notes + findings

@@ -24,14 +24,12 @@ from ..findings import ERROR, Finding
 from ..formats import COMPRESSED_TENSORS, QuantModule
 from ..formats.checks import module_findings
 from ..formats.gptq import GptqSource
-from ..gptq.checkpoint import open_checkpoint
-from ..gptq.evidence import detect_checkpoint
 from ..safetensors_io.dtypes import DTYPES, nbytes
 from ..safetensors_io.index import INDEX_NAME
 from ..safetensors_io.writer import Entry, layout
 from . import atomic
 from .configs import CONFIG_FILES, dumps, provenance
-from .plan import ModulePlan, plan, refuse_invalid, resolve_from
+from .plan import ModulePlan, open_and_plan
 from .write import copy_range, copy_other_files, snapshot
 
 TGI_SCALARS = ("gptq_bits", "gptq_groupsize", "gptq_sym")  # GPTQ-only tensors, not carried over
@@ -54,15 +52,11 @@ def open_for_convert(src_path: Path, sniffed, requested: str, to: str,
     if sniffed.format == formats.GPTQ:
         if requested not in CONVENTIONS + ("auto",):
             raise UsageError(f"{src_path}: a GPTQ checkpoint, not --from {requested}")
-        ckpt = open_checkpoint(src_path)
-        det = detect_checkpoint(ckpt, full=False)
-        refuse_invalid(ckpt, det, allow_lossy)
-        notes: list[Finding] = []
-        from_ = resolve_from(requested, ckpt, det, notes)
         # the zero points move exactly as gptq -> gptq_v2 moves them: the same refusals
-        plans, found = plan(ckpt, det, from_, GPTQ_V2, allow_lossy)
+        ckpt, det, from_, plans, found = open_and_plan(src_path, requested, GPTQ_V2,
+                                                       allow_lossy)
         src = GptqSource(ckpt, from_, allow_lossy)
-        return Opened(src, from_, plans, notes + found + no_form(src, to), det)
+        return Opened(src, from_, plans, found + no_form(src, to), det)
     src = formats.open_source(src_path, sniffed)
     try:
         if requested not in ("auto", src.format):

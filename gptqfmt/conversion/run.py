@@ -3,6 +3,7 @@ commit."""
 from __future__ import annotations
 
 import multiprocessing
+from contextlib import contextmanager
 import os
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -15,15 +16,14 @@ from ..safetensors_io.index import open_store
 from ..conventions import CONVENTIONS
 from ..errors import FindingError, OutputError, UsageError
 from ..findings import ERROR, Finding
-from ..gptq.checkpoint import Checkpoint, open_checkpoint
+from ..gptq.checkpoint import Checkpoint
 from ..gptq.detect import Detection
-from ..gptq.evidence import detect_checkpoint
 from ..reports import tool_json
 from . import atomic, reformat
 from .reformat_gate import run_format_gate
 from .configs import CONFIG_FILES, declaring_configs, derive_config, provenance, rewrite_configs
 from .gate import GateResult, check_labels, run_gate
-from .plan import ModulePlan, plan, refuse_invalid, resolve_from
+from .plan import ModulePlan, open_and_plan
 from .write import QzerosJob, copy_other_files, snapshot, write_shard
 
 @dataclass(frozen=True)
@@ -96,17 +96,12 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
     if sniffed.format != GPTQ or to not in CONVENTIONS:
         return _convert_format(src_path, dst_path, sniffed, to, src_convention, allow_lossy,
                                dry_run, force, backend, progress, on_module)
-    ckpt = open_checkpoint(src_path)
-    det = detect_checkpoint(ckpt, full=False)
-    refuse_invalid(ckpt, det, allow_lossy)
-    notes: list[Finding] = []
-    from_conv = resolve_from(src_convention, ckpt, det, notes)
-    plans, findings = plan(ckpt, det, from_conv, to, allow_lossy)
+    ckpt, det, from_conv, plans, findings = open_and_plan(src_path, src_convention, to,
+                                                          allow_lossy)
     derived = None
     if not declaring_configs(ckpt.store.root):  # the output must say what it holds
         derived, about = derive_config(ckpt, from_conv, to)
         findings += about
-    findings = notes + findings
     refusals = [f for f in findings if f.severity == ERROR]
     if refusals:
         raise FindingError(*refusals)
@@ -115,15 +110,22 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
     if dry_run:
         return report
     job = Job(ckpt, dst_path, from_conv, to, allow_lossy, force, jobs, derived)
-    try:
+    with _output_errors(dst_path):
         gate = _write_verify_commit(job, report, progress, on_module)
-    except atomic.AfterRename as e:
-        raise OutputError(f"{e.filename or dst_path}: {e.strerror or e} after {dst_path} was "
-                          "put in place; check it with `gptqfmt verify`") from None
-    except OSError as e:
-        raise OutputError(f"{e.filename or dst_path}: cannot write the output: "
-                          f"{e.strerror or e}; nothing was written") from None
     return replace(report, written=True, gate=gate)
+
+
+@contextmanager
+def _output_errors(dst: Path):
+    """An OSError while writing, as the one-line OutputError the CLI reports (exit 1)."""
+    try:
+        yield
+    except atomic.AfterRename as e:
+        raise OutputError(f"{e.filename or dst}: {e.strerror or e} after {dst} was put in "
+                          "place; check it with `gptqfmt verify`") from None
+    except OSError as e:
+        raise OutputError(f"{e.filename or dst}: cannot write the output: "
+                          f"{e.strerror or e}; nothing was written") from None
 
 
 def _sniff(path: Path) -> Sniffed:
@@ -148,14 +150,8 @@ def _convert_format(src_path: Path, dst_path: Path, sniffed: Sniffed, to: str, r
                                opened.plans, opened.detection, opened.findings, backend=backend)
         if dry_run:
             return report
-        try:
+        with _output_errors(dst_path):
             gate = _write_format(src, opened, report, dst_path, force, progress, on_module)
-        except atomic.AfterRename as e:
-            raise OutputError(f"{e.filename or dst_path}: {e.strerror or e} after {dst_path} "
-                              "was put in place; check it with `gptqfmt verify`") from None
-        except OSError as e:
-            raise OutputError(f"{e.filename or dst_path}: cannot write the output: "
-                              f"{e.strerror or e}; nothing was written") from None
         return replace(report, written=True, gate=gate)
     finally:
         src.close()

@@ -18,7 +18,7 @@ from ..errors import FindingError
 from ..findings import Finding
 from ..gptq.config import config_documents
 from ..safetensors_io.index import TensorStore, open_store
-from . import awq, ct
+from . import awq, ct, gptq
 from .model import AWQ, COMPRESSED_TENSORS, FORMATS, GPTQ, GPTQ_V2, TARGETS, QuantModule, \
     Source, module_tensors
 
@@ -76,5 +76,4 @@ def open_source(path: str | os.PathLike, sniffed: Sniffed | None = None,
 
 def writer(target: str):
     """The module (entries, tensor, config) that writes `target`."""
-    from . import gptq
     return ct if target == COMPRESSED_TENSORS else gptq

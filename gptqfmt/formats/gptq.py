@@ -11,7 +11,8 @@ import re
 
 import numpy as np
 
-from ..conventions import GPTQ_V2, convert_fields
+from .. import runtimes
+from ..conventions import GPTQ_V2, convert_fields, effective_zeros, lossy_mask
 from ..gptq.checkpoint import Checkpoint, Module
 from ..gptq.detect import stored_fields
 from ..gptq.evidence import module_g_idx
@@ -125,8 +126,6 @@ def _regex(target: str) -> str:
 def reference_zeros(src: GptqSource, m: QuantModule) -> tuple[np.ndarray, np.ndarray]:
     """(Z as the reference runtime reads the stored fields, the fields gptq_v2 cannot hold
     exactly): what a conversion must reproduce, and where it may not (conventions.lossy_mask)."""
-    from .. import runtimes
-    from ..conventions import effective_zeros, lossy_mask
     qz = m.tensors["qzeros"]
     stored = stored_fields(src.ckpt.view(qz), m.bits)
     src.store.release([qz])

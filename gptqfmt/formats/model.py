@@ -17,7 +17,7 @@ import numpy as np
 
 from ..findings import Finding
 from ..gptq.layout import n_groups
-from ..numerics.operands import ModuleTensors
+from ..numerics.operands import DTYPE_KIND, ModuleTensors
 from ..safetensors_io.index import TensorStore
 
 GPTQ, GPTQ_V2, COMPRESSED_TENSORS, AWQ = "gptq", "gptq_v2", "compressed-tensors", "awq"
@@ -75,6 +75,5 @@ class Source(Protocol):
 
 def module_tensors(src: Source, m: QuantModule) -> ModuleTensors:
     """Module `m` of `src` in the one model (see the module docstring)."""
-    from ..numerics.operands import DTYPE_KIND
     return ModuleTensors(src.qweight(m), src.qzeros(m), src.scales(m),
                          DTYPE_KIND[m.scale_dtype], src.g_idx(m), m.bits)

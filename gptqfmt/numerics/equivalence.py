@@ -18,14 +18,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import runtimes
-from ..conventions import effective_zeros
+from .. import formats, runtimes
+from ..conventions import ZeroRule, effective_zeros
 from ..errors import UsageError
+from ..formats import GPTQ, sniff
+from ..formats import module_tensors as model_tensors
+from ..formats.gptq import GptqSource, reference_zeros
 from ..gptq.checkpoint import Checkpoint, open_checkpoint
 from ..gptq.detect import AMBIGUOUS, stored_fields
 from ..gptq.evidence import detect_checkpoint
 from ..gptq.labels import effective_declared
+from ..gptq.packing import unpack
 from ..safetensors_io.dtypes import FP16_MAX
+from ..safetensors_io.index import open_store
 from . import get_backend
 from .operands import F16, F32, module_tensors, sample_columns
 
@@ -133,8 +138,6 @@ ACROSS = "every runtime"  # the one reading when a side stores Z itself
 
 
 def _is_gptq(path) -> bool:
-    from ..formats import GPTQ, sniff
-    from ..safetensors_io.index import open_store
     store = open_store(path)
     try:
         return sniff(store).format == GPTQ
@@ -148,8 +151,6 @@ class _Side:
     another format in the one model, Z stored exactly) and its effective Z per cell."""
 
     def __init__(self, path):
-        from .. import formats
-        from ..formats.gptq import GptqSource
         if _is_gptq(path):
             ckpt = open_checkpoint(path)
             self.convention = effective_declared(ckpt)
@@ -160,8 +161,6 @@ class _Side:
         self.modules = {m.name: m for m in self.src.modules}
 
     def operands(self, m):
-        from ..conventions import ZeroRule
-        from ..formats import module_tensors as model_tensors
         if self.src.format in ("gptq", "gptq_v2"):
             ckpt = self.src.ckpt
             mod = next(x for x in ckpt.modules if x.name == m.name)
@@ -169,8 +168,6 @@ class _Side:
         return model_tensors(self.src, m), ZeroRule.V2
 
     def zeros(self, m) -> np.ndarray:
-        from ..formats.gptq import reference_zeros
-        from ..gptq.packing import unpack
         if self.src.format in ("gptq", "gptq_v2"):
             return reference_zeros(self.src, m)[0]
         return unpack(self.src.qzeros(m), m.bits, axis=1).astype(np.int32)
