@@ -80,8 +80,7 @@ def inspect_checkpoint(path: str | os.PathLike) -> InspectResult | FormatInspect
         for m in src.modules:
             findings += format_checks.data_findings(src, m, full=False)
         return FormatInspectResult(str(path), src, sorted(findings, key=Finding.sort_key))
-    store.close()
-    ckpt = open_checkpoint(path)
+    ckpt = open_checkpoint(path, store)
     det = detect_checkpoint(ckpt, full=False)
     findings = ckpt.findings + convention_findings(ckpt, det)
     verdicts = {v.name: v for v in det.modules}

@@ -111,8 +111,7 @@ def validate(path: str | os.PathLike, progress=None, jobs: int | None = None,
             raise UsageError(f"{path}: a {sniffed.format} checkpoint; --runtime judges GPTQ "
                              "checkpoints (the runtime table covers their kernels)")
         return validate_format(path, store, sniffed, progress)
-    store.close()
-    ckpt = open_checkpoint(path)
+    ckpt = open_checkpoint(path, store)
     findings = list(ckpt.findings)
     modules = [m for m in ckpt.modules if m.valid]
     total = sum(ckpt.store.info(m.tensors["qweight"]).nbytes for m in modules)

@@ -263,8 +263,10 @@ def _compare_fields(ckpt, m, v, truth, todo: dict, scales: bool) -> dict:
             got -= want                      # the change of Z per cell (int32, in place)
             cells[key] += int(np.count_nonzero(got))
             if scales:  # scale x change: exact in float32 (an fp16 scale times |dZ| <= 256)
-                worst[key] = max(worst[key], float(np.max(np.abs(s32 * got.astype(np.float32)),
-                                                          initial=0.0)))
+                moved = got != 0   # only cells that change (an inf scale times 0 is no change)
+                change = np.abs(s32[moved] * got[moved].astype(np.float32))
+                change = change[np.isfinite(change)]  # non-finite scales are GQ501's
+                worst[key] = max(worst[key], float(change.max(initial=0.0)))
     return {key: Misread(cells[key], worst[key] if scales else None,
                          todo[key] if cells[key] else None) if cells[key] else
             Misread(0, 0.0 if scales else None) for key in todo}

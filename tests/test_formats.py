@@ -55,7 +55,7 @@ needs_ct = pytest.mark.skipif(not HAVE_CT, reason="compressed-tensors 0.20 needs
 V2_PLAIN = sorted(n for n, s in SPECS.items()
                   if s.convention == "gptq_v2" and not s.act_order and s.config_style == "gptqmodel"
                   and s.declared == "same" and s.g_idx and not n.endswith("-sharded")
-                  and not n.startswith(("rt-", "mislabelled")))
+                  and not n.startswith(("rt-", "mislabelled"))) + ["b4-asym-noact-gptq_v2-sharded"]
 
 
 def tensors_of(path):
@@ -376,6 +376,10 @@ def _float_weights(q):
     q["config_groups"]["group_0"]["weights"]["type"] = "float"
 
 
+def _no_group_size(q):
+    q["config_groups"]["group_0"]["weights"]["group_size"] = 0
+
+
 def _old_3bit(q):
     q["version"] = "0.17.0"
 
@@ -391,6 +395,7 @@ def _ignored(q):
 CASES = [
     ("GQ210", "ct-b4-asym-g32", _float_weights, None, "type is 'float'"),
     ("GQ210", "ct-b3-asym-g32", _old_3bit, None, "32 // 3 values per word"),
+    ("GQ210", "ct-b4-asym-g32", _no_group_size, None, "group_size is 0"),
     ("GQ211", "ct-b4-asym-g32", _untargeted, None, "no config group"),
     ("GQ211", "ct-b4-asym-g32", _ignored, None, "ignore lists"),
     ("GQ301", "ct-b4-asym-g32", None, lambda t: t.pop(f"{Q}.weight_zero_point"),

@@ -63,15 +63,18 @@ def open_source(path: str | os.PathLike, sniffed: Sniffed | None = None,
     if s.format == COMPRESSED_TENSORS:
         if s.label is None:
             store.close()
-            raise FindingError(Finding(
+            raise FindingError(*s.findings, Finding(
                 "GQ210", "tensors are stored pack-quantized (*.weight_packed) but no config "
                 "says with which scheme (bits, strategy, symmetry)", file="config.json",
                 hint="restore config.json with its quantization_config"))
-        return ct.open_source(store, s.label, s.doc, s.config_files)
-    if s.format == AWQ:
-        return awq.AwqSource(store, s.label, s.doc, s.config_files)
-    store.close()
-    raise ValueError(f"{path}: a GPTQ checkpoint; open it with open_checkpoint")
+        src = ct.open_source(store, s.label, s.doc, s.config_files)
+    elif s.format == AWQ:
+        src = awq.AwqSource(store, s.label, s.doc, s.config_files)
+    else:
+        store.close()
+        raise ValueError(f"{path}: a GPTQ checkpoint; open it with open_checkpoint")
+    src.findings[:0] = s.findings   # config files that could not be read (GQ201, GQ202)
+    return src
 
 
 def writer(target: str):

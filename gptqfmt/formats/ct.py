@@ -58,6 +58,7 @@ class Group:
     strategy: str
     group_size: int | None
     actorder: str | None
+    usable: bool = True     # False: a GQ210 finding says why its modules are not read
 
 
 @dataclass
@@ -98,6 +99,7 @@ def parse_config(label: str, doc: dict) -> CtConfig:
         refuse("config_groups is missing or empty")
         return cfg
     for name, g in groups.items():
+        refused = len(bad)
         if not isinstance(g, dict) or not isinstance(g.get("weights"), dict):
             refuse(f"config_groups.{name}: no weights scheme")
             continue
@@ -137,7 +139,8 @@ def parse_config(label: str, doc: dict) -> CtConfig:
                    "later (compressors/pack_quantized/helpers.py)",
                    hint="re-save it with a current compressed-tensors")
         cfg.groups.append(Group(name, tuple(targets), bits, bool(w.get("symmetric", True)),
-                                strategy, gs if strategy == "group" else None, actorder))
+                                strategy, gs if strategy == "group" else None, actorder,
+                                usable=len(bad) == refused))
     return cfg
 
 
@@ -182,7 +185,7 @@ class CtSource:
             bad("GQ211", f"{cfg.label} ignore lists {p}, yet it is stored pack-quantized",
                 hint="remove it from ignore, or store it unquantized")
             return None
-        if g.bits not in SUPPORTED_BITS or g.strategy not in STRATEGIES:
+        if not g.usable:
             return None  # the group's GQ210 says why
         needed = ["packed", "scale", "shape"] + ([] if g.symmetric else ["zero"])
         missing = [SUFFIXES[r] for r in needed if r not in names]

@@ -71,9 +71,10 @@ class Checkpoint:
         self.close()
 
 
-def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Open and model a checkpoint (headers, configs, g_idx; no qweight data is read)."""
-    store = open_store(path)
+def open_checkpoint(path: str | os.PathLike, store: TensorStore | None = None) -> Checkpoint:
+    """Open and model a checkpoint (headers, configs, g_idx; no qweight data is read); `store`:
+    its tensor store when already open (formats.sniff looked at it)."""
+    store = store or open_store(path)
     findings = list(store.findings)
     first = next(iter(store.files.values()))
     config, cfg_findings = load_config(store.root, first.metadata)
