@@ -314,6 +314,23 @@ def test_partial_last_group_is_refused(tmp_path):
     assert "divisible by the given group_size" in f.message and f.tensor.endswith(".qweight")
 
 
+def test_a_quantized_module_the_config_excludes_is_refused(tmp_path):
+    """GQ313 (quantized although `dynamic` excludes it) has no config of the target: refused,
+    not carried over as stray GPTQ tensors."""
+    src = tmp_path / "src"
+    shutil.copytree(CKPT / "b4-asym-noact-gptq_v2-single", src)
+    for name in ("quantize_config.json", "config.json"):
+        doc = json.loads((src / name).read_text())
+        q = doc.get("quantization_config", doc)
+        q["dynamic"] = {r"-:.*q_proj": {}}
+        (src / name).write_text(json.dumps(doc))
+    with pytest.raises(FindingError) as e:
+        convert(src, tmp_path / "x", to="compressed-tensors")
+    f = e.value.findings[0]
+    assert [x.code for x in e.value.findings] == ["GQ419"] and "GQ313" in f.message
+    assert f.tensor == f"{Q}.qweight" and not (tmp_path / "x").exists()
+
+
 def test_old_ct_act_order_converts_to_gptq_v2_with_its_g_idx(tmp_path):
     convert(FORMATS / "ct-b4-asym-actorder-g32", tmp_path / "v2", backend="cpu")
     with open_checkpoint(tmp_path / "v2") as ck:

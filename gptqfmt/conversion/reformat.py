@@ -4,8 +4,8 @@ tensors; every other tensor is copied byte for byte.
 
 Flow, as for gptq <-> gptq_v2 (run.py): plan and refuse before anything is written (GQ419 where
 the target has no lossless form of a module; a gptq source's zero points through the same
-per-field rules as gptq -> gptq_v2), then shard by shard into a staging directory, one tensor in
-memory at a time, then the gate (reformat_gate.py) proves the staged output equal to SRC, and
+per-field rules as gptq -> gptq_v2), then shard by shard into a staging directory, at most two
+tensors in memory, then the gate (reformat_gate.py) proves the staged output equal to SRC, and
 only then does the directory appear as DST.
 """
 from __future__ import annotations
@@ -85,6 +85,12 @@ def open_for_convert(src_path: Path, sniffed, requested: str, to: str,
 def no_form(src, to: str) -> list[Finding]:
     """GQ419 for every module the target cannot hold losslessly, with the reason."""
     out = []
+    for name, t in getattr(src, "unlisted", {}).items():
+        out.append(Finding("GQ419", f"{name} is quantized but the config's `dynamic` excludes "
+                           "it (GQ313): no config of the target can describe it; nothing was "
+                           "written", file=src.store.file_of(t), tensor=t,
+                           hint="fix the source's dynamic rules (or drop the module), then "
+                                "convert again"))
     for m in src.modules:
         why = _no_form(m, to)
         if why:

@@ -31,7 +31,10 @@ class GptqSource:
         self._by_name: dict[str, Module] = {}
         self.modules: list[QuantModule] = []
         claimed: set[str] = set()
+        self.unlisted: dict[str, str] = {}   # quantized, but `dynamic` excludes it (GQ313)
         for m in ckpt.modules:
+            if m.valid and m.declared is None:
+                self.unlisted[m.name] = m.tensors["qweight"]
             if not (m.valid and m.declared is not None):
                 continue
             self._by_name[m.name] = m
