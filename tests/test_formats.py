@@ -350,6 +350,11 @@ def test_unsupported_directions_are_usage_errors(args, fragment, tmp_path):
         convert(FORMATS / name, tmp_path / "x", to=to)
 
 
+def test_jobs_between_formats_is_refused_not_ignored(tmp_path):
+    with pytest.raises(UsageError, match="--jobs applies between gptq and gptq_v2"):
+        convert(FORMATS / "ct-b4-asym-g32", tmp_path / "x", jobs=2)
+
+
 def test_from_must_name_the_source_format(tmp_path):
     with pytest.raises(UsageError, match="not --from awq"):
         convert(FORMATS / "ct-b4-asym-g32", tmp_path / "x", src_convention="awq")

@@ -27,7 +27,7 @@ from .reporters import reporter
 @click.option("--dry-run", is_flag=True, help="Plan and report; write nothing.")
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Shards written in parallel processes.")
+              help="Shards written in parallel processes (gptq <-> gptq_v2).")
 @click.option("--backend", type=click.Choice(["auto", "cpu", "cupy"]), default="auto",
               show_default=True, help="Numerical check before commit.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")

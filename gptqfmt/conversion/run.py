@@ -94,6 +94,10 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
     atomic.check_destination(dst_path, force, src_path)
     sniffed = _sniff(src_path)
     if sniffed.format != GPTQ or to not in CONVENTIONS:
+        if jobs > 1:
+            raise UsageError("--jobs applies between gptq and gptq_v2; between formats the "
+                             "shards are written one at a time, each tensor's re-layout on "
+                             "every CPU already")
         return _convert_format(src_path, dst_path, sniffed, to, src_convention, allow_lossy,
                                dry_run, force, backend, progress, on_module)
     ckpt, det, from_conv, plans, findings = open_and_plan(src_path, src_convention, to,
