@@ -350,6 +350,54 @@ def test_unsupported_directions_are_usage_errors(args, fragment, tmp_path):
         convert(FORMATS / name, tmp_path / "x", to=to)
 
 
+def test_gptq_source_with_a_foreign_from_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="not --from awq"):
+        convert(CKPT / "b4-sym-noact-gptq_v2-single", tmp_path / "x", src_convention="awq")
+
+
+def test_names_and_patterns_before_class_names_as_vllm_matches():
+    from gptqfmt.formats.ct import parse_config
+    w = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}
+    cfg = parse_config("c", {"config_groups": {
+        "group_0": {"targets": ["Linear"], "weights": w},
+        "group_1": {"targets": [r"re:.*up_proj$"], "weights": {**w, "symmetric": False}},
+        "group_2": {"targets": ["model.layers.0.mlp.down_proj"], "weights": {**w, "num_bits": 8}}}})
+    assert cfg.group_for("model.layers.0.mlp.up_proj").name == "group_1"
+    assert cfg.group_for("model.layers.0.mlp.down_proj").name == "group_2"
+    assert cfg.group_for("model.layers.0.self_attn.q_proj").name == "group_0"
+
+
+def test_a_stray_gptq_config_does_not_turn_gptq_into_awq(tmp_path):
+    d = tmp_path / "g"
+    shutil.copytree(CKPT / "b4-asym-noact-gptq_v2-single", d)
+    (d / "quant_config.json").write_text(json.dumps({"w_bit": 4, "q_group_size": 32,
+                                                     "zero_point": True, "version": "GEMM"}))
+    with pytest.raises(FindingError) as e:   # read as GPTQ, whose loader names the stray file
+        inspect_checkpoint(d)
+    f = e.value.findings[0]
+    assert f.code == "GQ203" and f.file == "quant_config.json" and "stray" in f.hint
+
+
+def test_modules_outside_gptq_words_have_no_form():
+    from gptqfmt.formats.model import QuantModule, outside_words
+    assert outside_words(QuantModule("m", 3, -1, 40, 64, False, False, "F16")) and \
+        outside_words(QuantModule("m", 3, -1, 64, 48, False, False, "F16"))
+    assert outside_words(QuantModule("m", 3, 32, 64, 96, False, False, "F16")) is None
+
+
+def test_against_a_sym_gptq_with_a_stored_maxq_reports_not_raises(run_cli, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(CKPT / "b4-sym-noact-gptq-single", src)
+    convert(src, tmp_path / "ct", to="compressed-tensors", backend="cpu")
+
+    def one_maxq(t):
+        z = t[f"{Q}.qzeros"][1]
+        z[0, 0] |= np.int32(0xF)   # field 0 of the first group: 15 (v1's ambiguous maxq)
+    rewrite_tensors(src, one_maxq)
+    r = run_cli("verify", src, "--against", tmp_path / "ct")
+    assert r.exit_code == 1 and "DIFFERS" in r.stdout
+
+
 def test_jobs_between_formats_is_refused_not_ignored(tmp_path):
     with pytest.raises(UsageError, match="--jobs applies between gptq and gptq_v2"):
         convert(FORMATS / "ct-b4-asym-g32", tmp_path / "x", jobs=2)
@@ -402,6 +450,18 @@ def _no_group_size(q):
     q["config_groups"]["group_0"]["weights"]["group_size"] = 0
 
 
+def _symmetric_string(q):
+    q["config_groups"]["group_0"]["weights"]["symmetric"] = "false"
+
+
+def _ignore_not_a_list(q):
+    q["ignore"] = 5
+
+
+def _symmetric_over_zero_points(q):
+    q["config_groups"]["group_0"]["weights"]["symmetric"] = True
+
+
 def _old_3bit(q):
     q["version"] = "0.17.0"
 
@@ -418,6 +478,12 @@ CASES = [
     ("GQ210", "ct-b4-asym-g32", _float_weights, None, "type is 'float'"),
     ("GQ210", "ct-b3-asym-g32", _old_3bit, None, "32 // 3 values per word"),
     ("GQ210", "ct-b4-asym-g32", _no_group_size, None, "group_size is 0"),
+    ("GQ210", "ct-b4-asym-g32", _symmetric_string, None, "symmetric is 'false'"),
+    ("GQ210", "ct-b4-asym-g32", _ignore_not_a_list, None, "ignore is 5"),
+    ("GQ303", "ct-b4-asym-g32", _symmetric_over_zero_points, None, "readers of a symmetric"),
+    ("GQ303", "ct-b4-asym-g32", None,
+     lambda t: t.__setitem__(f"{Q}.weight_shape", ("I64", np.array([64, -64], np.int64))),
+     "expected positive"),
     ("GQ211", "ct-b4-asym-g32", _untargeted, None, "no config group"),
     ("GQ211", "ct-b4-asym-g32", _ignored, None, "ignore lists"),
     ("GQ301", "ct-b4-asym-g32", None, lambda t: t.pop(f"{Q}.weight_zero_point"),
@@ -628,6 +694,7 @@ def test_library_entry_point_and_cli_agree(run_cli, tmp_path):
     assert sorted(set(idx["weight_map"].values())) == sorted(
         p.name for p in (tmp_path / "cli").glob("*.safetensors"))
     assert 0 < idx["metadata"]["total_size"] < total
+    assert not [f for f in validate(tmp_path / "cli").findings if f.code == "GQ125"]
     r = run_cli("convert", FORMATS / "ct-b4-sym-g32-sharded", tmp_path / "t")
     assert "carried exactly" in r.stdout and "verified (cpu)" in r.stdout
 

@@ -127,9 +127,13 @@ def open_and_plan(path, requested: str, to: str, allow_lossy: bool):
     points planned into convention `to`: (checkpoint, detection, convention, plans, findings)
     with the --from notes first. Shared by convert between conventions and between formats."""
     ckpt = open_checkpoint(path)
-    det = detect_checkpoint(ckpt, full=False)
-    refuse_invalid(ckpt, det, allow_lossy)
-    notes: list[Finding] = []
-    from_conv = resolve_from(requested, ckpt, det, notes)
-    plans, findings = plan(ckpt, det, from_conv, to, allow_lossy)
+    try:
+        det = detect_checkpoint(ckpt, full=False)
+        refuse_invalid(ckpt, det, allow_lossy)
+        notes: list[Finding] = []
+        from_conv = resolve_from(requested, ckpt, det, notes)
+        plans, findings = plan(ckpt, det, from_conv, to, allow_lossy)
+    except BaseException:
+        ckpt.close()
+        raise
     return ckpt, det, from_conv, plans, notes + findings

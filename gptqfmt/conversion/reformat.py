@@ -22,6 +22,7 @@ from ..conventions import CONVENTIONS, GPTQ_V2
 from ..errors import FindingError, UsageError
 from ..findings import ERROR, Finding
 from ..formats import COMPRESSED_TENSORS, QuantModule
+from ..formats.model import outside_words
 from ..formats.checks import module_findings
 from ..formats.gptq import GptqSource
 from ..safetensors_io.dtypes import DTYPES, nbytes
@@ -56,7 +57,7 @@ def open_for_convert(src_path: Path, sniffed, requested: str, to: str,
         ckpt, det, from_, plans, found = open_and_plan(src_path, requested, GPTQ_V2,
                                                        allow_lossy)
         src = GptqSource(ckpt, from_, allow_lossy)
-        return Opened(src, from_, plans, found + no_form(src, to), det)
+        return Opened(src, from_, plans, found + no_form(src, to) + name_clashes(src, to), det)
     src = formats.open_source(src_path, sniffed)
     try:
         if requested not in ("auto", src.format):
@@ -79,7 +80,7 @@ def open_for_convert(src_path: Path, sniffed, requested: str, to: str,
         raise
     plans = [ModulePlan(m.name, m.bits, m.groups * m.out_features, 0, 0, 0, []) for m in
              src.modules]
-    return Opened(src, src.format, plans, no_form(src, to))
+    return Opened(src, src.format, plans, no_form(src, to) + name_clashes(src, to))
 
 
 def no_form(src, to: str) -> list[Finding]:
@@ -102,6 +103,9 @@ def no_form(src, to: str) -> list[Finding]:
 
 
 def _no_form(m: QuantModule, to: str) -> str | None:
+    outside = outside_words(m)   # every conversion goes through the one model
+    if outside:
+        return outside
     if to == COMPRESSED_TENSORS:
         if m.act_order:
             return ("act-order (a non-trivial g_idx): vLLM 0.30 and later refuse compressed-"
@@ -115,10 +119,6 @@ def _no_form(m: QuantModule, to: str) -> str | None:
                     f"{m.group_size}: compressed-tensors' group strategy has no partial last "
                     "group (forward_helpers._process_group: 'tensor column shape must be "
                     "divisible by the given group_size')")
-        return None
-    if (m.in_features * m.bits) % 32 or (m.out_features * m.bits) % 32:
-        return (f"{m.in_features} x {m.out_features} at {m.bits} bits: GPTQ packs "
-                f"in_features*bits and out_features*bits into whole 32-bit words")
     return None
 
 
@@ -157,7 +157,26 @@ def out_shards(src, to: str) -> dict[str, list[OutTensor]]:
             continue
         info = st.info(t)
         shards[st.file_of(t)].append(OutTensor(t, info.dtype, tuple(info.shape), None))
-    return shards
+    # a source shard whose tensors all went with their modules to another shard is not written
+    return {s: ts for s, ts in shards.items() if ts}
+
+
+def name_clashes(src, to: str) -> list[Finding]:
+    """GQ419 for an output name written twice: a tensor outside the modules named like one the
+    target writes for a module (a stray `x.qweight` beside compressed-tensors' `x.weight_*`)."""
+    seen: dict[str, str] = {}
+    out = []
+    for ts in out_shards(src, to).values():
+        for t in ts:
+            if t.name in seen:
+                out.append(Finding("GQ419", f"{t.name} would be written twice: the target "
+                                   f"writes it for module {seen[t.name]}, and SRC also has a "
+                                   "tensor of that name; nothing was written",
+                                   file=src.store.file_of(t.name) if t.name in
+                                   src.store.locations else None, tensor=t.name,
+                                   hint="remove the stray tensor from the source"))
+            seen[t.name] = t.module.name if t.module else "(none)"
+    return out
 
 
 def write_shard(src, shard: str, tensors: list[OutTensor], to: str, out: Path,
@@ -198,7 +217,8 @@ def write_shard(src, shard: str, tensors: list[OutTensor], to: str, out: Path,
                     raise AssertionError(f"{t.name}: built {arr.dtype}{list(arr.shape)}, "
                                          f"planned {t.dtype}{list(t.shape)}")
                 settle()
-                pending.append((io.submit(fout.write, memoryview(arr).cast("B")), i))
+                if arr.size:   # (a zero-size array has no bytes, and no buffer to cast)
+                    pending.append((io.submit(fout.write, memoryview(arr).cast("B")), i))
                 src.store.release(t.module.tensors.values())
             written += e.nbytes
         settle()

@@ -41,7 +41,10 @@ def open_output(tmp: Path, to: str):
             errors += [f for f in formats.ct.module_checks(out, m) if f.severity == ERROR]
         return out, [f"the output would fail verify: {f.one_line()}" for f in errors]
     msgs = check_labels(tmp, GPTQ_V2)
-    return GptqSource(open_checkpoint(tmp), GPTQ_V2), msgs
+    try:
+        return GptqSource(open_checkpoint(tmp), GPTQ_V2), msgs
+    except FindingError as e:
+        return None, msgs or [f"the output cannot be opened: {f.one_line()}" for f in e.findings]
 
 
 def zeros_of(src, m) -> tuple[np.ndarray, np.ndarray]:

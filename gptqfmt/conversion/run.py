@@ -93,6 +93,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
         raise UsageError(f"{src}: no such directory")
     atomic.check_destination(dst_path, force, src_path)
     sniffed = _sniff(src_path)
+    if sniffed.format == GPTQ and src_convention not in CONVENTIONS + ("auto",):
+        raise UsageError(f"{src}: a GPTQ checkpoint, not --from {src_convention}")
     if sniffed.format != GPTQ or to not in CONVENTIONS:
         if jobs > 1:
             raise UsageError("--jobs applies between gptq and gptq_v2; between formats the "

@@ -38,7 +38,7 @@ class Sniffed:
 def sniff(store: TensorStore) -> Sniffed:
     docs, found = config_documents(store.root)
     files = sorted({label.split(":")[0] for label, _ in docs})
-    for label, doc in docs:
+    for label, doc in docs:   # the first config that names a method decides, as loaders read
         method = str(doc.get("quant_method", "")).lower()
         if method == ct.METHOD:
             return Sniffed(COMPRESSED_TENSORS, label, doc, files, found)
@@ -46,6 +46,8 @@ def sniff(store: TensorStore) -> Sniffed:
                                str(doc.get("version", "")).lower() in
                                awq.VERSIONS + ("gemv", "gemv_fast", "marlin", "exllama")):
             return Sniffed(AWQ, label, doc, files, found)
+        if method:
+            break
     if not docs:
         if any(t.endswith(".weight_packed") for t in store.locations):
             return Sniffed(COMPRESSED_TENSORS, None, {}, files, found)

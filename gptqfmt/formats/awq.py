@@ -110,7 +110,7 @@ class AwqSource:
                 f"(qweight [K*bits/32, N]), but {self.label or 'the config'} says AutoAWQ, whose "
                 "GEMM layout stores qweight [K, N/8]: the label does not match the tensors")
             return None
-        if qw[1] * 8 != n or qz != (groups, qw[1]) or groups == 0 or k % groups:
+        if qw[1] * 8 != n or qz != (groups, qw[1]) or 0 in (groups, k, n) or k % groups:
             bad("GQ303", f"qweight {list(qw)}, qzeros {list(qz)}, scales {list(sc)}: AutoAWQ "
                 f"GEMM stores [K, N/8], [K/group_size, N/8] and [K/group_size, N]")
             return None

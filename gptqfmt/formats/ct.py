@@ -30,7 +30,7 @@ from ..gptq.packing import SUPPORTED_BITS, constant_words, unpack
 from ..safetensors_io.index import TensorStore
 from .model import COMPRESSED_TENSORS, QuantModule
 from .relayout import padding_clean, stream_words, transposed
-from .targets import any_match, patterns
+from .targets import any_match, kind, matches, patterns
 
 CT_VERSION = "0.20.0"       # the compressed-tensors release whose layout and config are written
 METHOD = "compressed-tensors"
@@ -71,10 +71,11 @@ class CtConfig:
     findings: list[Finding] = field(default_factory=list)
 
     def group_for(self, name: str) -> Group | None:
-        """The first group naming `name` exactly, else the first whose targets match it."""
-        for exact in (True, False):
+        """The group whose targets name `name`: exact names first, then `re:` patterns, then
+        class names (`Linear`), each over every group in order, as vLLM matches them."""
+        for k in ("name", "regex", "class"):
             for g in self.groups:
-                if (name in g.targets) if exact else any_match(g.targets, name):
+                if any(kind(t) == k and matches(t, name) for t in g.targets):
                     return g
         return None
 
@@ -83,9 +84,14 @@ def parse_config(label: str, doc: dict) -> CtConfig:
     """The groups of a compressed-tensors quantization_config; every scheme gptqfmt cannot read
     as GPTQ-style integer weights (float types, quantized activations, tensor or block
     strategies, other formats) is a GQ210 finding naming the group and the value."""
-    cfg = CtConfig(label, [], list(doc.get("ignore") or []), doc.get("format"),
-                   doc.get("version"))
+    ignore = doc.get("ignore") or []
+    cfg = CtConfig(label, [], [], doc.get("format"), doc.get("version"))
     bad = cfg.findings
+    if isinstance(ignore, list) and all(isinstance(t, str) for t in ignore):
+        cfg.ignore = list(ignore)
+    else:
+        bad.append(Finding("GQ210", f"ignore is {ignore!r}; expected a list of module names "
+                           "and re: patterns", file=label))
 
     def refuse(what: str, hint: str | None = None) -> None:
         bad.append(Finding("GQ210", what, file=label, hint=hint or
@@ -129,6 +135,9 @@ def parse_config(label: str, doc: dict) -> CtConfig:
         if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
             refuse(f"config_groups.{name}.targets: expected a list of strings")
             targets = []
+        sym = w.get("symmetric", True)
+        if not isinstance(sym, bool):
+            refuse(f"config_groups.{name}.weights.symmetric is {sym!r}; expected true or false")
         if w.get("dynamic") not in (None, False):
             refuse(f"config_groups.{name}.weights.dynamic is {w.get('dynamic')!r}; weights "
                    "are stored quantized only when it is false")
@@ -138,7 +147,7 @@ def parse_config(label: str, doc: dict) -> CtConfig:
                    f"gptqfmt reads the dense layout of {'.'.join(map(str, DENSE_SINCE))} and "
                    "later (compressors/pack_quantized/helpers.py)",
                    hint="re-save it with a current compressed-tensors")
-        cfg.groups.append(Group(name, tuple(targets), bits, bool(w.get("symmetric", True)),
+        cfg.groups.append(Group(name, tuple(targets), bits, sym is not False,
                                 strategy, gs if strategy == "group" else None, actorder,
                                 usable=len(bad) == refused))
     return cfg
@@ -187,6 +196,11 @@ class CtSource:
             return None
         if not g.usable:
             return None  # the group's GQ210 says why
+        if g.symmetric and "zero" in names:
+            bad("GQ303", f"config group {g.name} is symmetric, yet {names['zero']} is stored: "
+                "readers of a symmetric scheme ignore it (a label that contradicts the "
+                "tensors)", names["zero"])
+            return None
         needed = ["packed", "scale", "shape"] + ([] if g.symmetric else ["zero"])
         missing = [SUFFIXES[r] for r in needed if r not in names]
         if missing:
@@ -206,6 +220,10 @@ class CtSource:
                 f"weight_shape {list(shape)}: expected 2-D, 2-D and [2]")
             return None
         n, k = (int(v) for v in np.asarray(st.view(names["shape"])))
+        if n <= 0 or k <= 0:
+            bad("GQ303", f"weight_shape is ({n}, {k}); expected positive out and in features",
+                names["shape"])
+            return None
         expect = (n, stream_words(k, g.bits))
         if tuple(packed) != expect:
             bad("GQ304" if packed[0] == n else "GQ303",

@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from .. import runtimes
-from ..conventions import GPTQ_V2, convert_fields, effective_zeros, lossy_mask
+from ..conventions import GPTQ_V2, convert_fields, effective_zeros, lossy_mask, sym_field
 from ..gptq.checkpoint import Checkpoint, Module
 from ..gptq.detect import stored_fields
 from ..gptq.evidence import module_g_idx
@@ -46,10 +46,14 @@ class GptqSource:
         self.passthrough = sorted(t for t in ckpt.store.locations if t not in claimed)
 
     def _symmetric(self, m: Module) -> bool:
-        """Declared sym and every Z = 2^(bits-1) (a sym label over other zeros is GQ403)."""
+        """Declared sym and every Z = 2^(bits-1) (a sym label over other zeros is GQ403);
+        read from the stored fields, so a field no convention maps exactly is simply not sym."""
         if not (m.declared and m.declared.sym):
             return False
-        return bool(np.all(self._fields(m) == 1 << (m.bits - 1)))
+        qz = m.tensors["qzeros"]
+        stored = stored_fields(self.ckpt.view(qz), m.bits)
+        self.store.release([qz])
+        return bool(np.all(stored == sym_field(m.bits, self.format)))
 
     def _fields(self, m: Module | QuantModule) -> np.ndarray:
         """Z per group and output channel (gptq_v2 semantics), uint8 [G, N]."""

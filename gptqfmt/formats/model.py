@@ -73,6 +73,15 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
+def outside_words(m: QuantModule) -> str | None:
+    """Why module `m` has no form in the one model (GPTQ's whole 32-bit words along K and N),
+    or None when it has one."""
+    if (m.in_features * m.bits) % 32 or (m.out_features * m.bits) % 32:
+        return (f"{m.in_features} x {m.out_features} at {m.bits} bits: GPTQ packs "
+                f"in_features*bits and out_features*bits into whole 32-bit words")
+    return None
+
+
 def module_tensors(src: Source, m: QuantModule) -> ModuleTensors:
     """Module `m` of `src` in the one model (see the module docstring)."""
     return ModuleTensors(src.qweight(m), src.qzeros(m), src.scales(m),

@@ -40,6 +40,14 @@ def _shape(name: str) -> str:
     return r"\.\d+\.".join(re.escape(p) for p in parts)
 
 
+def kind(target: str) -> str:
+    """"regex", "name" or "class": the order vLLM tries targets in (find_matched_target: names
+    and `re:` patterns of every group before any class name)."""
+    if target.startswith("re:"):
+        return "regex"
+    return "class" if "." not in target and not _is_layer_name(target) else "name"
+
+
 def matches(target: str, name: str) -> bool:
     """Whether config target `target` names module `name` (see the module docstring)."""
     if target.startswith("re:"):

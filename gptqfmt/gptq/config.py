@@ -212,11 +212,13 @@ def _refuse_non_gptq(label: str, doc: dict) -> None:
         why = f"bits is {doc['bits']} (planar gptq_p packing)"
     if why and (method in ("compressed-tensors", "awq") or "AutoAWQ" in why):
         # a format gptqfmt reads (formats/): only the GPTQ-only commands end up here
-        raise FindingError(Finding("GQ203", f"{why}: not GPTQ's packing; this command reads "
-                                   "gptq and gptq_v2 checkpoints (inspect, verify and convert "
-                                   "read this format too)", file=label,
-                                   hint="`gptqfmt convert SRC DST --to gptq_v2` writes its GPTQ "
-                                        "form"))
+        raise FindingError(Finding("GQ203", f"{why}: not GPTQ's packing, but the checkpoint "
+                                   "is read as GPTQ here (another config names gptq first, or "
+                                   "this command reads only GPTQ; inspect, verify and convert "
+                                   "read that format too)", file=label,
+                                   hint="remove a stray config; for a checkpoint in that "
+                                        "format, `gptqfmt convert SRC DST --to gptq_v2` writes "
+                                        "its GPTQ form"))
     if why:
         raise FindingError(Finding("GQ203", f"{why}: not GPTQ's packing; gptqfmt reads only "
                                    "gptq and gptq_v2 checkpoints", file=label,
