@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .findings import ERROR, Finding
+from .findings import Finding
 from .formats import GPTQ, open_source, sniff
 from .formats import checks as format_checks
 from .safetensors_io.index import open_store
@@ -18,7 +18,7 @@ from .gptq.checks import declared_findings, zero_point_findings
 from .gptq.detect import Detection
 from .gptq.evidence import detect_checkpoint
 from .gptq.labels import convention_findings
-from .reports import checkpoint_format_json, summary_counts, tool_json
+from .reports import checkpoint_format_json, failed, files_json, summary_counts, tool_json
 from .verdicts import RuntimeVerdict, assess
 
 
@@ -31,7 +31,7 @@ class InspectResult:
 
     @property
     def ok(self) -> bool:
-        return not any(f.severity == ERROR for f in self.findings)
+        return not failed(self.findings)
 
     def to_json(self) -> dict[str, Any]:
         return inspect_json(self)
@@ -46,7 +46,7 @@ class FormatInspectResult:
 
     @property
     def ok(self) -> bool:
-        return not any(f.severity == ERROR for f in self.findings)
+        return not failed(self.findings)
 
     def to_json(self) -> dict[str, Any]:
         src = self.source
@@ -55,8 +55,7 @@ class FormatInspectResult:
         return {
             "tool": tool_json(), "path": self.path,
             "status": "ok" if self.ok else "fail", "format": src.format,
-            "files": [{"name": n, "size": f.size, "tensors": len(f.tensors)}
-                      for n, f in sorted(st.files.items())],
+            "files": files_json(st),
             "sharded": st.index_name is not None, "config_sources": src.config_files,
             "quantization": format_checks.summary(src),
             "modules": [format_checks.module_json(src, m) for m in src.modules],
@@ -139,13 +138,11 @@ def inspect_json(r: InspectResult) -> dict[str, Any]:
     ckpt, det = r.checkpoint, r.detection
     cfg = ckpt.config
     by_name = {v.name: v for v in det.modules}
-    files = [{"name": n, "size": f.size, "tensors": len(f.tensors)}
-             for n, f in sorted(ckpt.store.files.items())]
     return {
         "tool": tool_json(),
         "path": str(ckpt.path),
         "status": "ok" if r.ok else "fail",
-        "files": files,
+        "files": files_json(ckpt.store),
         "sharded": ckpt.store.index_name is not None,
         "config_sources": cfg.sources if cfg else [],
         "checkpoint_format": checkpoint_format_json(cfg, det),

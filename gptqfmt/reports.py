@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .findings import ERROR, WARNING, Finding
 from .gptq.config import QuantConfig
 from .gptq.detect import Detection
 from .version import __version__
@@ -24,6 +25,18 @@ def checkpoint_format_json(cfg: QuantConfig | None, det: Detection,
     if effective is not None:
         out["effective"] = effective
     return {**out, **det.to_json()}
+
+
+def failed(findings: list[Finding], strict: bool = False) -> bool:
+    """Whether findings fail a report: errors, and with `strict` warnings too."""
+    bad = {ERROR, WARNING} if strict else {ERROR}
+    return any(f.severity in bad for f in findings)
+
+
+def files_json(store) -> list[dict[str, Any]]:
+    """inspect's `files`: each safetensors file with its size and tensor count."""
+    return [{"name": n, "size": f.size, "tensors": len(f.tensors)}
+            for n, f in sorted(store.files.items())]
 
 
 def summary_counts(findings: list[Finding], modules: int) -> dict[str, int]:

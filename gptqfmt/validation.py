@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import UsageError
-from .findings import ERROR, WARNING, Finding
+from .findings import Finding
 from .formats import GPTQ, open_source, sniff
 from .formats import checks as format_checks
 from .safetensors_io.index import open_store
@@ -21,7 +21,7 @@ from .gptq.checks import module_findings
 from .gptq.detect import Detection, ModuleVerdict, combine
 from .gptq.evidence import cpus, module_verdict
 from .gptq.labels import convention_findings, effective_declared
-from .reports import checkpoint_format_json, summary_counts, tool_json
+from .reports import checkpoint_format_json, failed, summary_counts, tool_json
 from .verdicts import RuntimeVerdict, assess, runtime_findings
 
 
@@ -35,8 +35,7 @@ class Report:
     runtimes: list[RuntimeVerdict]
 
     def failed(self, strict: bool = False) -> bool:
-        bad = {ERROR, WARNING} if strict else {ERROR}
-        return any(f.severity in bad for f in self.findings)
+        return failed(self.findings, strict)
 
     def to_json(self, strict: bool = False) -> dict[str, Any]:
         cfg = self.checkpoint.config
@@ -65,8 +64,7 @@ class FormatReport:
     qweight_bytes: int
 
     def failed(self, strict: bool = False) -> bool:
-        bad = {ERROR, WARNING} if strict else {ERROR}
-        return any(f.severity in bad for f in self.findings)
+        return failed(self.findings, strict)
 
     def to_json(self, strict: bool = False) -> dict[str, Any]:
         return {"tool": tool_json(), "path": self.path,
@@ -81,7 +79,7 @@ def validate_format(path, store, sniffed, progress=None) -> FormatReport:
     """Every check of a compressed-tensors or AWQ checkpoint, one module at a time."""
     src = open_source(path, sniffed, store)
     findings = list(src.findings)
-    codes = {m.name: src.store.info(m.tensors.get("packed") or m.tensors["qweight"]).nbytes
+    codes = {m.name: src.store.info(m.tensors["qweight"]).nbytes
              for m in src.modules}
     total = sum(codes.values())
     progress and progress(0, total)

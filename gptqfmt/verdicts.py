@@ -196,7 +196,7 @@ def misreads(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
 
     def scale_max() -> float:
         if not maxscale:
-            maxscale.append(float(np.max(np.abs(ckpt.float32(m.tensors["scales"])))))
+            maxscale.append(largest_finite(ckpt.float32(m.tensors["scales"])))
         return maxscale[0]
 
     for reading, right in keys:
@@ -239,6 +239,14 @@ def _misread_closed(ckpt, m, v, truth, reading, label_right, scales, scale_max):
     return cause
 
 
+def largest_finite(x: np.ndarray) -> float:
+    """max |x| over the finite values (0 when none): a weight change, whose non-finite scales
+    are GQ501's to report, never a NaN in a report."""
+    with np.errstate(invalid="ignore"):   # signalling NaNs from mutated bytes
+        a = np.abs(np.asarray(x, dtype=np.float32))
+    return float(a[np.isfinite(a)].max(initial=0.0))
+
+
 def _compare_fields(ckpt, m, v, truth, todo: dict, scales: bool) -> dict:
     """Compare every field under each reading of `todo` ((reading, right) -> cause) with the
     data's Z, a chunk of groups at a time; with `scales`, the largest scale x change of Z."""
@@ -264,9 +272,9 @@ def _compare_fields(ckpt, m, v, truth, todo: dict, scales: bool) -> dict:
             cells[key] += int(np.count_nonzero(got))
             if scales:  # scale x change: exact in float32 (an fp16 scale times |dZ| <= 256)
                 moved = got != 0   # only cells that change (an inf scale times 0 is no change)
-                change = np.abs(s32[moved] * got[moved].astype(np.float32))
-                change = change[np.isfinite(change)]  # non-finite scales are GQ501's
-                worst[key] = max(worst[key], float(change.max(initial=0.0)))
+                with np.errstate(invalid="ignore"):   # a signalling NaN scale (mutated bytes)
+                    change = s32[moved] * got[moved].astype(np.float32)
+                worst[key] = max(worst[key], largest_finite(change))
     return {key: Misread(cells[key], worst[key] if scales else None,
                          todo[key] if cells[key] else None) if cells[key] else
             Misread(0, 0.0 if scales else None) for key in todo}

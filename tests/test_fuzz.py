@@ -48,6 +48,14 @@ def test_non_finite_scales_where_a_runtime_misreads_zeros(tmp_path):
     assert run_one(d, tmp_path / "out") in ("clean", "refused")
 
 
+def test_signalling_nan_scales_where_a_runtime_misreads_zeros(tmp_path):
+    """Found by the fuzzer too: a mutated scale that is a signalling NaN warned in the same
+    product even where the zero point moves."""
+    d = tmp_path / "c"
+    mutated_copy(CKPT / "int8-b4-asym-gptq_v2", d, random.Random(72639))
+    assert run_one(d, tmp_path / "out") in ("clean", "refused")
+
+
 def test_mutate_changes_bytes():
     blob = (CKPT / BASES[1] / "model.safetensors").read_bytes()
     assert all(mutate(blob, random.Random(i)) != blob for i in range(20))

@@ -207,35 +207,25 @@ def _where(declared_in: list[dict]) -> str:
                                           for d in declared_in) + ")"
 
 
-def inspect_lines(result: InspectResult, doc: dict) -> list[str]:
-    """inspect's text report, from its JSON document (one source for both)."""
-    cf, q = doc["checkpoint_format"], doc["quantization"]
+def _head_lines(doc: dict) -> list[str]:
+    """inspect's first lines, every format: the path, the files and where the config is from."""
     size = sum(f["size"] for f in doc["files"])
     n_files = len(doc["files"])
     kind = "shards" if doc["sharded"] else "file" + ("s" if n_files > 1 else "")
-    lines = [f"checkpoint   {escape(doc['path'])}",
-             f"files        {n_files} {kind}, {human_bytes(size)}, config from "
-             f"{', '.join(doc['config_sources']) or 'nothing (no config file)'}"]
-    declared = cf["declared"] or "none (runtimes read gptq)"
-    lines.append(f"declared     {declared}{_where(cf['declared_in'])}")
-    lines.append(f"detected     {cf['detected']} (confidence {cf['confidence']:.2f}; "
-                 f"{escape('; '.join(cf['evidence']))})")
-    lines.append(f"quantization bits={q['bits']} group_size={q['group_size']} sym={_yn(q['sym'])} "
-                 f"desc_act={_yn(q['desc_act'])} pack_dtype={q['pack_dtype']}"
-                 + (" (mixed per module)" if q["mixed"] else ""))
-    mods = doc["modules"]
-    lines.append(f"modules      {len(mods)} quantized, "
-                 f"{plural(doc['other_tensors']['count'], 'other tensor')} "
-                 f"({human_bytes(doc['other_tensors']['bytes'])})")
-    if mods:
-        rows = [[escape(m["name"]), m["bits"] or "?", m["group_size"] or "?", _yn(m["desc_act"]),
-                 f"{m['in_features']}x{m['out_features']}" if m["in_features"] else "?",
-                 m["pack_dtype"] or "?", m["scale_dtype"] or "?",
-                 (m["zero_point"] or {}).get("verdict", "-")] for m in mods]
-        lines += ["  " + r for r in table(rows, ["module", "bits", "group", "act", "KxN", "pack",
-                                                 "scales", "zeros"])]
-    lines += runtime_lines(doc["runtimes"])
-    findings = result.findings
+    return [f"checkpoint   {escape(doc['path'])}",
+            f"files        {n_files} {kind}, {human_bytes(size)}, config from "
+            f"{', '.join(doc['config_sources']) or 'nothing (no config file)'}"]
+
+
+def _modules_line(doc: dict) -> str:
+    return (f"modules      {len(doc['modules'])} quantized, "
+            f"{plural(doc['other_tensors']['count'], 'other tensor')} "
+            f"({human_bytes(doc['other_tensors']['bytes'])})")
+
+
+def _tail_lines(findings: list[Finding], doc: dict) -> list[str]:
+    """inspect's last lines, every format: the findings and the status."""
+    lines = []
     if findings:
         lines.append(f"findings     {len(findings)}")
         lines += ["  " + finding_line(f) for f in findings]
@@ -245,36 +235,46 @@ def inspect_lines(result: InspectResult, doc: dict) -> list[str]:
     return lines
 
 
+def inspect_lines(result: InspectResult, doc: dict) -> list[str]:
+    """inspect's text report, from its JSON document (one source for both)."""
+    cf, q = doc["checkpoint_format"], doc["quantization"]
+    lines = _head_lines(doc)
+    declared = cf["declared"] or "none (runtimes read gptq)"
+    lines.append(f"declared     {declared}{_where(cf['declared_in'])}")
+    lines.append(f"detected     {cf['detected']} (confidence {cf['confidence']:.2f}; "
+                 f"{escape('; '.join(cf['evidence']))})")
+    lines.append(f"quantization bits={q['bits']} group_size={q['group_size']} sym={_yn(q['sym'])} "
+                 f"desc_act={_yn(q['desc_act'])} pack_dtype={q['pack_dtype']}"
+                 + (" (mixed per module)" if q["mixed"] else ""))
+    mods = doc["modules"]
+    lines.append(_modules_line(doc))
+    if mods:
+        rows = [[escape(m["name"]), m["bits"] or "?", m["group_size"] or "?", _yn(m["desc_act"]),
+                 f"{m['in_features']}x{m['out_features']}" if m["in_features"] else "?",
+                 m["pack_dtype"] or "?", m["scale_dtype"] or "?",
+                 (m["zero_point"] or {}).get("verdict", "-")] for m in mods]
+        lines += ["  " + r for r in table(rows, ["module", "bits", "group", "act", "KxN", "pack",
+                                                 "scales", "zeros"])]
+    return lines + runtime_lines(doc["runtimes"]) + _tail_lines(result.findings, doc)
+
+
 def format_inspect_lines(result: FormatInspectResult, doc: dict) -> list[str]:
     """inspect's text report of a compressed-tensors or AWQ checkpoint, from its JSON."""
     q = doc["quantization"]
-    size = sum(f["size"] for f in doc["files"])
-    n_files = len(doc["files"])
-    kind = "shards" if doc["sharded"] else "file" + ("s" if n_files > 1 else "")
-    lines = [f"checkpoint   {escape(doc['path'])}",
-             f"files        {n_files} {kind}, {human_bytes(size)}, config from "
-             f"{', '.join(doc['config_sources']) or 'nothing (no config file)'}",
+    lines = _head_lines(doc) + [
              f"format       {escape(layout_words(result.source))}",
              "zero points  stored exactly (Z itself): no convention to detect",
              f"quantization bits={q['bits']} group_size={q['group_size']} sym={_yn(q['sym'])} "
              f"desc_act={_yn(q['desc_act'])}" + (" (mixed per module)" if q["mixed"] else "")]
     mods = doc["modules"]
-    lines.append(f"modules      {len(mods)} quantized, "
-                 f"{plural(doc['other_tensors']['count'], 'other tensor')} "
-                 f"({human_bytes(doc['other_tensors']['bytes'])})")
+    lines.append(_modules_line(doc))
     if mods:
         rows = [[escape(m["name"]), m["bits"], m["group_size"], _yn(m["desc_act"]),
                  f"{m['in_features']}x{m['out_features']}", m["scale_dtype"],
                  "sym" if m["sym"] else "asym"] for m in mods]
         lines += ["  " + r for r in table(rows, ["module", "bits", "group", "act", "KxN",
                                                  "scales", "zeros"])]
-    if result.findings:
-        lines.append(f"findings     {len(result.findings)}")
-        lines += ["  " + finding_line(f) for f in result.findings]
-    s = doc["summary"]
-    lines.append(f"{doc['status']}: {plural(s['errors'], 'error')}, "
-                 f"{plural(s['warnings'], 'warning')}, {plural(s['infos'], 'info')}")
-    return lines
+    return lines + _tail_lines(result.findings, doc)
 
 
 def _decodes(v: dict) -> str:

@@ -31,7 +31,7 @@ from ..safetensors_io.writer import Entry, layout
 from . import atomic
 from .configs import CONFIG_FILES, dumps, provenance
 from .plan import ModulePlan, open_and_plan
-from .write import copy_range, copy_other_files, snapshot
+from .write import copy_other_files, copy_range
 
 TGI_SCALARS = ("gptq_bits", "gptq_groupsize", "gptq_sym")  # GPTQ-only tensors, not carried over
 
@@ -95,8 +95,7 @@ def no_form(src, to: str) -> list[Finding]:
     for m in src.modules:
         why = _no_form(m, to)
         if why:
-            t = m.tensors.get("qweight") or m.tensors.get("packed") or \
-                next(iter(m.tensors.values()))
+            t = m.tensors["qweight"]
             out.append(Finding("GQ419", f"{why}; nothing was written",
                                file=src.store.file_of(t), tensor=t, hint=why_hint(to)))
     return out
@@ -295,11 +294,3 @@ def prov(from_: str, to: str, plans: list[ModulePlan]) -> dict:
     counts = {k: sum(getattr(p, k) for p in plans) for k in ("fields", "changed", "ambiguous",
                                                              "lossy")}
     return provenance(from_, to, counts)
-
-
-def unchanged(before: dict, root: Path) -> None:
-    after = snapshot(root)
-    changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
-    if changed:
-        raise FindingError(*[Finding("GQ118", "changed while being converted; nothing was "
-                                     "written", file=n) for n in changed])

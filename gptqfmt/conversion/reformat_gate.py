@@ -17,6 +17,7 @@ from ..conventions import GPTQ_V2, ZeroRule
 from ..errors import FindingError
 from ..findings import ERROR
 from ..formats import COMPRESSED_TENSORS, module_tensors
+from ..formats.checks import module_findings
 from ..formats.gptq import GptqSource, reference_zeros
 from ..gptq.checkpoint import open_checkpoint
 from ..formats.relayout import BLOCK, blocks, transposed
@@ -37,8 +38,8 @@ def open_output(tmp: Path, to: str):
         except FindingError as e:
             return None, [f.one_line() for f in e.findings]
         errors = [f for f in out.findings if f.severity == ERROR]
-        for m in out.modules:
-            errors += [f for f in formats.ct.module_checks(out, m) if f.severity == ERROR]
+        for m in out.modules:   # verify's checks of the format, as for a source
+            errors += [f for f in module_findings(out, m) if f.severity == ERROR]
         return out, [f"the output would fail verify: {f.one_line()}" for f in errors]
     msgs = check_labels(tmp, GPTQ_V2)
     try:

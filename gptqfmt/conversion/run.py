@@ -24,7 +24,7 @@ from .reformat_gate import run_format_gate
 from .configs import CONFIG_FILES, declaring_configs, derive_config, provenance, rewrite_configs
 from .gate import GateResult, check_labels, run_gate
 from .plan import ModulePlan, open_and_plan
-from .write import QzerosJob, copy_other_files, snapshot, write_shard
+from .write import QzerosJob, check_unchanged, copy_other_files, snapshot, write_shard
 
 @dataclass(frozen=True)
 class ConvertReport:
@@ -178,7 +178,7 @@ def _write_format(src, opened, report: ConvertReport, dst: Path, force: bool, pr
             f.result()
         if not gate.ok:
             raise FindingError(*[Finding("GQ503", msg, file=str(dst)) for msg in gate.failures])
-        reformat.unchanged(before, src.root)
+        check_unchanged(before, src.root)
         atomic.commit(tmp, dst, force)
     return gate
 
@@ -247,11 +247,7 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
         if not gate.ok:
             raise FindingError(*[Finding("GQ503", msg, file=str(job.dst))
                                  for msg in gate.failures])
-        after = snapshot(job.ckpt.store.root)
-        changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
-        if changed:
-            raise FindingError(*[Finding("GQ118", "changed while being converted; nothing was "
-                                         "written", file=n) for n in changed])
+        check_unchanged(before, job.ckpt.store.root)
         atomic.commit(tmp, job.dst, job.force)
     return gate
 

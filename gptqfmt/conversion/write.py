@@ -16,6 +16,8 @@ import numpy as np
 
 from .. import faults
 from ..conventions import convert_fields
+from ..errors import FindingError
+from ..findings import Finding
 from ..gptq.packing import pack, unpack
 from ..safetensors_io.reader import SafetensorsFile
 from .atomic import TMP_TAG, create
@@ -101,6 +103,16 @@ def snapshot(root: Path) -> dict[str, tuple[int, int, int]]:
             st = p.stat()
             out[p.name] = (st.st_size, st.st_mtime_ns, st.st_ino)
     return out
+
+
+def check_unchanged(before: dict, root: Path) -> None:
+    """GQ118 for every source file whose snapshot differs from `before`: a source that changed
+    while it was converted is never committed."""
+    after = snapshot(root)
+    changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
+    if changed:
+        raise FindingError(*[Finding("GQ118", "changed while being converted; nothing was "
+                                     "written", file=n) for n in changed])
 
 
 def copy_other_files(root: Path, tmp: Path, skip: set[str]) -> None:

@@ -69,7 +69,7 @@ def open_source(path: str | os.PathLike, sniffed: Sniffed | None = None,
                 "GQ210", "tensors are stored pack-quantized (*.weight_packed) but no config "
                 "says with which scheme (bits, strategy, symmetry)", file="config.json",
                 hint="restore config.json with its quantization_config"))
-        src = ct.open_source(store, s.label, s.doc, s.config_files)
+        src = ct.CtSource(store, ct.parse_config(s.label, s.doc), s.config_files)
     elif s.format == AWQ:
         src = awq.AwqSource(store, s.label, s.doc, s.config_files)
     else:

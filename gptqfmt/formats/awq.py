@@ -18,7 +18,7 @@ from ..findings import Finding
 from ..gptq.layout import trivial_g_idx
 from ..gptq.packing import pack
 from ..safetensors_io.index import TensorStore
-from .model import AWQ, QuantModule
+from .model import AWQ, QuantModule, discover
 from .relayout import AWQ_BITS, awq_fields
 
 # AutoAWQ's exllama, exllamav2 and ipex versions store GEMM's tensors and repack at load time;
@@ -69,19 +69,10 @@ class AwqSource:
         cfg, found = parse_config(label or "(no config)", doc)
         self.config = cfg
         self.findings = list(store.findings) + found
-        self.modules: list[QuantModule] = []
-        claimed: set[str] = set()
-        prefixes = sorted(t[:-len(".qweight")] for t in store.locations if t.endswith(".qweight"))
-        for p in prefixes:
-            names = {r: f"{p}.{r}" for r in ("qweight", "qzeros", "scales")
-                     if f"{p}.{r}" in store.locations}
-            claimed.update(names.values())
-            m = self._module(p, names)
-            if m is not None:
-                self.modules.append(m)
-        if not prefixes:
+        self.modules, self.passthrough, found = discover(
+            store, {r: r for r in ("qweight", "qzeros", "scales")}, self._module)
+        if not found:
             self.findings.append(Finding("GQ314", "no tensor named *.qweight", file=label))
-        self.passthrough = sorted(t for t in store.locations if t not in claimed)
 
     def _module(self, p: str, names: dict[str, str]) -> QuantModule | None:
         st = self.store
@@ -139,7 +130,3 @@ class AwqSource:
     def close(self) -> None:
         self.store.close()
 
-
-def module_checks(src: AwqSource, m: QuantModule) -> list[Finding]:
-    """Nothing beyond the shapes: every nibble of a word is a valid 4-bit code or zero point."""
-    return []

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -28,15 +27,15 @@ from ..findings import Finding
 from ..gptq.layout import trivial_g_idx
 from ..gptq.packing import SUPPORTED_BITS, constant_words, unpack
 from ..safetensors_io.index import TensorStore
-from .model import COMPRESSED_TENSORS, QuantModule
+from .model import COMPRESSED_TENSORS, QuantModule, discover
 from .relayout import padding_clean, stream_words, transposed
 from .targets import any_match, kind, matches, patterns
 
 CT_VERSION = "0.20.0"       # the compressed-tensors release whose layout and config are written
 METHOD = "compressed-tensors"
 PACKED = "pack-quantized"
-SUFFIXES = {"packed": "weight_packed", "scale": "weight_scale", "zero": "weight_zero_point",
-            "shape": "weight_shape", "g_idx": "weight_g_idx"}
+SUFFIXES = {"qweight": "weight_packed", "scales": "weight_scale",   # role -> tensor suffix
+            "qzeros": "weight_zero_point", "shape": "weight_shape", "g_idx": "weight_g_idx"}
 STRATEGIES = ("group", "channel")
 DENSE_SINCE = (0, 18)   # pack_to_int32 packs densely since 0.18.0 (before: 32 // bits per word)
 
@@ -161,28 +160,18 @@ class CtSource:
         self.store, self.root, self.config = store, store.root, config
         self.config_files = config_files
         self.findings: list[Finding] = list(store.findings) + list(config.findings)
-        self.modules: list[QuantModule] = []
-        claimed: set[str] = set()
-        prefixes = sorted(t[:-len(".weight_packed")] for t in store.locations
-                          if t.endswith(".weight_packed"))
-        for p in prefixes:
-            names = {r: f"{p}.{s}" for r, s in SUFFIXES.items() if f"{p}.{s}" in store.locations}
-            claimed.update(names.values())
-            m = self._module(p, names)
-            if m is not None:
-                self.modules.append(m)
-        if not prefixes:
+        self.modules, self.passthrough, found = discover(store, SUFFIXES, self._module)
+        if not found:
             self.findings.append(Finding("GQ314", "no tensor named *.weight_packed: nothing is "
                                          "stored pack-quantized", file=config.label))
-        self.passthrough = sorted(t for t in store.locations if t not in claimed)
 
     def _module(self, p: str, names: dict[str, str]) -> QuantModule | None:
         st, cfg = self.store, self.config
         found = self.findings
-        file = st.file_of(names["packed"])
+        file = st.file_of(names["qweight"])
 
         def bad(code, msg, tensor=None, hint=None):
-            found.append(Finding(code, msg, file=file, tensor=tensor or names["packed"],
+            found.append(Finding(code, msg, file=file, tensor=tensor or names["qweight"],
                                  hint=hint))
 
         g = cfg.group_for(p)
@@ -196,24 +185,24 @@ class CtSource:
             return None
         if not g.usable:
             return None  # the group's GQ210 says why
-        if g.symmetric and "zero" in names:
-            bad("GQ303", f"config group {g.name} is symmetric, yet {names['zero']} is stored: "
+        if g.symmetric and "qzeros" in names:
+            bad("GQ303", f"config group {g.name} is symmetric, yet {names['qzeros']} is stored: "
                 "readers of a symmetric scheme ignore it (a label that contradicts the "
-                "tensors)", names["zero"])
+                "tensors)", names["qzeros"])
             return None
-        needed = ["packed", "scale", "shape"] + ([] if g.symmetric else ["zero"])
+        needed = ["qweight", "scales", "shape"] + ([] if g.symmetric else ["qzeros"])
         missing = [SUFFIXES[r] for r in needed if r not in names]
         if missing:
             bad("GQ301", f"lacks {', '.join(p + '.' + s for s in missing)} (config group "
                 f"{g.name}: {'symmetric' if g.symmetric else 'asymmetric'} {g.strategy})")
             return None
-        dtypes = {"packed": ("I32",), "zero": ("I32",), "shape": ("I32", "I64"),
-                  "g_idx": ("I32", "I64"), "scale": ("F16", "BF16", "F32")}
+        dtypes = {"qweight": ("I32",), "qzeros": ("I32",), "shape": ("I32", "I64"),
+                  "g_idx": ("I32", "I64"), "scales": ("F16", "BF16", "F32")}
         for role, t in names.items():
             if st.info(t).dtype not in dtypes[role]:
                 bad("GQ302", f"dtype {st.info(t).dtype}; expected {' or '.join(dtypes[role])}", t)
                 return None
-        packed, scale = st.info(names["packed"]).shape, st.info(names["scale"]).shape
+        packed, scale = st.info(names["qweight"]).shape, st.info(names["scales"]).shape
         shape = st.info(names["shape"]).shape
         if len(packed) != 2 or len(scale) != 2 or tuple(shape) != (2,):
             bad("GQ303", f"weight_packed {list(packed)}, weight_scale {list(scale)}, "
@@ -241,13 +230,13 @@ class CtSource:
             groups = k // gs
         if tuple(scale) != (n, groups):
             bad("GQ303", f"weight_scale is {list(scale)}; expected [{n}, {groups}] "
-                f"({g.strategy} strategy, group_size {g.group_size})", names["scale"])
+                f"({g.strategy} strategy, group_size {g.group_size})", names["scales"])
             return None
         if not g.symmetric:
-            zshape = tuple(st.info(names["zero"]).shape)
+            zshape = tuple(st.info(names["qzeros"]).shape)
             if zshape != (stream_words(n, g.bits), groups):
                 bad("GQ303", f"weight_zero_point is {list(zshape)}; expected "
-                    f"[{stream_words(n, g.bits)}, {groups}]", names["zero"])
+                    f"[{stream_words(n, g.bits)}, {groups}]", names["qzeros"])
                 return None
         act = False
         if "g_idx" in names:
@@ -258,26 +247,26 @@ class CtSource:
                 return None
             act = not np.array_equal(gi, trivial_g_idx(k, gs))
         return QuantModule(p, g.bits, gs, k, n, g.symmetric, act,
-                           st.info(names["scale"]).dtype, names)
+                           st.info(names["scales"]).dtype, names)
 
     # -- the one model -------------------------------------------------------------------
     def qweight(self, m: QuantModule) -> np.ndarray:
-        return transposed(self.store.view(m.tensors["packed"]))
+        return transposed(self.store.view(m.tensors["qweight"]))
 
     def stored_qweight(self, m: QuantModule) -> tuple[np.ndarray, bool]:
         """weight_packed as stored, and True: qweight is its transpose (for comparisons that
         need no transposed copy)."""
-        return self.store.view(m.tensors["packed"]), True
+        return self.store.view(m.tensors["qweight"]), True
 
     def qzeros(self, m: QuantModule) -> np.ndarray:
         if m.sym:
             block = constant_words(1 << (m.bits - 1), m.bits).view(np.int32)
             reps = m.out_features * m.bits // 32 // block.size
             return np.tile(block, (m.groups, reps))
-        return transposed(self.store.view(m.tensors["zero"]))
+        return transposed(self.store.view(m.tensors["qzeros"]))
 
     def scales(self, m: QuantModule) -> np.ndarray:
-        return np.ascontiguousarray(self.store.view(m.tensors["scale"]).T)
+        return np.ascontiguousarray(self.store.view(m.tensors["scales"]).T)
 
     def g_idx(self, m: QuantModule) -> np.ndarray:
         if "g_idx" in m.tensors:
@@ -296,7 +285,7 @@ def module_checks(src: CtSource, m: QuantModule, full: bool = True) -> list[Find
     and the signed-range clamp of an asymmetric export (GQ418; inspect reads the first
     CLAMP_ROWS output rows, verify all of them)."""
     st, out = src.store, []
-    roles = (("packed", m.in_features, 1), ("zero", m.out_features, 0)) if full else ()
+    roles = (("qweight", m.in_features, 1), ("qzeros", m.out_features, 0)) if full else ()
     for role, values, axis in roles:
         if role not in m.tensors:
             continue
@@ -318,7 +307,7 @@ def module_checks(src: CtSource, m: QuantModule, full: bool = True) -> list[Find
 def clamp_findings(src: CtSource, m: QuantModule, rows: int | None) -> list[Finding]:
     """GQ418: the codes of an asymmetric module were clamped to the signed range (see
     signed_clamp), read over the first `rows` output rows (all when None)."""
-    t = m.tensors["packed"]
+    t = m.tensors["qweight"]
     packed = src.store.view(t)
     n = packed.shape[0] if rows is None else min(rows, packed.shape[0])
     low = top = total = 0
@@ -361,21 +350,21 @@ def signed_clamp(low: int, top: int, total: int, bits: int) -> str | None:
 def entries(m: QuantModule) -> list[tuple[str, str, tuple[int, ...], str]]:
     """(tensor name, dtype, shape, role) of module `m` as compressed-tensors stores it."""
     p, n, k, b = m.name, m.out_features, m.in_features, m.bits
-    out = [(f"{p}.weight_packed", "I32", (n, k * b // 32), "packed"),
-           (f"{p}.weight_scale", m.scale_dtype, (n, m.groups), "scale"),
+    out = [(f"{p}.weight_packed", "I32", (n, k * b // 32), "qweight"),
+           (f"{p}.weight_scale", m.scale_dtype, (n, m.groups), "scales"),
            (f"{p}.weight_shape", "I64", (2,), "shape")]
     if not m.sym:
-        out.append((f"{p}.weight_zero_point", "I32", (n * b // 32, m.groups), "zero"))
+        out.append((f"{p}.weight_zero_point", "I32", (n * b // 32, m.groups), "qzeros"))
     return out
 
 
 def tensor(role: str, src, m: QuantModule) -> np.ndarray:
     """One output tensor of module `m`, from `src` in the one model."""
-    if role == "packed":
+    if role == "qweight":
         return transposed(src.qweight(m))
-    if role == "scale":
+    if role == "scales":
         return np.ascontiguousarray(src.scales(m).T)
-    if role == "zero":
+    if role == "qzeros":
         return transposed(src.qzeros(m))
     if role == "shape":
         return np.array([m.out_features, m.in_features], dtype=np.int64)
@@ -405,14 +394,3 @@ def config(modules: list[QuantModule], universe: list[str], unquantized: list[st
             "global_compression_ratio": None, "ignore": sorted(unquantized),
             "moe_sparsity_config": None, "gptqfmt": provenance}
 
-
-def open_source(store: TensorStore, label: str, doc: dict, config_files: list[str]) -> CtSource:
-    return CtSource(store, parse_config(label, doc), config_files)
-
-
-def is_config(doc: dict) -> bool:
-    return isinstance(doc, dict) and doc.get("quant_method") == METHOD
-
-
-def config_path(root: Path) -> Path:
-    return root / "config.json"

@@ -45,6 +45,10 @@ class GptqSource:
                 {r: t for r, t in m.tensors.items() if r != "bias"}))
         self.passthrough = sorted(t for t in ckpt.store.locations if t not in claimed)
 
+    def module(self, name: str) -> Module:
+        """The checkpoint's own Module of that name (gptq/checkpoint.py's model of it)."""
+        return self._by_name[name]
+
     def _symmetric(self, m: Module) -> bool:
         """Declared sym and every Z = 2^(bits-1) (a sym label over other zeros is GQ403);
         read from the stored fields, so a field no convention maps exactly is simply not sym."""

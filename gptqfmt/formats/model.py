@@ -36,7 +36,9 @@ class QuantModule:
     sym: bool                       # Z = 2^(bits-1) everywhere, and declared so
     act_order: bool                 # a non-trivial g_idx
     scale_dtype: str
-    tensors: dict[str, str] = field(default_factory=dict)   # role -> tensor name, in its format
+    # role -> the tensor's name in its format; the roles are GPTQ's in every format (qweight,
+    # qzeros, scales, g_idx; compressed-tensors adds shape): weight_packed is the "qweight"
+    tensors: dict[str, str] = field(default_factory=dict)
 
     @property
     def groups(self) -> int:
@@ -71,6 +73,23 @@ class Source(Protocol):
         """The group of each input channel, int32 [K]."""
 
     def close(self) -> None: ...
+
+
+def discover(store: TensorStore, suffixes: dict[str, str], build) -> tuple[list, list, bool]:
+    """The modules of a store, found by the tensor suffix of their codes (`suffixes["qweight"]`):
+    `build(prefix, {role: tensor name})` models each (None when it cannot), every tensor of a
+    module is claimed, and the rest is passthrough. Returns (modules, passthrough, any found)."""
+    key = "." + suffixes["qweight"]
+    claimed: set[str] = set()
+    modules = []
+    prefixes = sorted(t[:-len(key)] for t in store.locations if t.endswith(key))
+    for p in prefixes:
+        names = {r: f"{p}.{s}" for r, s in suffixes.items() if f"{p}.{s}" in store.locations}
+        claimed.update(names.values())
+        m = build(p, names)
+        if m is not None:
+            modules.append(m)
+    return modules, sorted(t for t in store.locations if t not in claimed), bool(prefixes)
 
 
 def outside_words(m: QuantModule) -> str | None:

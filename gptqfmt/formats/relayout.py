@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..gptq.evidence import cpus
 from ..gptq.packing import pack, unpack
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)               # nibble i holds channel AWQ_ORDER[i]
@@ -57,7 +58,6 @@ def transposed(words: np.ndarray, workers: int | None = None) -> np.ndarray:
 def blocks(fn, n: int, nbytes: int, workers: int | None = None) -> list:
     """fn(i) for i = 0, BLOCK, 2*BLOCK, ... < n, on threads when the data are large; the
     results in order."""
-    from ..gptq.evidence import cpus
     starts = range(0, n, BLOCK)
     workers = cpus() if workers is None else workers
     if workers <= 1 or nbytes < PARALLEL_BYTES:

@@ -85,12 +85,9 @@ def scale_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Findin
     out: list[Finding] = []
     maxq = code_max(m.bits)
     scales = ckpt.float32(sc_name)
-    bad = ~np.isfinite(scales) | (scales <= 0)
-    if bad.any():
-        g, n = np.argwhere(bad)[0]
-        out.append(Finding("GQ501", f"{int(bad.sum())} of {scales.size} scales are not finite "
-                           f"and positive; first at group {g}, column {n}: {scales[g, n]!r}",
-                           file=file_sc, tensor=sc_name))
+    bad = bad_scales(scales, file_sc, sc_name, ("group", "column"))
+    if bad:
+        out.append(bad)
     else:
         zeros = _effective_zeros(ckpt, m, v.verdict)
         reach = scales * np.maximum(zeros, maxq - zeros)
@@ -101,6 +98,18 @@ def scale_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Findin
                                f"float16's {FP16_MAX:g}; worst {float(reach[g, n]):.4g} at group "
                                f"{g}, column {n}", file=file_sc, tensor=sc_name))
     return out
+
+
+def bad_scales(scales: np.ndarray, file: str, tensor: str, axes: tuple[str, str]):
+    """GQ501 when any scale (float32, 2-D, its axes named by `axes`) is not finite and
+    positive, naming the first; None otherwise. Every format's scales go through here."""
+    bad = ~np.isfinite(scales) | (scales <= 0)
+    if not bad.any():
+        return None
+    i, j = np.argwhere(bad)[0]
+    return Finding("GQ501", f"{int(bad.sum())} of {scales.size} scales are not finite and "
+                   f"positive; first at {axes[0]} {i}, {axes[1]} {j}: {scales[i, j]!r}",
+                   file=file, tensor=tensor)
 
 
 def declared_findings(ckpt: Checkpoint, m: Module) -> list[Finding]:

@@ -93,10 +93,11 @@ def compare(src: str | os.PathLike, dst: str | os.PathLike, backend: str = "auto
     """See the module docstring. `conventions` overrides the labels (the convert gate knows the
     source's true convention); `all_columns` checks every output column, not a sample. When
     either side is compressed-tensors or AWQ, compare_formats does the work."""
-    if conventions is None and not (_is_gptq(src) and _is_gptq(dst)):
-        return compare_formats(src, dst, backend, seed)
     be = get_backend(backend)
-    a, b = open_checkpoint(src), open_checkpoint(dst)
+    (sa, fa), (sb, fb) = _opened(src), _opened(dst)   # each store read once
+    if conventions is None and not fa.format == fb.format == GPTQ:
+        return compare_formats(src, dst, be, seed, (sa, fa), (sb, fb))
+    a, b = open_checkpoint(src, sa), open_checkpoint(dst, sb)
     ca, cb = conventions or (effective_declared(a), effective_declared(b))  # runtimes' reading
     other = {m.name: m for m in b.modules}
     rng = np.random.default_rng(seed)
@@ -138,12 +139,10 @@ def compare(src: str | os.PathLike, dst: str | os.PathLike, backend: str = "auto
 ACROSS = "every runtime"  # the one reading when a side stores Z itself
 
 
-def _is_gptq(path) -> bool:
+def _opened(path) -> tuple:
+    """(its tensor store, what format it is in): opened once, handed to the reader."""
     store = open_store(path)
-    try:
-        return sniff(store).format == GPTQ
-    finally:
-        store.close()
+    return store, sniff(store)
 
 
 class _Side:
@@ -151,25 +150,25 @@ class _Side:
     runtimes compute it (a GPTQ file under its label, read as the reference runtime reads it;
     another format in the one model, Z stored exactly) and its effective Z per cell."""
 
-    def __init__(self, path):
-        if _is_gptq(path):
-            ckpt = open_checkpoint(path)
+    def __init__(self, path, opened: tuple):
+        store, sniffed = opened
+        if sniffed.format == GPTQ:
+            ckpt = open_checkpoint(path, store)
             self.convention = effective_declared(ckpt)
             self.src = GptqSource(ckpt, self.convention)
         else:
-            self.src = formats.open_source(path)
+            self.src = formats.open_source(path, sniffed, store)
             self.convention = self.src.format
         self.modules = {m.name: m for m in self.src.modules}
 
     def operands(self, m):
-        if self.src.format in ("gptq", "gptq_v2"):
-            ckpt = self.src.ckpt
-            mod = next(x for x in ckpt.modules if x.name == m.name)
-            return module_tensors(ckpt, mod), runtimes.REFERENCE.rule(self.convention)
+        if isinstance(self.src, GptqSource):   # the file's own tensors under its label
+            return (module_tensors(self.src.ckpt, self.src.module(m.name)),
+                    runtimes.REFERENCE.rule(self.convention))
         return model_tensors(self.src, m), ZeroRule.V2
 
     def zeros(self, m) -> np.ndarray:
-        if self.src.format in ("gptq", "gptq_v2"):
+        if isinstance(self.src, GptqSource):
             return reference_zeros(self.src, m)[0]
         return unpack(self.src.qzeros(m), m.bits, axis=1).astype(np.int32)
 
@@ -177,13 +176,18 @@ class _Side:
         self.src.close()
 
 
-def compare_formats(src, dst, backend: str = "auto", seed: int = 0) -> EquivalenceReport:
+def compare_formats(src, dst, be, seed: int, opened_src: tuple,
+                    opened_dst: tuple) -> EquivalenceReport:
     """--against where a side is compressed-tensors or AWQ: per module, the effective zero
-    points cell by cell and Y = X @ W bitwise, each side computed as runtimes compute it."""
-    be = get_backend(backend)
-    a = _Side(src)
+    points cell by cell and Y = X @ W bitwise, each side computed as runtimes compute it.
+    `opened_*`: each side's (store, sniffed format) from _opened."""
     try:
-        b = _Side(dst)
+        a = _Side(src, opened_src)
+    except BaseException:
+        opened_dst[0].close()
+        raise
+    try:
+        b = _Side(dst, opened_dst)
     except BaseException:
         a.close()
         raise
