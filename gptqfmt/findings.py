@@ -48,6 +48,7 @@ _CATALOGUE = [
     Code("GQ126", ERROR, "tensor stored in more than one shard"),
     Code("GQ127", WARNING, "index total_size differs from the sum of tensor sizes"),
     Code("GQ128", ERROR, "no safetensors file found"),
+    Code("GQ129", ERROR, "file differs from the hash its Hugging Face cache entry records"),
     # GQ2xx: configs
     Code("GQ201", ERROR, "config file is not valid JSON"),
     Code("GQ202", ERROR, "config violates its schema"),
@@ -102,6 +103,8 @@ _CATALOGUE = [
     Code("GQ501", ERROR, "scales not finite or not positive"),
     Code("GQ502", ERROR, "dequantized weights overflow float16"),
     Code("GQ503", ERROR, "converted output failed verification; nothing was written"),
+    Code("GQ504", ERROR, "verify --against: a module computes another Y = X @ W"),
+    Code("GQ505", ERROR, "verify --reference: a module's runtime output is inconsistent"),
     # GQ6xx: runtimes (verify --runtime): one code per reason a named runtime fails
     Code("GQ601", ERROR, "runtime would not load the checkpoint"),
     Code("GQ602", ERROR, "runtime reads the zero points as the other convention"),

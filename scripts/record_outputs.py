@@ -4,9 +4,9 @@ text reports), as one file: a record to diff a refactoring against (a redesign m
 byte of them unchanged).
 
 For each directory under fixtures/ckpt, fixtures/invalid, fixtures/hostile and fixtures/formats
-it runs, in process, with --format json and with --format text: `inspect`, `verify --quiet`,
+it runs, in process, with --format json and with --format text: `inspect`, `verify`,
 `fix-label --dry-run` (which writes nothing), `convert SRC
-DST --to T --quiet` into a temporary DST with T each convention (and compressed-tensors for
+DST --to T` into a temporary DST with T each convention (and compressed-tensors for
 fixtures/formats), and `verify DST --against SRC` where the conversion succeeded. It keeps each command's exit code and stdout, with three things
 that differ from run to run replaced: the temporary directory (<TMP>), the repository's
 directory (<ROOT>) and the tool's version.
@@ -62,12 +62,12 @@ def outputs() -> dict[str, dict]:
                 key = "" if fmt == "json" else f"{fmt} "
                 opts = ["--format", fmt]
                 record[f"{key}inspect {name}"] = run(["inspect", src, *opts], tmp)
-                record[f"{key}verify {name}"] = run(["verify", src, "--quiet", *opts], tmp)
+                record[f"{key}verify {name}"] = run(["verify", src, *opts], tmp)
                 record[f"{key}fix-label --dry-run {name}"] = run(
                     ["fix-label", src, "--dry-run", *opts], tmp)
                 for to in TARGETS.get(d.parent.name, CONVENTIONS):
                     dst = tmp / f"{d.parent.name}-{d.name}-{to}-{fmt}"
-                    got = run(["convert", src, str(dst), "--to", to, "--quiet", *opts], tmp)
+                    got = run(["convert", src, str(dst), "--to", to, *opts], tmp)
                     record[f"{key}convert {name} --to {to}"] = got
                     if got["exit"] == 0:
                         record[f"{key}verify --against {name} --to {to}"] = run(

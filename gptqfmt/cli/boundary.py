@@ -3,47 +3,147 @@ and an exit code."""
 from __future__ import annotations
 
 import functools
+import io
+import os
 import traceback
+from pathlib import Path
 
 import click
 
-from ..errors import FindingError, GptqfmtError
+from ..errors import FindingError, GptqfmtError, OutputError
+from .output import note
 from .reporters import REPORTERS, reporter
+from .view import COLOR_CHOICES, SUMMARY_ABOVE, View, colour_wanted
 
 FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(list(REPORTERS)),
-                             default="text", show_default=True, help="Output format.")
+                             default="text", show_default=True,
+                             help="Output format on stdout: text, json (one document), github "
+                                  "(workflow commands), sarif (SARIF 2.1.0), junit (JUnit XML).")
+
+
+def _outputs(ctx, param, values) -> list[tuple[str, Path]]:
+    """--output FORMAT=FILE, repeatable: checked before the command runs, so that a report
+    that cannot be written is a usage error, not a surprise after an hour of verify."""
+    out, seen = [], set()
+    for v in values:
+        fmt, eq, file = v.partition("=")
+        if not eq or fmt not in REPORTERS or not file:
+            raise click.BadParameter(f"{v!r}: expected FORMAT=FILE with FORMAT one of "
+                                     f"{', '.join(REPORTERS)}", ctx, param)
+        path = Path(file)
+        if path.resolve() in seen:
+            raise click.BadParameter(f"{file!r} named twice", ctx, param)
+        if path.is_dir() or not path.resolve().parent.is_dir():
+            raise click.BadParameter(f"{file!r}: not a file in an existing directory", ctx,
+                                     param)
+        seen.add(path.resolve())
+        out.append((fmt, path))
+    return out
+
+
+OUTPUT_OPTION = click.option(
+    "--output", "outputs", multiple=True, metavar="FORMAT=FILE", callback=_outputs,
+    help="Also write the report in FORMAT to FILE (repeatable), e.g. --output sarif=gptqfmt."
+         "sarif; stdout keeps --format. Written when the command ends, also on failure.")
+COLOR_OPTION = click.option("--color", "color", type=click.Choice(COLOR_CHOICES),
+                            default="auto", show_default=True,
+                            help="Colour text by severity: auto (a terminal, NO_COLOR unset), "
+                                 "always, never.")
+QUIET_OPTION = click.option("-q", "--quiet", is_flag=True,
+                            help="Only the final line and errors; no progress bar.")
+SUMMARY_OPTION = click.option(
+    "--summary/--no-summary", "summary", default=None,
+    help=f"Leave out per-module rows (the default above {SUMMARY_ABOVE} modules); "
+         "--no-summary lists every module.")
+
+
+class Outputs:
+    """The reporters of one command: --format's on stdout, each --output's into its file (plain,
+    never coloured), all told the same results. Calling `out.verify(...)` reports to all."""
+
+    def __init__(self, fmt: str, view: View, files: list[tuple[str, Path]], target):
+        self.fmt, self.view = fmt, view
+        self.main = reporter(fmt, None, view)
+        self.files = [(reporter(f, io.StringIO()), path) for f, path in files]
+        github = [r for r in [self.main, *(r for r, _ in self.files)] if r.name == "github"]
+        for r in github[1:]:
+            r.step_summary = False  # one job summary per command
+        for r in [self.main, *(r for r, _ in self.files)]:
+            r.target = target
+
+    @property
+    def progress(self) -> bool:
+        """Whether a progress bar may show: text for a person, not quiet."""
+        return self.fmt == "text" and not self.view.quiet
+
+    def note(self, message: str) -> None:
+        """A line for people on stderr, unless quiet."""
+        if not self.view.quiet:
+            note(message)
+
+    def __getattr__(self, kind):
+        def report(*args, **kwargs):
+            getattr(self.main, kind)(*args, **kwargs)
+            for r, _ in self.files:
+                getattr(r, kind)(*args, **kwargs)
+        return report
+
+    def commit(self) -> None:
+        """Write each --output file, atomically (a reader never sees half a report)."""
+        for r, path in self.files:
+            tmp = path.with_name(f".{path.name}.gptqfmt-tmp")
+            try:
+                tmp.write_text(r.stream.getvalue(), encoding="utf-8")
+                os.replace(tmp, path)
+            except OSError as e:
+                tmp.unlink(missing_ok=True)
+                raise OutputError(f"{path}: cannot write the {r.name} report: "
+                                  f"{e.strerror or e}") from None
 
 
 def guarded(fn):
-    """Run a command body; map errors to one line (or one JSON document) and an exit code."""
+    """Run a command body; map errors to one line (or one JSON document) and an exit code.
+    The body gets `out` (an Outputs) in place of the --format, --output, --color, --quiet and
+    --summary options, and reports through it."""
 
     @functools.wraps(fn)
-    def wrapper(*args, fmt="text", debug=False, **kwargs):
+    def wrapper(*args, fmt="text", debug=False, outputs=(), color="auto", quiet=False,
+                **kwargs):
+        view = View(color=fmt == "text" and colour_wanted(color), quiet=quiet,
+                    summary=kwargs.pop("summary", None))
+        target = kwargs.get("path") or kwargs.get("src")
+        out = Outputs(fmt, view, list(outputs), target)
         try:
-            code = fn(*args, fmt=fmt, **kwargs)
+            code = fn(*args, out=out, **kwargs)
         except FindingError as e:
-            reporter(fmt).failure("fail", 1, findings=e.findings)
+            out.failure("fail", 1, findings=e.findings)
             code = 1
         except GptqfmtError as e:
-            reporter(fmt).failure("error", e.exit_code, message=str(e))
+            out.failure("error", e.exit_code, message=str(e))
             code = e.exit_code
         except Interrupted as e:  # SIGINT/SIGTERM/SIGHUP; `finally` blocks (staging) have run
-            reporter(fmt).failure("error", e.exit_code, message=str(e))
+            out.failure("error", e.exit_code, message=str(e))
             code = e.exit_code
         except BrokenPipeError:
             raise  # stdout was closed (`| head`): not an internal error; run() exits quietly
         except Exception as e:  # noqa: BLE001 - the catch-all that keeps tracebacks off CI logs
             if debug:
                 traceback.print_exc()
-            reporter(fmt).failure("error", 3, message=f"internal error: {type(e).__name__}: "
-                                  f"{e}" + ("" if debug else " (run with --debug for the "
-                                            "traceback)"))
+            out.failure("error", 3, message=f"internal error: {type(e).__name__}: "
+                        f"{e}" + ("" if debug else " (run with --debug for the traceback)"))
             code = 3
+        try:
+            out.commit()
+        except OutputError as e:
+            note(f"gptqfmt: error: {e}")
+            code = e.exit_code if code in (0, 1, None) else code
         raise SystemExit(code or 0)
 
     wrapper = click.option("--debug", is_flag=True,
                            help="Show the traceback of an internal error (exit 3).")(wrapper)
-    return FORMAT_OPTION(wrapper)
+    for option in (QUIET_OPTION, COLOR_OPTION, OUTPUT_OPTION, FORMAT_OPTION):
+        wrapper = option(wrapper)
+    return wrapper
 
 
 class Interrupted(BaseException):

@@ -8,7 +8,6 @@ from ..formats import FORMATS, TARGETS
 from ..conversion import convert
 from .boundary import guarded
 from .progress import Progress
-from .reporters import reporter
 
 
 @click.command("convert", short_help="Convert losslessly into a new directory (gptq <-> gptq_v2, "
@@ -30,10 +29,8 @@ from .reporters import reporter
               help="Shards written in parallel processes (gptq <-> gptq_v2).")
 @click.option("--backend", type=click.Choice(["auto", "cpu", "cupy"]), default="auto",
               show_default=True, help="Numerical check before commit.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
 @guarded
-def convert_cmd(src, dst, fmt, to, src_convention, allow_lossy, dry_run, force, jobs, backend,
-                quiet):
+def convert_cmd(src, dst, out, to, src_convention, allow_lossy, dry_run, force, jobs, backend):
     """Convert the checkpoint directory SRC into DST: GPTQ zero points between gptq and
     gptq_v2 (every byte outside qzeros copied unchanged), gptq/gptq_v2 to compressed-tensors,
     or compressed-tensors/AWQ to gptq_v2 (tensors re-laid out, every other tensor copied). DST
@@ -41,11 +38,11 @@ def convert_cmd(src, dst, fmt, to, src_convention, allow_lossy, dry_run, force, 
 
     Exit 0 converted (or planned, with --dry-run), 1 refused or invalid input (nothing
     written), 2 usage error or DST exists, 3 internal error."""
-    show = fmt == "text" and not quiet
+    show = out.progress
     with Progress(enabled=show, unit="B", desc="write") as bar, \
             Progress(enabled=show, unit="module", desc="verify", position=1) as mods:
         report = convert(src, dst, to=to, src_convention=src_convention,
                          allow_lossy=allow_lossy, dry_run=dry_run, force=force, jobs=jobs,
                          backend=backend, progress=bar.update, on_module=mods.update)
-    reporter(fmt).convert(report, 0)
+    out.convert(report, 0)
     return 0

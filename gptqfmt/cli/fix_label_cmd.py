@@ -6,7 +6,6 @@ import click
 from ..conversion.relabel import DETECTED, TARGETS, fix_label
 from .boundary import guarded
 from .progress import Progress
-from .reporters import reporter
 
 
 @click.command("fix-label", short_help="Set checkpoint_format/format in the configs to the "
@@ -16,9 +15,8 @@ from .reporters import reporter
               help="The label to write: the detected convention, or one you name (refused "
                    "when the data contradict it).")
 @click.option("--dry-run", is_flag=True, help="Say what would change; write nothing.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
 @guarded
-def fix_label_cmd(path, fmt, to, dry_run, quiet):
+def fix_label_cmd(path, out, to, dry_run):
     """Rewrite only `checkpoint_format` and `format` in the config files of PATH (every other
     key, its order and `meta` kept; meta.gptqfmt records the change), each file replaced
     atomically, then run verify. No tensor is read for writing or copied.
@@ -29,10 +27,10 @@ def fix_label_cmd(path, fmt, to, dry_run, quiet):
 
     Exit 0 relabelled (or planned) and verify passes, 1 refused or verify fails, 2 usage
     error or unwritable configs, 3 internal error."""
-    with Progress(enabled=fmt == "text" and not quiet and not dry_run, unit="B",
+    with Progress(enabled=out.progress and not dry_run, unit="B",
                   desc="verify") as bar:
         result = fix_label(path, to=to, dry_run=dry_run, progress=bar.update)
     failed = result.plan.refused or (result.verify is not None and result.verify.failed())
     code = 1 if failed else 0
-    reporter(fmt).fix_label(result, code)
+    out.fix_label(result, code)
     return code

@@ -4,15 +4,15 @@ from __future__ import annotations
 import click
 
 from ..inspection import inspect_checkpoint
-from .boundary import guarded
-from .reporters import reporter
+from .boundary import SUMMARY_OPTION, guarded
 
 
 @click.command("inspect", short_help="What is in a checkpoint: modules, bits, group size, and the "
                                        "declared and detected zero-point convention.")
 @click.argument("path", type=click.Path(exists=False, dir_okay=True, file_okay=True))
+@SUMMARY_OPTION
 @guarded
-def inspect_cmd(path, fmt):
+def inspect_cmd(path, out):
     """Show layers, bits, group size, sym, act-order, word size and the declared and detected
     zero-point convention of the checkpoint at PATH (a directory or one .safetensors file).
 
@@ -20,5 +20,5 @@ def inspect_cmd(path, fmt):
     read."""
     result = inspect_checkpoint(path)
     code = 0 if result.ok else 1
-    reporter(fmt).inspect(result, code)
+    out.inspect(result, code)
     return code

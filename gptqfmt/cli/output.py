@@ -7,6 +7,7 @@ import math
 import click
 
 from ..findings import Finding
+from .view import PLAIN, View
 
 
 def escape(s: str | None) -> str:
@@ -44,10 +45,11 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def emit_json(doc) -> None:
-    """Exactly one JSON document on stdout (ASCII, so control characters are escaped).
-    Non-finite numbers (an inf error, a NaN scale) become null: JSON has no NaN."""
-    click.echo(json.dumps(_finite(doc), indent=2, allow_nan=False))
+def emit_json(doc, file=None) -> None:
+    """Exactly one JSON document on `file` (stdout by default; ASCII, so control characters
+    are escaped). Non-finite numbers (an inf error, a NaN scale) become null: JSON has no
+    NaN."""
+    click.echo(json.dumps(_finite(doc), indent=2, allow_nan=False), file=file)
 
 
 def _finite(x):
@@ -80,3 +82,17 @@ def table(rows: list[list[str]], header: list[str]) -> list[str]:
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*header).rstrip()] + [fmt.format(*map(str, r)).rstrip() for r in rows]
 
+
+class Reporter:
+    """What every reporter shares: where its document goes (`stream`, stdout by default; a
+    file under --output FORMAT=FILE) and what a person asked to see (`view`: colour, quiet,
+    summary; only the text reporter reads it). Subclasses answer every kind of result."""
+    name = ""
+
+    def __init__(self, stream=None, view: View = PLAIN):
+        self.stream = stream
+        self.view = view
+
+    def echo(self, text: str) -> None:
+        # click strips ANSI codes from a stream that is not a terminal unless told otherwise
+        click.echo(text, file=self.stream, color=True if self.view.color else None)

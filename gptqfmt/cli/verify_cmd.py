@@ -7,16 +7,14 @@ from ..errors import UsageError
 from ..runtimes import BY_ID, RUNTIMES
 from ..validation import validate
 from ..numerics.equivalence import check_usage, compare, reference_fp32
-from .boundary import guarded
+from .boundary import SUMMARY_OPTION, guarded
 from .progress import Progress
-from .reporters import reporter
 
 
 @click.command("verify", short_help="Every check over all the data; exit 0/1 for CI. "
                                      "--against: prove two checkpoints compute the same.")
 @click.argument("path", type=click.Path(exists=False, dir_okay=True, file_okay=True))
 @click.option("--strict", is_flag=True, help="Fail on warnings too.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Threads checking modules in parallel (default: one per CPU).")
 @click.option("--against", "against", type=click.Path(), default=None,
@@ -30,8 +28,9 @@ from .reporters import reporter
 @click.option("--backend", type=click.Choice(["auto", "cpu", "cupy"]), default=None,
               help="Backend of --against and --reference (default: auto, CuPy when a CUDA "
                    "device is usable).")
+@SUMMARY_OPTION
 @guarded
-def verify_cmd(path, fmt, strict, quiet, jobs, against, reference, runtime, backend):
+def verify_cmd(path, out, strict, jobs, against, reference, runtime, backend):
     """Validate the checkpoint at PATH: container, index, configs, shapes, values, and the
     declared zero-point convention against the one the data show.
 
@@ -45,13 +44,13 @@ def verify_cmd(path, fmt, strict, quiet, jobs, against, reference, runtime, back
         _refuse_inapplicable(against and "--against" or "--reference",
                              strict=strict, jobs=jobs, runtime=runtime)
         backend = backend or "auto"
-        return (_against(path, against, backend, fmt) if against
-                else _reference(path, backend, fmt))
+        return (_against(path, against, backend, out) if against
+                else _reference(path, backend, out))
     _refuse_inapplicable("a plain verify (without --against or --reference)", backend=backend)
-    with Progress(enabled=fmt == "text" and not quiet, unit="B", desc="verify") as bar:
+    with Progress(enabled=out.progress, unit="B", desc="verify") as bar:
         report = validate(path, progress=bar.update, jobs=jobs, gate=gate)
     code = 1 if report.failed(strict) else 0
-    reporter(fmt).verify(report, strict, code)
+    out.verify(report, strict, code)
     return code
 
 
@@ -72,17 +71,17 @@ def _refuse_inapplicable(mode: str, **given) -> None:
                          + "; ".join(why[n] for n in ignored))
 
 
-def _against(src, dst, backend, fmt) -> int:
+def _against(src, dst, backend, out) -> int:
     rep = compare(src, dst, backend)
     code = 0 if rep.equivalent else 1
-    reporter(fmt).against(rep, code)
+    out.against(rep, code)
     return code
 
 
-def _reference(path, backend, fmt) -> int:
+def _reference(path, backend, out) -> int:
     rep = reference_fp32(path, backend)
     code = 1 if rep.inconsistent else 0
-    reporter(fmt).reference(rep, code)
+    out.reference(rep, code)
     return code
 
 
