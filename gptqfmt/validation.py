@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import UsageError
@@ -33,9 +33,13 @@ class Report:
     findings: list[Finding]
     qweight_bytes: int
     runtimes: list[RuntimeVerdict]
+    checksums: Any = None    # hub.Checksums, with verify --checksums
 
     def failed(self, strict: bool = False) -> bool:
         return failed(self.findings, strict)
+
+    def with_checksums(self, cs) -> "Report":
+        return with_checksums(self, cs)
 
     def to_json(self, strict: bool = False) -> dict[str, Any]:
         cfg = self.checkpoint.config
@@ -52,6 +56,7 @@ class Report:
             "findings": [f.to_json() for f in self.findings],
             "summary": {**summary_counts(self.findings, len(self.checkpoint.modules)),
                         "qweight_bytes": self.qweight_bytes},
+            **({"checksums": self.checksums.to_json()} if self.checksums else {}),
         }
 
 
@@ -62,9 +67,13 @@ class FormatReport:
     source: Any
     findings: list[Finding]
     qweight_bytes: int
+    checksums: Any = None    # hub.Checksums, with verify --checksums
 
     def failed(self, strict: bool = False) -> bool:
         return failed(self.findings, strict)
+
+    def with_checksums(self, cs) -> "FormatReport":
+        return with_checksums(self, cs)
 
     def to_json(self, strict: bool = False) -> dict[str, Any]:
         return {"tool": tool_json(), "path": self.path,
@@ -72,7 +81,39 @@ class FormatReport:
                 "format": self.source.format,
                 "findings": [f.to_json() for f in self.findings],
                 "summary": {**summary_counts(self.findings, len(self.source.modules)),
-                            "qweight_bytes": self.qweight_bytes}}
+                            "qweight_bytes": self.qweight_bytes},
+                **({"checksums": self.checksums.to_json()} if self.checksums else {})}
+
+
+def with_checksums(report, cs):
+    """The report with verify --checksums' findings among its own, in the usual order."""
+    return replace(report, checksums=cs,
+                   findings=sorted(report.findings + cs.findings, key=Finding.sort_key))
+
+
+@dataclass(frozen=True)
+class ConfigCheck:
+    """What a commit hook can afford (gptqfmt-pre-commit): the configs, the index and the
+    safetensors headers checked against each other; no tensor data beyond g_idx."""
+    path: str
+    modules: int
+    findings: list[Finding]
+
+    def failed(self, strict: bool = False) -> bool:
+        return failed(self.findings, strict)
+
+
+def check_configs(path: str | os.PathLike) -> ConfigCheck:
+    """The findings of opening the checkpoint at `path` (the container, index, config and
+    shape rules, GQ1xx-GQ3xx), without verify's reading of qweight, qzeros and scales."""
+    store = open_store(path)
+    sniffed = sniff(store)
+    if sniffed.format != GPTQ:
+        src = open_source(path, sniffed, store)
+        return ConfigCheck(str(path), len(src.modules),
+                           sorted(src.findings, key=Finding.sort_key))
+    ckpt = open_checkpoint(path, store)
+    return ConfigCheck(str(path), len(ckpt.modules), list(ckpt.findings))
 
 
 def validate_format(path, store, sniffed, progress=None) -> FormatReport:

@@ -181,3 +181,42 @@ def run_one(path: Path, out: Path | None = None) -> str:
         return "clean"
     except (FindingError, UsageError, OutputError):
         return "refused"
+
+
+# ------------------------------------------------- a Hugging Face cache, laid out as the Hub's
+
+def git_blob_id(data: bytes) -> str:
+    """The git blob id of `data`, from git itself when it is installed (the independent
+    oracle), else from the documented formula."""
+    import subprocess
+    try:
+        return subprocess.run(["git", "hash-object", "--stdin"], input=data, check=True,
+                              capture_output=True).stdout.decode().strip()
+    except (OSError, subprocess.CalledProcessError):
+        return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def hf_cache_entry(cache: Path, repo_id: str, src: Path, commit: str,
+                   refs: tuple[str, ...] = ("main",)) -> Path:
+    """Put the files of checkpoint `src` into the Hugging Face cache `cache` as revision
+    `commit` of `repo_id`, as huggingface_hub lays a download out: blobs named by content hash
+    (sha256 for what the Hub stores in LFS, here the .safetensors files; the git blob id for
+    the rest), snapshots/<commit>/<file> a relative link to its blob, refs/<ref> the commit.
+    Returns the snapshot directory."""
+    entry = cache / ("models--" + repo_id.replace("/", "--"))
+    (entry / "blobs").mkdir(parents=True, exist_ok=True)
+    snap = entry / "snapshots" / commit
+    snap.mkdir(parents=True)
+    for f in sorted(p for p in src.rglob("*") if p.is_file()):
+        data = f.read_bytes()
+        blob = (hashlib.sha256(data).hexdigest() if f.suffix == ".safetensors"
+                else git_blob_id(data))
+        (entry / "blobs" / blob).write_bytes(data)
+        link = snap / f.relative_to(src)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(Path(*[".."] * (len(f.relative_to(src).parts) + 1), "blobs", blob))
+    (entry / "refs").mkdir(exist_ok=True)
+    for ref in refs:
+        (entry / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
+        (entry / "refs" / ref).write_text(commit)
+    return snap

@@ -2,6 +2,7 @@
 was passed named when it is not a checkpoint, options that do not apply refused, plurals, help
 and units. One test per defect found by trying the tool as a new user."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -86,16 +87,29 @@ def _cache_root(tmp_path, revs=("0123abcd", "4567ef01"), main="0123abcd"):
     return root
 
 
-def test_a_hugging_face_cache_root_points_to_its_snapshot(tmp_path):
+def test_a_hugging_face_cache_root_points_to_its_snapshot(tmp_path, run_cli, monkeypatch):
+    """Without huggingface_hub a cache root stays a path: GQ128 names the snapshot to pass
+    and the extra that would take the root itself (with it, tests/test_hub.py)."""
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     root = _cache_root(tmp_path)
-    r = gptqfmt("inspect", root)
-    assert r.returncode == 1
+    r = run_cli("inspect", root)
+    assert r.exit_code == 1
     assert (f"{root}: GQ128 no *.safetensors file and no model.safetensors.index.json in this "
             f"directory; it is a Hugging Face cache root with 2 snapshots under snapshots/ "
-            f"(hint: pass a snapshot, e.g. {root}/snapshots/0123abcd (refs/main))") in r.stdout
-    doc = json.loads(gptqfmt("verify", root, "--format", "json").stdout)
-    assert doc["findings"][0]["hint"].endswith("snapshots/0123abcd (refs/main)")
-    assert gptqfmt("inspect", root / "snapshots" / "0123abcd").returncode == 0
+            f"(hint: pass a snapshot, e.g. {root}/snapshots/0123abcd (refs/main); or install "
+            "the hub extra (pip install 'gptqfmt[hub]') and pass the cache root or "
+            "org/model)") in r.stdout
+    doc = json.loads(run_cli("verify", root, "--format", "json").stdout)
+    assert "snapshots/0123abcd (refs/main)" in doc["findings"][0]["hint"]
+    assert run_cli("inspect", root / "snapshots" / "0123abcd").exit_code == 0
+
+
+def test_a_cache_root_without_refs_main_points_to_the_newest_snapshot(tmp_path):
+    root = _cache_root(tmp_path, main=None)
+    os.utime(root / "snapshots" / "4567ef01", (2e9, 2e9))
+    doc = json.loads(gptqfmt("inspect", root, "--format", "json").stdout)
+    assert doc["findings"][0]["code"] == "GQ128"
+    assert "snapshots/4567ef01 (the newest)" in doc["findings"][0]["hint"]
 
 
 def test_a_plain_empty_directory_gets_no_cache_hint(tmp_path):

@@ -116,3 +116,8 @@ def test_every_command_runs_from_the_wheel(installed, tmp_path):
     assert doc["written"] and doc["to"] == "gptq" and dst.is_dir()
     run(installed, exe, "verify", src, "--against", dst)  # kernels/ read from the wheel
     run(installed, installed["py"], "-m", "gptqfmt", "inspect", dst)
+    # the CI formats, and the pre-commit hook's entry point (.pre-commit-hooks.yaml)
+    log = json.loads(run(installed, exe, "verify", src, "--format", "sarif").stdout)
+    assert log["version"] == "2.1.0" and log["runs"][0]["invocations"][0]["exitCode"] == 0
+    hook = installed["venv"] / "bin" / "gptqfmt-pre-commit"
+    assert "OK (configs, index and headers" in run(installed, hook, src / "config.json").stdout

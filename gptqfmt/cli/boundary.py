@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from .. import hub
 from ..errors import FindingError, GptqfmtError, OutputError
 from .output import note
 from .reporters import REPORTERS, reporter
@@ -71,6 +72,19 @@ class Outputs:
         for r in [self.main, *(r for r, _ in self.files)]:
             r.target = target
 
+    def checkpoint(self, arg: str, download: bool = False) -> str:
+        """The path a PATH argument names: a path as given, a Hugging Face repo id or cache
+        entry resolved to its cached snapshot (hub.resolve; said on stderr). The reporters
+        locate the findings' files under it."""
+        if download and not self.progress:
+            _hub_bars_off()
+        r = hub.resolve(arg, download)
+        if r.repo_id:
+            self.note(f"gptqfmt: {r.describe()}")
+            for rep in [self.main, *(rep for rep, _ in self.files)]:
+                rep.target = r.path
+        return r.path
+
     @property
     def progress(self) -> bool:
         """Whether a progress bar may show: text for a person, not quiet."""
@@ -99,6 +113,20 @@ class Outputs:
                 tmp.unlink(missing_ok=True)
                 raise OutputError(f"{path}: cannot write the {r.name} report: "
                                   f"{e.strerror or e}") from None
+
+
+def _hub_bars_off() -> None:
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+    except ImportError:
+        return  # hub.resolve says which extra to install
+    disable_progress_bars()
+
+
+DOWNLOAD_OPTION = click.option(
+    "--download", is_flag=True,
+    help="Fetch a Hugging Face repo id (org/model[@revision]) that is not cached yet, with "
+         "huggingface_hub; without it nothing is downloaded.")
 
 
 def guarded(fn):

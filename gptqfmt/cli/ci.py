@@ -54,8 +54,6 @@ def _final(lines) -> str:
 
 class _CiReporter(Reporter):
     """Turns each result into an Outcome; subclasses render it (`emit`)."""
-    target: str | None = None    # set by the boundary: the PATH argument, for failures
-
     def emit(self, o: Outcome) -> None:
         raise NotImplementedError
 

@@ -6,7 +6,7 @@ import click
 from ..conventions import GPTQ_V2
 from ..formats import FORMATS, TARGETS
 from ..conversion import convert
-from .boundary import guarded
+from .boundary import DOWNLOAD_OPTION, guarded
 from .progress import Progress
 
 
@@ -29,15 +29,19 @@ from .progress import Progress
               help="Shards written in parallel processes (gptq <-> gptq_v2).")
 @click.option("--backend", type=click.Choice(["auto", "cpu", "cupy"]), default="auto",
               show_default=True, help="Numerical check before commit.")
+@DOWNLOAD_OPTION
 @guarded
-def convert_cmd(src, dst, out, to, src_convention, allow_lossy, dry_run, force, jobs, backend):
+def convert_cmd(src, dst, out, to, src_convention, allow_lossy, dry_run, force, jobs, backend,
+                download):
     """Convert the checkpoint directory SRC into DST: GPTQ zero points between gptq and
     gptq_v2 (every byte outside qzeros copied unchanged), gptq/gptq_v2 to compressed-tensors,
     or compressed-tensors/AWQ to gptq_v2 (tensors re-laid out, every other tensor copied). DST
-    appears only after the output has been proven equal to SRC.
+    appears only after the output has been proven equal to SRC. SRC may be a Hugging Face
+    repo id (org/model[@revision]) read from the local cache; DST is always a path.
 
     Exit 0 converted (or planned, with --dry-run), 1 refused or invalid input (nothing
     written), 2 usage error or DST exists, 3 internal error."""
+    src = out.checkpoint(src, download)
     show = out.progress
     with Progress(enabled=show, unit="B", desc="write") as bar, \
             Progress(enabled=show, unit="module", desc="verify", position=1) as mods:

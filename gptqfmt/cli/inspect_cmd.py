@@ -4,21 +4,22 @@ from __future__ import annotations
 import click
 
 from ..inspection import inspect_checkpoint
-from .boundary import SUMMARY_OPTION, guarded
+from .boundary import DOWNLOAD_OPTION, SUMMARY_OPTION, guarded
 
 
 @click.command("inspect", short_help="What is in a checkpoint: modules, bits, group size, and the "
                                        "declared and detected zero-point convention.")
 @click.argument("path", type=click.Path(exists=False, dir_okay=True, file_okay=True))
+@DOWNLOAD_OPTION
 @SUMMARY_OPTION
 @guarded
-def inspect_cmd(path, out):
+def inspect_cmd(path, out, download):
     """Show layers, bits, group size, sym, act-order, word size and the declared and detected
     zero-point convention of the checkpoint at PATH (a directory or one .safetensors file).
 
     Exit 0 when nothing is wrong, 1 when findings of severity error exist, 2 when PATH cannot be
     read."""
-    result = inspect_checkpoint(path)
+    result = inspect_checkpoint(out.checkpoint(path, download))
     code = 0 if result.ok else 1
     out.inspect(result, code)
     return code

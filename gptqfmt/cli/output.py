@@ -88,6 +88,7 @@ class Reporter:
     file under --output FORMAT=FILE) and what a person asked to see (`view`: colour, quiet,
     summary; only the text reporter reads it). Subclasses answer every kind of result."""
     name = ""
+    target: str | None = None    # the checkpoint the command reads (set by the boundary)
 
     def __init__(self, stream=None, view: View = PLAIN):
         self.stream = stream

@@ -143,6 +143,15 @@ def verify_lines(report: Report | FormatReport, strict: bool) -> list[Line]:
     counts = (f"{'OK' if ok else 'FAIL'}: {plural(s['modules'], 'module')}, "
               f"{plural(s['errors'], 'error')}, {plural(s['warnings'], 'warning')}, "
               f"{plural(s['infos'], 'info')}; ")
+    cs = doc.get("checksums")
+    if cs:
+        lines.append(Line(f"checksums    {plural(cs['files'], 'file')} ({human_bytes(cs['bytes'])}) "
+                          f"hashed against the {cs['source']} records: "
+                          + (f"{cs['mismatched']} mismatched" if cs["mismatched"] else
+                             "every one matches")
+                          + (f"; {plural(len(cs['unrecorded']), 'file')} with no record"
+                             if cs["unrecorded"] else ""),
+                          "text", "error" if cs["mismatched"] else None))
     if isinstance(report, FormatReport):
         return lines + [final(counts + f"{escape(layout_words(report.source))}; zero points "
                                        "stored exactly", ok)]

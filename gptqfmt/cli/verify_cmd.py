@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import click
 
+from .. import hub
 from ..errors import UsageError
 from ..runtimes import BY_ID, RUNTIMES
 from ..validation import validate
 from ..numerics.equivalence import check_usage, compare, reference_fp32
-from .boundary import SUMMARY_OPTION, guarded
+from .boundary import DOWNLOAD_OPTION, SUMMARY_OPTION, guarded
 from .progress import Progress
 
 
@@ -28,27 +29,41 @@ from .progress import Progress
 @click.option("--backend", type=click.Choice(["auto", "cpu", "cupy"]), default=None,
               help="Backend of --against and --reference (default: auto, CuPy when a CUDA "
                    "device is usable).")
+@click.option("--checksums", is_flag=True,
+              help="Also hash every file and compare it with the hash its Hugging Face cache "
+                   "entry (or `hf download --local-dir` metadata) records (GQ129).")
+@DOWNLOAD_OPTION
 @SUMMARY_OPTION
 @guarded
-def verify_cmd(path, out, strict, jobs, against, reference, runtime, backend):
+def verify_cmd(path, out, strict, jobs, against, reference, runtime, backend, checksums,
+               download):
     """Validate the checkpoint at PATH: container, index, configs, shapes, values, and the
     declared zero-point convention against the one the data show.
 
     Exit 0 when it passes, 1 when findings of severity error exist (with --strict, warnings
     too), 2 when PATH cannot be read, 3 on an internal error. With --against: exit 0 when
     both compute the same outputs for every runtime, 1 when not. With --runtime vllm: exit 1
-    also when vLLM would refuse the checkpoint or compute other weights than the data mean."""
+    also when vLLM would refuse the checkpoint or compute other weights than the data mean.
+
+    PATH (and --against's) may be a Hugging Face repo id, org/model[@revision], or a cache
+    entry models--org--model: read offline from the local cache (--download fetches it).
+    --checksums hashes every file against the hash its cache entry records."""
     gate = runtime_ids(runtime) if runtime is not None else ()
     if against or reference:
         check_usage(against, reference)
-        _refuse_inapplicable(against and "--against" or "--reference",
-                             strict=strict, jobs=jobs, runtime=runtime)
+        _refuse_inapplicable(against and "--against" or "--reference", strict=strict,
+                             jobs=jobs, runtime=runtime, checksums=checksums)
         backend = backend or "auto"
-        return (_against(path, against, backend, out) if against
+        path = out.checkpoint(path, download)
+        return (_against(path, out.checkpoint(against, download), backend, out) if against
                 else _reference(path, backend, out))
     _refuse_inapplicable("a plain verify (without --against or --reference)", backend=backend)
+    path = out.checkpoint(path, download)
     with Progress(enabled=out.progress, unit="B", desc="verify") as bar:
         report = validate(path, progress=bar.update, jobs=jobs, gate=gate)
+    if checksums:
+        with Progress(enabled=out.progress, unit="B", desc="checksums") as bar:
+            report = report.with_checksums(hub.checksums(path, progress=bar.update))
     code = 1 if report.failed(strict) else 0
     out.verify(report, strict, code)
     return code
@@ -57,7 +72,7 @@ def verify_cmd(path, out, strict, jobs, against, reference, runtime, backend):
 def _refuse_inapplicable(mode: str, **given) -> None:
     """An option that does not apply to the mode is refused, never silently ignored."""
     names = {"strict": "--strict", "jobs": "--jobs", "backend": "--backend",
-             "runtime": "--runtime"}
+             "runtime": "--runtime", "checksums": "--checksums"}
     ignored = [names[k] for k, v in given.items() if v]
     if ignored:
         why = {"--strict": "it decides on warnings of the checks, which this mode does not run; "
@@ -65,7 +80,9 @@ def _refuse_inapplicable(mode: str, **given) -> None:
                "--jobs": "this mode runs in one process",
                "--runtime": "the runtime gate judges one checkpoint (run verify PATH --runtime "
                             "on each)",
-               "--backend": "only --against and --reference compute on a backend"}
+               "--backend": "only --against and --reference compute on a backend",
+               "--checksums": "it checks the files of one checkpoint (run verify PATH "
+                              "--checksums on each)"}
         verb = "does" if len(ignored) == 1 else "do"
         raise UsageError(f"{' and '.join(ignored)} {verb} not apply to {mode}: "
                          + "; ".join(why[n] for n in ignored))

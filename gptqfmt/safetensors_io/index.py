@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import FindingError, UsageError
 from ..findings import Finding
+from ..hub import cache_root_hint, cache_root_note
 from ..resources import validator
 from .header import TensorInfo
 from .reader import SafetensorsFile
@@ -79,44 +80,6 @@ def _refuse_json_file(p: Path) -> None:
                          f"that holds it ({p.parent})")
 
 
-def _cache_snapshots(p: Path) -> list[Path]:
-    """The snapshot folders of a Hugging Face cache root (`models--org--name/`), newest
-    first; empty when `p` is not one."""
-    snaps = p / "snapshots"
-    if not (p.name.startswith(("models--", "datasets--")) or (p / "refs").is_dir()) \
-            or not snaps.is_dir():
-        return []
-    found = [s for s in _listdir(snaps) if s.is_dir()]
-    return sorted(found, key=lambda s: s.stat().st_mtime, reverse=True)
-
-
-def _cache_main(p: Path) -> Path | None:
-    """The snapshot that refs/main names, when it is there."""
-    try:
-        rev = (p / "refs" / "main").read_text("ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    snap = p / "snapshots" / rev
-    return snap if rev and safe_shard_name(rev) and snap.is_dir() else None
-
-
-def _cache_root_note(p: Path) -> str:
-    snaps = _cache_snapshots(p)
-    if not snaps:
-        return ""
-    return (f"; it is a Hugging Face cache root with {len(snaps)} snapshot"
-            f"{'s' if len(snaps) > 1 else ''} under snapshots/")
-
-
-def _cache_root_hint(p: Path) -> str | None:
-    snaps = _cache_snapshots(p)
-    if not snaps:
-        return None
-    target = _cache_main(p) or snaps[0]
-    which = "refs/main" if target == _cache_main(p) else "the newest"
-    return f"pass a snapshot, e.g. {target} ({which})"
-
-
 def open_store(path: str | os.PathLike) -> TensorStore:
     p = Path(path)
     if not p.exists():
@@ -135,8 +98,8 @@ def open_store(path: str | os.PathLike) -> TensorStore:
     shards = sorted(f.name for f in _listdir(p) if f.name.endswith(SUFFIX) and f.is_file())
     if not shards:
         raise FindingError(Finding("GQ128", f"no *{SUFFIX} file and no {INDEX_NAME} in this "
-                                   "directory" + _cache_root_note(p), file=str(p),
-                                   hint=_cache_root_hint(p)))
+                                   "directory" + cache_root_note(p), file=str(p),
+                                   hint=cache_root_hint(p)))
     store = TensorStore(p, {}, {})
     if SINGLE_NAME in shards:  # what transformers loads without an index; others are ignored
         for name in shards:

@@ -1,0 +1,78 @@
+"""`gptqfmt-pre-commit FILE...`: what the pre-commit hook `gptqfmt-verify` runs
+(.pre-commit-hooks.yaml). pre-commit passes the staged files that match the hook's pattern
+(configs, indexes, shards); each file's directory is a checkpoint when it holds a .safetensors
+file or an index, and each checkpoint is checked once, however many of its files changed.
+
+By default only the configs, the index and the safetensors headers are checked against each
+other (validation.check_configs: milliseconds, whatever the model's size), so that a commit
+stays fast; `--full` runs the whole verify (every tensor). Exit 0 when every checkpoint
+passes, 1 when one does not or cannot be read."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import click
+
+from ..errors import FindingError, GptqfmtError
+from ..validation import ConfigCheck, FormatReport, check_configs, validate
+from .output import escape, finding_line, plural
+
+
+def checkpoints(files) -> list[Path]:
+    """The checkpoint directories the files belong to, each once, in the order first named."""
+    out: list[Path] = []
+    for f in files:
+        d = Path(f).parent
+        if d in out or not d.is_dir():
+            continue
+        if any(d.glob("*.safetensors")) or (d / "model.safetensors.index.json").exists():
+            out.append(d)
+    return out
+
+
+def check(d: Path, full: bool, strict: bool) -> tuple[bool, list[str]]:
+    """(passed, lines) for one checkpoint directory."""
+    def located(findings) -> list[str]:
+        return [finding_line(dataclasses.replace(f, file=str(d / f.file) if f.file else str(d)))
+                for f in findings]
+
+    try:
+        report = validate(d) if full else check_configs(d)
+    except FindingError as e:  # unreadable: each finding with its hint
+        return False, located(e.findings) + [f"{escape(str(d))}: FAIL (cannot be read)"]
+    except GptqfmtError as e:
+        return False, [f"{escape(str(d))}: error: {escape(str(e))}"]
+    lines = located(report.findings)
+    bad = report.failed(strict)
+    modules = (report.modules if isinstance(report, ConfigCheck) else
+               len(report.source.modules) if isinstance(report, FormatReport) else
+               len(report.checkpoint.modules))
+    errors = sum(f.severity == "error" for f in report.findings)
+    warnings = sum(f.severity == "warning" for f in report.findings)
+    what = "every tensor" if full else "configs, index and headers"
+    lines.append(f"{escape(str(d))}: {'FAIL' if bad else 'OK'} ({what} of "
+                 f"{plural(modules, 'module')}: {plural(errors, 'error')}, "
+                 f"{plural(warnings, 'warning')})")
+    return not bad, lines
+
+
+@click.command("gptqfmt-pre-commit", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("files", nargs=-1, type=click.Path())
+@click.option("--full", is_flag=True,
+              help="Run the whole verify on each checkpoint (reads every tensor: slow on a "
+                   "large model) instead of its configs, index and headers.")
+@click.option("--strict", is_flag=True, help="Fail on warnings too.")
+def precommit(files, full, strict):
+    """Check the checkpoints that FILES belong to (the pre-commit hook gptqfmt-verify)."""
+    ok = True
+    for d in checkpoints(files):
+        passed, lines = check(d, full, strict)
+        ok &= passed
+        for line in lines:
+            click.echo(line)
+    raise SystemExit(0 if ok else 1)
+
+
+def run() -> None:
+    precommit.main(prog_name="gptqfmt-pre-commit")
