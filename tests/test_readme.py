@@ -50,3 +50,41 @@ def test_readme_command_extraction_refuses_a_changed_section(tmp_path):
         assert "expected two one-line sh blocks" in str(e)
     else:
         raise AssertionError("a two-line command block was accepted")
+
+
+def _yaml_blocks():
+    yaml = __import__("pytest").importorskip("yaml", reason="PyYAML (pre-commit's, in [test])")
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", README, re.S)]
+
+
+def _parses(line: str, tmp_path) -> None:
+    """A gptqfmt command line of the README is one the CLI accepts: every option exists and
+    every value is one it takes (click parses it; nothing runs)."""
+    import shlex
+
+    from gptqfmt.cli import main
+
+    args = shlex.split(line)
+    assert args[0] == "gptqfmt", line
+    cmd = main.commands[args[1]]
+    cmd.make_context(args[1], args[2:], resilient_parsing=False)
+
+
+def test_the_github_actions_example_runs_real_options(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # --output files land here (their directory must exist)
+    [workflow] = [b for b in _yaml_blocks() if isinstance(b, dict) and "jobs" in b]
+    steps = workflow["jobs"]["gptqfmt"]["steps"]
+    runs = [s["run"] for s in steps if "run" in s and s["run"].startswith("gptqfmt ")]
+    assert runs and all(_parses(r, tmp_path) is None for r in runs)
+    assert any("--format github" in r and "--output sarif=" in r for r in runs)
+    upload = [s for s in steps if s.get("uses", "").startswith("github/codeql-action/upload-sarif")]
+    assert upload and upload[0]["if"] == "always()"
+    sarif = re.search(r"--output sarif=(\S+)", runs[0])[1]
+    assert upload[0]["with"]["sarif_file"] == sarif
+
+
+def test_the_pre_commit_example_names_the_shipped_hook():
+    shipped = __import__("yaml").safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    [config] = [b for b in _yaml_blocks() if isinstance(b, dict) and "repos" in b]
+    ids = {h["id"] for r in config["repos"] for h in r["hooks"]}
+    assert ids == {h["id"] for h in shipped}

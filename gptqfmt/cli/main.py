@@ -21,9 +21,12 @@ def main():
     """Inspect, verify and convert GPTQ checkpoints (safetensors).
 
     PATH is a checkpoint directory (one model.safetensors, or shards with
-    model.safetensors.index.json) or one .safetensors file. Every command takes --format json
-    (exactly one JSON document on stdout) and --debug. Exit codes: 0 ok, 1 findings, 2 usage
-    or unreadable path, 3 internal error, 130/143/129 interrupted, 141 stdout closed."""
+    model.safetensors.index.json), one .safetensors file, or a Hugging Face repo id
+    org/model[@revision] read from the local cache (the [hub] extra). Every command takes
+    --format text|json|github|sarif|junit (json: exactly one document on stdout), --output
+    FORMAT=FILE, -q/--quiet, --color auto|always|never and --debug. Exit codes: 0 ok, 1
+    findings, 2 usage or unreadable path, 3 internal error, 130/143/129 interrupted, 141 stdout
+    closed."""
 
 
 main.add_command(inspect_cmd)
