@@ -18,6 +18,16 @@ def run_cli():
     return run
 
 
+def pytest_configure(config):
+    """A test run started in the background (`pytest &` in a script, nohup) inherits SIGINT
+    ignored, and so would every gptqfmt process the tests start, which keeps a signal its
+    parent ignores ignored (as it should). The signal tests need Ctrl-C delivered: give the
+    run (each xdist worker too) Python's own handler, which exec resets to the default."""
+    import signal
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config, items):
     if gpu_available():
         return

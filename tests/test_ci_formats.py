@@ -2,6 +2,7 @@
 workflow commands parsed back, JUnit XML parsed by the standard library, and --output writing
 several of them in one run. Each is checked against the JSON document of the same command:
 the CI formats must carry every finding, with its code, severity, file and tensor."""
+import io
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -150,12 +151,25 @@ def test_github_writes_a_job_summary_when_the_runner_asks(run_cli, tmp_path, mon
     assert [r.split(" | ")[1] for r in rows] == [f["code"] for f in doc["findings"]]
 
 
-def test_markdown_cells_cannot_break_the_table(tmp_path, monkeypatch):
+def test_markdown_cells_cannot_break_the_table_or_render(tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "s.md"))
-    f = Finding("GQ301", "a | b <script>\nc", file="x|y.json", tensor="t")
-    GithubReporter().emit(Outcome("verify", None, 1, "FAIL", [f]))
-    row = [ln for ln in (tmp_path / "s.md").read_text().splitlines() if "GQ301" in ln][0]
+    f = Finding("GQ301", "a | b <script>\nc ![i](https://e.example/p.png) _x_ `y`",
+                file="x|y.json", tensor="[t](https://e.example)")
+    GithubReporter().emit(Outcome("verify", "ck`pt", 1, "FAIL", [f]))
+    text = (tmp_path / "s.md").read_text()
+    row = [ln for ln in text.splitlines() if "GQ301" in ln][0]
     assert row.count(" | ") == 3 and "<script>" not in row and "\\|" in row
+    for raw in ("](", "![", "https://", "_x_", "`y`"):
+        assert raw not in text, raw
+    assert not re.search(r"(?<!\\)`", text)  # every backtick escaped: no code span
+    assert "\\!\\[i\\]\\(https\\://e\\.example/p\\.png\\)" in row  # shown, not rendered
+
+
+def test_github_file_property_is_escaped_for_the_terminal():
+    f = Finding("GQ125", "not referenced", file="a\x1b[2Jb.safetensors")
+    buf = io.StringIO()
+    GithubReporter(buf).emit(Outcome("verify", None, 1, "FAIL", [f]))
+    assert "\x1b" not in buf.getvalue() and "\\x1b" in buf.getvalue()
 
 
 # ---- JUnit XML ---------------------------------------------------------------------------
@@ -195,6 +209,7 @@ def test_junit_strict_fails_on_warnings_and_a_failure_is_an_error_case(run_cli, 
     assert root.get("failures") != "0"
     root = ET.fromstring(run_cli("verify", tmp_path / "missing", "--format", "junit").stdout)
     assert root.get("errors") == "1" and root.find(".//error") is not None
+    assert root.find(".//testcase").get("classname") == "gptqfmt.verify"
 
 
 def test_module_of_takes_the_longest_module_prefix():
@@ -210,6 +225,10 @@ def test_junit_escapes_what_xml_cannot_hold():
     root = ET.fromstring(text)  # parses: no raw control character
     assert "\x1b" not in text and "\x01" not in text
     assert root.find(".//failure").get("type") == "GQ301"
+    # no line of the XML starts with a name from the file (a workflow command on a CI log)
+    f = Finding("GQ301", "x", tensor="::error::injected.qweight")
+    text = junit_xml(Outcome("verify", None, 1, "FAIL", [f, f], ["m"]))
+    assert not [ln for ln in text.splitlines() if ln.lstrip().startswith("::")]
 
 
 # ---- --output FORMAT=FILE ----------------------------------------------------------------

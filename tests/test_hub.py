@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from gptqfmt import hub
-from gptqfmt.errors import UsageError
 from support import CKPT, FIXTURES, hf_cache_entry
 
 hh = pytest.importorskip("huggingface_hub", reason="the [hub] extra (in [test])")
@@ -99,6 +98,7 @@ def test_download_asks_huggingface_hub_to_fetch(cache, run_cli, monkeypatch):
 
     def fake(repo_id, **k):  # the Hub, offline: put the files where a download would
         calls.append((repo_id, k["revision"], k["local_files_only"]))
+        assert k["allow_patterns"] == ["*.json", "*.safetensors"]  # not *.bin, original/...
         return str(hf_cache_entry(cache, repo_id, SRC, "c" * 40))
 
     monkeypatch.setattr(hh, "snapshot_download", fake)
@@ -116,7 +116,20 @@ def test_download_failures_and_misuse_are_one_line(cache, run_cli, monkeypatch):
     assert r.exit_code == 2 and "cannot download org/new@main: Cannot find" in r.stderr
     assert "second line" not in r.stderr
     r = run_cli("inspect", SRC, "--download")
-    assert r.exit_code == 2 and "this is a local path" in r.stderr
+    assert r.exit_code == 2 and "names none (a path that exists is read as a path)" in r.stderr
+
+
+def test_download_applies_to_the_hub_name_among_the_paths(cache, run_cli, monkeypatch):
+    calls = []
+    real = hh.snapshot_download
+    monkeypatch.setattr(hh, "snapshot_download",
+                        lambda repo_id, **k: calls.append(repo_id) or real(repo_id, **{
+                            **k, "local_files_only": True}))
+    r = run_cli("verify", SRC, "--against", "org/model", "--download", "--format", "sarif")
+    assert r.exit_code == 0, r.output
+    assert calls == ["org/model"]
+    # the findings' files stay located under PATH, not under the --against snapshot
+    assert json.loads(r.stdout)["runs"][0]["invocations"][0]["exitCode"] == 0
 
 
 def test_an_incomplete_snapshot_says_so(cache, run_cli, monkeypatch):
@@ -173,12 +186,18 @@ def test_checksums_of_an_intact_snapshot(cache, run_cli):
 @pytest.mark.parametrize("name,algorithm", [("model.safetensors", "sha256"),
                                             ("config.json", "git-sha1")])
 def test_a_damaged_blob_is_gq129_with_both_hashes(cache, run_cli, name, algorithm):
+    _, clean, _ = checksums_doc(run_cli, "org/model")
     blob = Path(os.path.realpath(snapshot(cache) / name))
     data = bytearray(blob.read_bytes())
-    data[-2] ^= 0x01  # one bit: still parses, so only the hash can tell
+    if name.endswith(".json"):
+        data[-1:-1] = b" "  # a space before the final newline: the same JSON
+    else:
+        data[-2] ^= 0x01  # one bit of the last tensor's data: still parses
     blob.write_bytes(data)
     code, doc, [f] = checksums_doc(run_cli, "org/model")
     assert code == 1 and f["file"] == name
+    # only the hash can tell: every other finding is as before
+    assert [g for g in doc["findings"] if g["code"] != "GQ129"] == clean["findings"]
     assert f["details"] == {"algorithm": algorithm, "expected": os.path.basename(blob),
                             "got": (hashlib.sha256(data).hexdigest() if algorithm == "sha256"
                                     else hashlib.sha1(b"blob %d\0" % len(data) + data)
@@ -247,5 +266,5 @@ def test_repo_ids_as_the_hub_spells_them():
     assert hub.REPO_ID.match("org/model@refs/pr/1")["rev"] == "refs/pr/1"
     for not_one in ("model", "./org/model", "/abs/path", "org/model/extra", "-x/y"):
         assert not hub.REPO_ID.match(not_one), not_one
-    with pytest.raises(UsageError, match="not a Hugging Face repo id"):
-        hub.resolve(str(FIXTURES / "no" / "such" / "dir"), download=True)
+    missing = str(FIXTURES / "no" / "such" / "dir")
+    assert hub.resolve(missing, download=True) == hub.Resolved(missing)  # the reader says why

@@ -101,6 +101,8 @@ def test_quiet_prints_only_error_findings_and_the_final_line(run_cli, args):
               and ln.strip() in [q.strip() for q in lines[:-1]]]
     assert [ln.strip() for ln in lines[:-1]] == errors
     assert all(" GQ206 " not in ln for ln in lines)  # the warning left out
+    if args[1] == FAILING:  # its errors are all there
+        assert {re.search(r"GQ\d{3}", ln)[0] for ln in lines[:-1]} == {"GQ201", "GQ401"}
     assert quiet.stderr == ""
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from .. import hub
-from ..errors import FindingError, GptqfmtError, OutputError
+from ..errors import FindingError, GptqfmtError, OutputError, UsageError
 from .output import note
 from .reporters import REPORTERS, reporter
 from .view import COLOR_CHOICES, SUMMARY_ABOVE, View, colour_wanted
@@ -62,7 +62,8 @@ class Outputs:
     """The reporters of one command: --format's on stdout, each --output's into its file (plain,
     never coloured), all told the same results. Calling `out.verify(...)` reports to all."""
 
-    def __init__(self, fmt: str, view: View, files: list[tuple[str, Path]], target):
+    def __init__(self, fmt: str, view: View, files: list[tuple[str, Path]], target,
+                 command: str = "gptqfmt"):
         self.fmt, self.view = fmt, view
         self.main = reporter(fmt, None, view)
         self.files = [(reporter(f, io.StringIO()), path) for f, path in files]
@@ -70,20 +71,27 @@ class Outputs:
         for r in github[1:]:
             r.step_summary = False  # one job summary per command
         for r in [self.main, *(r for r, _ in self.files)]:
-            r.target = target
+            r.target, r.command = target, command
 
-    def checkpoint(self, arg: str, download: bool = False) -> str:
-        """The path a PATH argument names: a path as given, a Hugging Face repo id or cache
-        entry resolved to its cached snapshot (hub.resolve; said on stderr). The reporters
-        locate the findings' files under it."""
+    def checkpoints(self, *args: str | None, download: bool = False) -> list[str | None]:
+        """The paths that PATH arguments name (None stays None): a path as given, a Hugging
+        Face repo id or cache entry resolved to its cached snapshot (hub.resolve; said on
+        stderr). The reporters locate the findings' files under the first. --download with no
+        Hub name among them is refused, not ignored."""
         if download and not self.progress:
             _hub_bars_off()
-        r = hub.resolve(arg, download)
-        if r.repo_id:
-            self.note(f"gptqfmt: {r.describe()}")
-            for rep in [self.main, *(rep for rep, _ in self.files)]:
-                rep.target = r.path
-        return r.path
+        resolved = [None if a is None else hub.resolve(a, download) for a in args]
+        if download and not any(r and r.repo_id for r in resolved):
+            raise UsageError(f"--download fetches a Hugging Face repo id (org/model[@revision]),"
+                             f" and {', '.join(a for a in args if a)} names none (a path that "
+                             "exists is read as a path)")
+        for i, r in enumerate(resolved):
+            if r and r.repo_id:
+                self.note(f"gptqfmt: {r.describe()}")
+                if i == 0:
+                    for rep in [self.main, *(rep for rep, _ in self.files)]:
+                        rep.target = r.path
+        return [r and r.path for r in resolved]
 
     @property
     def progress(self) -> bool:
@@ -140,7 +148,8 @@ def guarded(fn):
         view = View(color=fmt == "text" and colour_wanted(color), quiet=quiet,
                     summary=kwargs.pop("summary", None))
         target = kwargs.get("path") or kwargs.get("src")
-        out = Outputs(fmt, view, list(outputs), target)
+        command = fn.__name__.removesuffix("_cmd").replace("_", "-")  # verify_cmd: verify
+        out = Outputs(fmt, view, list(outputs), target, command)
         try:
             code = fn(*args, out=out, **kwargs)
         except FindingError as e:

@@ -14,6 +14,7 @@ carries a code of the catalogue."""
 from __future__ import annotations
 
 import os
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,7 +96,7 @@ class _CiReporter(Reporter):
 
     def failure(self, status: str, code: int, findings: list[Finding] = (),
                 message: str | None = None) -> None:
-        self.emit(Outcome("gptqfmt", self.target, code, _final(failure_lines(list(findings))),
+        self.emit(Outcome(self.command, self.target, code, _final(failure_lines(list(findings))),
                           list(findings), message=message))
 
 
@@ -136,10 +137,15 @@ def gh_command(level: str, message: str, **props: str | None) -> str:
     return f"::{level}{' ' + given if given else ''}::{gh_data(message)}"
 
 
+MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~:@.])")  # : @ . : no URL, mail or www autolink
+
+
 def md(s: str) -> str:
-    """Text for a Markdown table cell: no pipe, newline or HTML can break out of it."""
-    return (escape(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace("|", "\\|"))
+    """Text for a Markdown table cell or line, shown as it is: no pipe, newline, HTML, link,
+    image, autolink or emphasis from a name can break out of it or render (CommonMark's
+    backslash escapes for ASCII punctuation; entities for <, > and &)."""
+    s = escape(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return MD_SPECIAL.sub(r"\\\1", s)
 
 
 class GithubReporter(_CiReporter):
@@ -153,7 +159,7 @@ class GithubReporter(_CiReporter):
             if f.tensor:
                 text = f"{escape(f.tensor)}: {text}"
             self.echo(gh_command(GITHUB_LEVEL[f.severity], text,
-                                 file=artifact(o.target, f.file) if f.file else None,
+                                 file=escape(artifact(o.target, f.file)) if f.file else None,
                                  title=f"{f.code} {CATALOGUE[f.code].title}"))
         if o.message:
             self.echo(gh_command("error", escape(o.message), title="gptqfmt"))
@@ -168,7 +174,7 @@ def job_summary(o: Outcome) -> str:
     """The Markdown a job summary shows: the verdict, then a table of the findings."""
     ok = o.code == 0
     lines = [f"### {'✅' if ok else '❌'} gptqfmt {o.command}"
-             + (f" `{md(o.target)}`" if o.target else ""), ""]
+             + (f" {md(o.target)}" if o.target else ""), ""]
     if o.final:
         lines += [md(o.final), ""]
     if o.message:
@@ -282,8 +288,11 @@ def junit_xml(o: Outcome) -> str:
                 escape(o.message)
         elif bad:
             failures += 1
+            # each line led by its severity, never by a name from the file: a line of the
+            # XML on a CI log cannot start a workflow command (`::error::`)
             ET.SubElement(case, "failure", message=escape(bad[0].one_line()),
-                          type=bad[0].code).text = "\n".join(escape(f.one_line()) for f in bad)
+                          type=bad[0].code).text = "\n".join(
+                f"{f.severity}: {escape(f.one_line())}" for f in bad)
         rest = [f for f in found if f not in bad]
         if rest:
             ET.SubElement(case, "system-out").text = "\n".join(

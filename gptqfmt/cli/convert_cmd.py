@@ -41,7 +41,7 @@ def convert_cmd(src, dst, out, to, src_convention, allow_lossy, dry_run, force, 
 
     Exit 0 converted (or planned, with --dry-run), 1 refused or invalid input (nothing
     written), 2 usage error or DST exists, 3 internal error."""
-    src = out.checkpoint(src, download)
+    [src] = out.checkpoints(src, download=download)
     show = out.progress
     with Progress(enabled=show, unit="B", desc="write") as bar, \
             Progress(enabled=show, unit="module", desc="verify", position=1) as mods:

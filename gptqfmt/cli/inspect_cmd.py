@@ -19,7 +19,8 @@ def inspect_cmd(path, out, download):
 
     Exit 0 when nothing is wrong, 1 when findings of severity error exist, 2 when PATH cannot be
     read."""
-    result = inspect_checkpoint(out.checkpoint(path, download))
+    [path] = out.checkpoints(path, download=download)
+    result = inspect_checkpoint(path)
     code = 0 if result.ok else 1
     out.inspect(result, code)
     return code

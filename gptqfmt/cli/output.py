@@ -89,6 +89,7 @@ class Reporter:
     summary; only the text reporter reads it). Subclasses answer every kind of result."""
     name = ""
     target: str | None = None    # the checkpoint the command reads (set by the boundary)
+    command: str = "gptqfmt"     # the command that runs (set by the boundary)
 
     def __init__(self, stream=None, view: View = PLAIN):
         self.stream = stream

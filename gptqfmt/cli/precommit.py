@@ -43,6 +43,9 @@ def check(d: Path, full: bool, strict: bool) -> tuple[bool, list[str]]:
         return False, located(e.findings) + [f"{escape(str(d))}: FAIL (cannot be read)"]
     except GptqfmtError as e:
         return False, [f"{escape(str(d))}: error: {escape(str(e))}"]
+    except OSError as e:  # unreadable after all (permissions, a file gone meanwhile)
+        return False, [f"{escape(str(d))}: error: {escape(e.filename or str(d))}: "
+                       f"{escape(e.strerror or str(e))}"]
     lines = located(report.findings)
     bad = report.failed(strict)
     modules = (report.modules if isinstance(report, ConfigCheck) else

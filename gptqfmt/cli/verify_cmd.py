@@ -54,11 +54,11 @@ def verify_cmd(path, out, strict, jobs, against, reference, runtime, backend, ch
         _refuse_inapplicable(against and "--against" or "--reference", strict=strict,
                              jobs=jobs, runtime=runtime, checksums=checksums)
         backend = backend or "auto"
-        path = out.checkpoint(path, download)
-        return (_against(path, out.checkpoint(against, download), backend, out) if against
+        path, against = out.checkpoints(path, against, download=download)
+        return (_against(path, against, backend, out) if against
                 else _reference(path, backend, out))
     _refuse_inapplicable("a plain verify (without --against or --reference)", backend=backend)
-    path = out.checkpoint(path, download)
+    [path] = out.checkpoints(path, download=download)
     with Progress(enabled=out.progress, unit="B", desc="verify") as bar:
         report = validate(path, progress=bar.update, jobs=jobs, gate=gate)
     if checksums:

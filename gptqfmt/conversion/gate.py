@@ -136,8 +136,17 @@ def check_module(src: Checkpoint, dst: Checkpoint, m: Module, src_conv: str, dst
                  rng: np.random.Generator) -> ModuleCheck:
     """Module `m` of the output against the source: effective zeros equal except exactly the
     fields the conversion cannot carry (conventions.lossy_mask), and Y = X @ W."""
-    s_src = stored_fields(src.view(m.tensors["qzeros"]), m.bits)
-    s_dst = stored_fields(dst.view(m.tensors["qzeros"]), m.bits)
+    return check_fields(src, m, stored_fields(src.view(m.tensors["qzeros"]), m.bits),
+                        stored_fields(dst.view(m.tensors["qzeros"]), m.bits), src_conv,
+                        dst_conv, rng, dst)
+
+
+def check_fields(src: Checkpoint, m: Module, s_src: np.ndarray, s_dst: np.ndarray,
+                 src_conv: str, dst_conv: str, rng: np.random.Generator,
+                 dst: Checkpoint | None = None) -> ModuleCheck:
+    """check_module on stored zero-point fields: `s_dst` the output's (read from `dst`, or, for
+    convert --in-place, the words about to be written, with every other tensor `src`'s own)."""
+    dst = src if dst is None else dst
     z_src = effective_zeros(s_src, m.bits, runtimes.REFERENCE.rule(src_conv))
     z_dst = effective_zeros(s_dst, m.bits, runtimes.REFERENCE.rule(dst_conv))
     differ = z_src != z_dst

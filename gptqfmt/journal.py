@@ -1,0 +1,227 @@
+"""An undo journal for changing files of a checkpoint in place (convert --in-place): byte
+ranges overwritten inside files, and whole small files replaced (configs). A SIGKILL at any
+moment leaves the directory either as it was or as it was meant to become, never a mix: the
+next gptqfmt command that opens it (safetensors_io.open_store) finishes or undoes the change
+and says so (GQ420).
+
+The protocol, in the checkpoint directory:
+
+1. `.gptqfmt-journal.tmp` gets the old bytes of every range and the old content of every file,
+   then a trailer that says where each is; fsync; renamed to `.gptqfmt-journal`; the directory
+   fsynced. From here on the change can be undone. (A .tmp left over: nothing was changed yet;
+   it is removed.)
+2. The ranges are overwritten and the files fsynced; each replaced file is written beside its
+   old name, fsynced and renamed over it; the directory fsynced.
+3. `.gptqfmt-journal` is renamed to `.gptqfmt-journal-complete` (directory fsynced): the new
+   state is durable. Then that file is removed.
+
+Recovery: `-complete` present: the change is whole; remove it (rolled forward). `.gptqfmt-
+journal` present: write every old range and old file back, fsync, remove it (rolled back).
+Both steps are idempotent, so a kill during recovery is recovered from the same way.
+
+File layout: the old bytes, one after another, then the trailer (UTF-8 JSON: what was done,
+and per entry its file, offset and length in the target, its place in the journal and the
+sha256 of its old and new bytes), then the trailer's length (8 bytes, little-endian) and the
+magic `GQJRNL01`."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import FindingError
+from .findings import Finding
+
+JOURNAL = ".gptqfmt-journal"
+COMPLETE = ".gptqfmt-journal-complete"
+PENDING = ".gptqfmt-journal.tmp"
+MAGIC = b"GQJRNL01"
+NAMES = (JOURNAL, COMPLETE, PENDING)
+
+
+def fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Entry:
+    """One change: a byte range of `file` (offset, length), or the whole file (offset None;
+    `old` None when the file did not exist before)."""
+    file: str
+    offset: int | None
+    length: int
+    old_sha256: str | None
+    new_sha256: str
+    at: int = 0          # where the old bytes start in the journal
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Writer:
+    """Builds `.gptqfmt-journal.tmp` one entry at a time (old bytes streamed, never all held),
+    then `seal()` makes it the journal."""
+    root: Path
+    what: str
+    entries: list[Entry] = field(default_factory=list)
+
+    def __post_init__(self):
+        self._f = open(self.root / PENDING, "wb")
+        self._pos = 0
+
+    def range(self, file: str, offset: int, old: bytes, new: bytes) -> None:
+        assert len(old) == len(new), "a range keeps its length"
+        self._add(Entry(file, offset, len(old), _sha(old), _sha(new)), old)
+
+    def whole(self, file: str, old: bytes | None, new: bytes) -> None:
+        self._add(Entry(file, None, len(old or b""), None if old is None else _sha(old),
+                        _sha(new)), old or b"")
+
+    def _add(self, e: Entry, old: bytes) -> None:
+        e.at = self._pos
+        self._f.write(old)
+        self._pos += len(old)
+        self.entries.append(e)
+
+    def seal(self) -> None:
+        trailer = json.dumps({"what": self.what,
+                              "entries": [e.to_json() for e in self.entries]}).encode()
+        self._f.write(trailer + struct.pack("<Q", len(trailer)) + MAGIC)
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        os.replace(self.root / PENDING, self.root / JOURNAL)
+        fsync_dir(self.root)
+
+    def abandon(self) -> None:
+        self._f.close()
+        (self.root / PENDING).unlink(missing_ok=True)
+
+
+def complete(root: Path) -> None:
+    """Step 3: the new state is durable; the journal goes."""
+    os.replace(root / JOURNAL, root / COMPLETE)
+    fsync_dir(root)
+    from . import faults
+    faults.point("inplace-complete")
+    (root / COMPLETE).unlink()
+    fsync_dir(root)
+
+
+def read(path: Path) -> tuple[dict, int]:
+    """The journal's trailer and the size of its body; FindingError GQ421 when it is not
+    whole (it cannot be: it is renamed into place only after fsync)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 16:
+            raise _unusable(path, "shorter than its trailer")
+        f.seek(size - 16)
+        n, magic = struct.unpack("<Q", f.read(8))[0], f.read(8)
+        if magic != MAGIC or n > size - 16:
+            raise _unusable(path, "no journal trailer at its end")
+        f.seek(size - 16 - n)
+        try:
+            doc = json.loads(f.read(n))
+        except ValueError:
+            raise _unusable(path, "its trailer is not JSON") from None
+    return doc, size - 16 - n
+
+
+def rollback(root: Path) -> dict:
+    """Write every old range and file of `.gptqfmt-journal` back (fsynced), then remove the
+    journal; returns its trailer. Refuses (GQ421) when a target is not what the journal
+    describes (a file shorter than a range, a range that holds neither the old nor the new
+    bytes): then something else changed the files, and writing back could make it worse."""
+    from . import faults
+    path = root / JOURNAL
+    doc, _ = read(path)
+    entries = [Entry(**e) for e in doc["entries"]]
+    with open(path, "rb") as j:
+        for e in entries:
+            target = root / e.file
+            if e.offset is None:
+                continue
+            with open(target, "r+b") as f:
+                f.seek(e.offset)
+                now = f.read(e.length)
+                if len(now) != e.length or _sha(now) not in (e.old_sha256, e.new_sha256):
+                    raise _unusable(path, f"{e.file} at {e.offset}: holds neither the old nor "
+                                    "the new bytes; restore the checkpoint from a copy")
+        for i, e in enumerate(entries):
+            target = root / e.file
+            j.seek(e.at)
+            old = j.read(e.length)
+            if e.offset is not None:
+                with open(target, "r+b") as f:
+                    f.seek(e.offset)
+                    f.write(old)
+                    f.flush()
+                    os.fsync(f.fileno())
+            elif e.old_sha256 is None:
+                target.unlink(missing_ok=True)
+            else:
+                replace_file(target, old)
+            faults.point("inplace-rollback", i)
+    fsync_dir(root)
+    path.unlink()
+    fsync_dir(root)
+    return doc
+
+
+def replace_file(target: Path, content: bytes) -> None:
+    """`target` now holds `content`: written beside it, fsynced, renamed over it (never
+    through a symbolic link)."""
+    tmp = target.with_name(f".{target.name}.gptqfmt-journal-new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
+                 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+
+
+def recover(root: Path) -> list[Finding]:
+    """Finish or undo an in-place change that a killed gptqfmt left in `root` (see the module
+    docstring); a GQ420 that says which, or nothing when there was none."""
+    root = Path(root)
+    if not any((root / n).exists() for n in NAMES):
+        return []
+    try:
+        if (root / COMPLETE).exists():
+            doc, _ = read(root / COMPLETE)
+            (root / COMPLETE).unlink()
+            fsync_dir(root)
+            return [Finding("GQ420", f"an in-place {doc['what']} had finished when it was "
+                            "stopped; its journal was removed (rolled forward)",
+                            file=COMPLETE)]
+        if (root / JOURNAL).exists():
+            doc = rollback(root)
+            n = len(doc["entries"])
+            return [Finding("GQ420", f"an in-place {doc['what']} was stopped before it "
+                            f"finished; rolled back ({n} change{'s' if n != 1 else ''} "
+                            "undone): the checkpoint is as it was before", file=JOURNAL,
+                            hint="run the command again")]
+        (root / PENDING).unlink(missing_ok=True)  # stopped before any change: nothing to undo
+        return []
+    except OSError as e:
+        raise _unusable(root / JOURNAL, f"cannot be applied: {e.strerror or e}") from None
+
+
+def _unusable(path: Path, why: str) -> FindingError:
+    return FindingError(Finding("GQ421", f"journal of an interrupted in-place convert {why}",
+                                file=path.name,
+                                hint="restore the checkpoint from a copy, or remove the "
+                                     "journal if you know the files are right"))
+
+
+def _sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
