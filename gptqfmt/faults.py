@@ -43,6 +43,16 @@ STAGES = {
     "relabel-staged": ("fix-label: config file F (0-based, in the order written) staged and "
                        "fsynced beside it, none renamed yet", 1),
     "relabel-renamed": ("fix-label: config file F renamed over the old one", 1),
+    "inplace-journaled": ("convert --in-place: the undo journal durable, nothing overwritten",
+                          0),
+    "inplace-range": ("convert --in-place: qzeros range R (0-based, in journal order) "
+                      "overwritten, not yet fsynced", 1),
+    "inplace-synced": ("convert --in-place: every range overwritten and fsynced; configs old",
+                       0),
+    "inplace-config": ("convert --in-place: config file F (0-based) replaced", 1),
+    "inplace-complete": ("convert --in-place: the journal marked complete, not yet removed", 0),
+    "inplace-rollback": ("recovery or an interrupted convert --in-place: change C (0-based) of "
+                         "the journal written back", 1),
 }
 
 

@@ -99,6 +99,8 @@ _CATALOGUE = [
     Code("GQ417", ERROR, "fix-label: --to names a convention the data contradict"),
     Code("GQ418", ERROR, "compressed-tensors codes clamped to the signed range (exporter bug)"),
     Code("GQ419", ERROR, "convert: the target format has no lossless form for a module"),
+    Code("GQ420", WARNING, "an interrupted in-place convert was rolled back or forward"),
+    Code("GQ421", ERROR, "an in-place convert's journal cannot be applied"),
     # GQ5xx: numerical
     Code("GQ501", ERROR, "scales not finite or not positive"),
     Code("GQ502", ERROR, "dequantized weights overflow float16"),

@@ -25,6 +25,7 @@ sha256 of its old and new bytes), then the trailer's length (8 bytes, little-end
 magic `GQJRNL01`."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -34,6 +35,10 @@ from pathlib import Path
 
 from .errors import FindingError
 from .findings import Finding
+
+#: roots this process is changing in place right now: its own reads of them (the label check
+#: before the journal is marked complete) must not recover the journal from under it
+ACTIVE: set[Path] = set()
 
 JOURNAL = ".gptqfmt-journal"
 COMPLETE = ".gptqfmt-journal-complete"
@@ -75,7 +80,12 @@ class Writer:
 
     def __post_init__(self):
         self._f = open(self.root / PENDING, "wb")
+        # held until the change is complete or undone (the lock stays with the file through
+        # its renames; a killed process drops it): another gptqfmt that opens the directory
+        # meanwhile is told the change is under way instead of undoing it
+        fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._pos = 0
+        ACTIVE.add(self.root.resolve())
 
     def range(self, file: str, offset: int, old: bytes, new: bytes) -> None:
         assert len(old) == len(new), "a range keeps its length"
@@ -97,13 +107,18 @@ class Writer:
         self._f.write(trailer + struct.pack("<Q", len(trailer)) + MAGIC)
         self._f.flush()
         os.fsync(self._f.fileno())
-        self._f.close()
         os.replace(self.root / PENDING, self.root / JOURNAL)
         fsync_dir(self.root)
 
     def abandon(self) -> None:
-        self._f.close()
+        """Nothing was changed: the pending journal goes."""
         (self.root / PENDING).unlink(missing_ok=True)
+        self.close()
+
+    def close(self) -> None:
+        """The change is complete or undone: drop the lock."""
+        self._f.close()
+        ACTIVE.discard(self.root.resolve())
 
 
 def complete(root: Path) -> None:
@@ -193,8 +208,9 @@ def recover(root: Path) -> list[Finding]:
     """Finish or undo an in-place change that a killed gptqfmt left in `root` (see the module
     docstring); a GQ420 that says which, or nothing when there was none."""
     root = Path(root)
-    if not any((root / n).exists() for n in NAMES):
+    if not any((root / n).exists() for n in NAMES) or root.resolve() in ACTIVE:
         return []
+    held = _lock(root)
     try:
         if (root / COMPLETE).exists():
             doc, _ = read(root / COMPLETE)
@@ -214,6 +230,29 @@ def recover(root: Path) -> list[Finding]:
         return []
     except OSError as e:
         raise _unusable(root / JOURNAL, f"cannot be applied: {e.strerror or e}") from None
+    finally:
+        if held is not None:
+            held.close()
+
+
+def _lock(root: Path):
+    """The journal file opened and locked, or None when none is left to lock; FindingError
+    GQ421 when another process holds it (its in-place convert is under way)."""
+    for name in NAMES:
+        try:
+            f = open(root / name, "rb")
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise FindingError(Finding(
+                "GQ421", "another gptqfmt is converting this checkpoint in place right now "
+                f"({name} is locked)", file=name,
+                hint="wait for it to end, then run the command again")) from None
+        return f
+    return None
 
 
 def _unusable(path: Path, why: str) -> FindingError:

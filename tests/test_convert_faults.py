@@ -3,7 +3,6 @@
 The kills land at named stages through the GPTQFMT_FAULT test hook (gptqfmt/faults.py), so every
 run dies exactly where the test says, on a loaded machine too: no sleeps, no timing.
 """
-import json
 import os
 import resource
 import shutil
@@ -40,60 +39,6 @@ KILL_POINTS = [
     ("before-rename", True),
     ("after-rename", True),
 ]
-
-
-# Runs the CLI in forked children of one interpreter that has imported gptqfmt: 22 kills cost
-# one start-up instead of 22 (about 0.8 s of CPU each). A child sets GPTQFMT_FAULT and reloads
-# the hook, which reads the variable at import; it writes its output to trial["log"].
-FORK_DRIVER = r"""
-import importlib, json, os, sys
-from gptqfmt import faults
-from gptqfmt.cli import run
-for line in sys.stdin:
-    trial = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        code = 70
-        try:
-            os.environ["GPTQFMT_FAULT"] = trial["fault"]
-            importlib.reload(faults)
-            log = os.open(trial["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            run(trial["argv"])
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        finally:
-            os._exit(code)
-    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
-"""
-
-
-@pytest.fixture
-def forked_cli(tmp_path_factory):
-    """run(fault, *args) -> (exit code, output) of `gptqfmt *args` with GPTQFMT_FAULT=fault;
-    the code is negative when a signal ended the process."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1",
-           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # no threads in a process that forks
-    env.pop("GPTQFMT_FAULT", None)
-    log = tmp_path_factory.mktemp("forked") / "output"
-    driver = subprocess.Popen([sys.executable, "-c", FORK_DRIVER], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env)
-
-    def run(fault, *args):
-        driver.stdin.write(json.dumps({"fault": fault, "log": str(log),
-                                       "argv": [str(a) for a in args]}) + "\n")
-        driver.stdin.flush()
-        line = driver.stdout.readline()
-        assert line, "the fork driver died"
-        return int(line), log.read_text()
-    try:
-        yield run
-    finally:
-        driver.stdin.close()
-        driver.wait()
-        driver.stdout.close()
-    assert driver.returncode == 0
 
 
 def test_sigkill_at_every_stage(tmp_path, run_cli, forked_cli):

@@ -13,7 +13,8 @@ from .progress import Progress
 @click.command("convert", short_help="Convert losslessly into a new directory (gptq <-> gptq_v2, "
                                        "<-> compressed-tensors, AWQ ->), proven equal first.")
 @click.argument("src", type=click.Path(exists=False, file_okay=True, dir_okay=True))
-@click.argument("dst", type=click.Path(exists=False, file_okay=False, dir_okay=True))
+@click.argument("dst", type=click.Path(exists=False, file_okay=False, dir_okay=True),
+                required=False)
 @click.option("--to", "to", type=click.Choice(TARGETS), default=GPTQ_V2,
               show_default=True, help="Target: a GPTQ zero-point convention, or "
                                       "compressed-tensors (pack-quantized).")
@@ -24,6 +25,9 @@ from .progress import Progress
 @click.option("--allow-lossy", is_flag=True,
               help="Convert fields the target cannot hold exactly, and report them.")
 @click.option("--dry-run", is_flag=True, help="Plan and report; write nothing.")
+@click.option("--in-place", "in_place", is_flag=True,
+              help="Rewrite SRC itself (gptq <-> gptq_v2; no DST): only the qzeros byte ranges "
+                   "and the configs, under an undo journal.")
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Shards written in parallel processes (gptq <-> gptq_v2).")
@@ -32,12 +36,16 @@ from .progress import Progress
 @DOWNLOAD_OPTION
 @guarded
 def convert_cmd(src, dst, out, to, src_convention, allow_lossy, dry_run, force, jobs, backend,
-                download):
+                download, in_place):
     """Convert the checkpoint directory SRC into DST: GPTQ zero points between gptq and
     gptq_v2 (every byte outside qzeros copied unchanged), gptq/gptq_v2 to compressed-tensors,
     or compressed-tensors/AWQ to gptq_v2 (tensors re-laid out, every other tensor copied). DST
     appears only after the output has been proven equal to SRC. SRC may be a Hugging Face
     repo id (org/model[@revision]) read from the local cache; DST is always a path.
+    With --in-place (gptq <-> gptq_v2, no DST) SRC itself is rewritten: the qzeros byte ranges
+    and the configs only, proven first and written under an undo journal; a kill leaves the
+    original or the converted checkpoint, and the next gptqfmt command that opens it finishes
+    or undoes the change.
 
     Exit 0 converted (or planned, with --dry-run), 1 refused or invalid input (nothing
     written), 2 usage error or DST exists, 3 internal error."""
@@ -47,6 +55,7 @@ def convert_cmd(src, dst, out, to, src_convention, allow_lossy, dry_run, force, 
             Progress(enabled=show, unit="module", desc="verify", position=1) as mods:
         report = convert(src, dst, to=to, src_convention=src_convention,
                          allow_lossy=allow_lossy, dry_run=dry_run, force=force, jobs=jobs,
-                         backend=backend, progress=bar.update, on_module=mods.update)
+                         backend=backend, progress=bar.update, on_module=mods.update,
+                         in_place=in_place)
     out.convert(report, 0)
     return 0

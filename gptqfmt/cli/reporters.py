@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
 
 from ..conversion import ConvertReport
 from ..conversion.relabel import RelabelResult

@@ -214,8 +214,9 @@ def convert_lines(report: ConvertReport) -> list[Line]:
                               f"bitwise; {report.gate.bytes_compared} bytes of other tensors "
                               "identical"))
         return lines
-    lines.append(final(f"{verb} {escape(report.src)} ({doc['from']}) -> {escape(report.dst)} "
-                       f"({doc['to']}): {plural(len(doc['modules']), 'module')}, "
+    where = (f"{escape(report.src)} in place ({doc['from']} -> {doc['to']})" if report.in_place
+             else f"{escape(report.src)} ({doc['from']}) -> {escape(report.dst)} ({doc['to']})")
+    lines.append(final(f"{verb} {where}: {plural(len(doc['modules']), 'module')}, "
                        f"{t['changed']} of {plural(t['fields'], 'zero-point field')} changed, "
                        f"{t['ambiguous']} ambiguous, {t['lossy']} lossy", True))
     if t["changed"] == 0 and not report.dry_run:
@@ -224,9 +225,12 @@ def convert_lines(report: ConvertReport) -> list[Line]:
     if report.gate is not None:
         checks = report.gate.modules
         lossy = sum(1 for c in checks if c.lossy_cells)
+        what = (f"{report.gate.bytes_compared} bytes rewritten (qzeros ranges and configs) and "
+                "read back as proven" if report.in_place else
+                f"{report.gate.bytes_compared} bytes outside qzeros identical")
         lines.append(Line(
-            f"verified ({report.backend}): {report.gate.bytes_compared} bytes outside "
-            f"qzeros identical, {plural(len(checks) - lossy, 'module')} bitwise equal"
+            f"verified ({report.backend}): {what}, "
+            f"{plural(len(checks) - lossy, 'module')} bitwise equal"
             + (f", {lossy} lossy as reported (max relative output error "
                f"{max(c.rel_err for c in checks):.3g})" if lossy else "")))
     return lines

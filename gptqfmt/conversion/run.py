@@ -6,9 +6,8 @@ import multiprocessing
 from contextlib import contextmanager
 import os
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from .. import faults
 from ..formats import FORMATS, GPTQ, TARGETS, Sniffed, sniff
@@ -17,69 +16,40 @@ from ..conventions import CONVENTIONS
 from ..errors import FindingError, OutputError, UsageError
 from ..findings import ERROR, Finding
 from ..gptq.checkpoint import Checkpoint
-from ..gptq.detect import Detection
-from ..reports import tool_json
 from . import atomic, reformat
 from .reformat_gate import run_format_gate
 from .configs import CONFIG_FILES, declaring_configs, derive_config, provenance, rewrite_configs
 from .gate import GateResult, check_labels, run_gate
-from .plan import ModulePlan, open_and_plan
+from .inplace import convert_in_place
+from .plan import open_and_plan
+from .report import ConvertReport
 from .write import QzerosJob, check_unchanged, copy_other_files, snapshot, write_shard
 
-@dataclass(frozen=True)
-class ConvertReport:
-    src: str
-    dst: str
-    src_convention: str
-    dst_convention: str
-    dry_run: bool
-    modules: list[ModulePlan]
-    detection: Detection | None       # None: a format whose zero points are stored exactly
-    findings: list[Finding] = field(default_factory=list)
-    gate: GateResult | None = None
-    written: bool = False
-    backend: str = "cpu"
-
-    @property
-    def between_formats(self) -> bool:
-        """Whether this converts between formats (tensors re-laid out), not only between
-        GPTQ's two zero-point conventions."""
-        return not (self.src_convention in CONVENTIONS and self.dst_convention in CONVENTIONS)
-
-    @property
-    def totals(self) -> dict[str, int]:
-        return {k: sum(getattr(m, k) for m in self.modules)
-                for k in ("fields", "changed", "ambiguous", "lossy")}
-
-    def to_json(self) -> dict[str, Any]:
-        g = self.gate
-        return {
-            "tool": tool_json(),
-            "status": "ok", "src": self.src, "dst": self.dst,
-            "from": self.src_convention, "to": self.dst_convention,
-            "dry_run": self.dry_run, "written": self.written, "backend": self.backend,
-            "detected": None if self.detection is None else {
-                "verdict": self.detection.verdict, "confidence": self.detection.confidence},
-            "totals": self.totals,
-            "modules": [m.to_json() for m in self.modules],
-            "verified": None if g is None else {
-                "method": g.method, "bytes_compared": g.bytes_compared,
-                "modules": [c.to_json() for c in g.modules]},
-            "findings": [f.to_json() for f in self.findings],
-        }
-
-
-def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str = "gptq_v2",
+def convert(src: str | os.PathLike, dst: str | os.PathLike | None, to: str = "gptq_v2",
             src_convention: str = "auto", allow_lossy: bool = False, dry_run: bool = False,
             force: bool = False, jobs: int = 1, backend: str = "auto",
-            progress=None, on_module=None) -> ConvertReport:
-    """Convert the checkpoint directory `src` into `dst` (see the module docstring).
+            progress=None, on_module=None, in_place: bool = False) -> ConvertReport:
+    """Convert the checkpoint directory `src` into `dst` (see the module docstring); with
+    `in_place` (and no `dst`), rewrite `src` itself (inplace.py).
 
     `progress(nbytes, total_bytes)` is called as shards are written and `on_module(1,
     total_modules)` as the gate checks modules (each first with 0, so a bar knows its total).
 
     Raises FindingError (exit 1) when the input is invalid or the conversion is refused, and
     UsageError (exit 2) for paths and options; nothing is written in either case."""
+    if in_place:
+        given = [n for n, v in (("DST", dst is not None), ("--force", force),
+                                ("--jobs", jobs > 1), ("--backend cupy", backend == "cupy"))
+                 if v]
+        if given:
+            raise UsageError(f"--in-place rewrites SRC itself, so {', '.join(given)} "
+                             "does not apply (the proof runs on the CPU before anything is "
+                             "written)")
+        return convert_in_place(src, to, src_convention, allow_lossy, dry_run, progress,
+                                on_module)
+    if dst is None:
+        raise UsageError("missing DST: convert SRC DST writes a new directory; --in-place "
+                         "rewrites SRC itself")
     if to not in TARGETS or src_convention not in FORMATS + ("auto",):
         raise UsageError(f"--to takes {', '.join(TARGETS)} and --from auto, "
                          f"{', '.join(FORMATS)}; got from={src_convention!r}, to={to!r}")

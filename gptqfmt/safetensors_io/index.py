@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import FindingError, UsageError
 from ..findings import Finding
+from .. import journal
 from ..hub import cache_root_hint, cache_root_note
 from ..resources import validator
 from .header import TensorInfo
@@ -81,6 +82,17 @@ def _refuse_json_file(p: Path) -> None:
 
 
 def open_store(path: str | os.PathLike) -> TensorStore:
+    """The checkpoint at `path` (a directory or one .safetensors file), its headers read and
+    checked. An in-place convert that a kill interrupted there is first finished or undone
+    (journal.recover), and the store's findings say so (GQ420)."""
+    p = Path(path)
+    recovered = journal.recover(p if p.is_dir() else p.parent) if p.exists() else []
+    store = _open_store(path)
+    store.findings[:0] = recovered
+    return store
+
+
+def _open_store(path: str | os.PathLike) -> TensorStore:
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{path}: no such file or directory")

@@ -1,0 +1,231 @@
+"""convert --in-place PATH: between gptq and gptq_v2 only the zero points change, and their
+bytes keep their offsets (the header does not move), so the checkpoint itself is rewritten:
+the qzeros byte ranges and the configs, megabytes of a model of many gigabytes, with no second
+copy on disk.
+
+    plan (plan.py, as convert) -> refuse shared files -> per module: new words computed and
+    proven (gate.check_fields: effective zeros per cell, Y = X @ W bitwise) and the old bytes
+    put in the undo journal -> journal sealed (journal.py) -> ranges overwritten, fsynced ->
+    configs replaced -> ranges read back and hashed against the journal's record -> journal
+    marked complete and removed
+
+A failure or a signal after the journal is sealed writes the old bytes back before the error
+is reported; a SIGKILL leaves the journal, and the next gptqfmt command that opens the
+directory finishes or undoes the change (GQ420). The source is refused, untouched, when a
+file to change is a link into a Hugging Face cache's blobs/ (content-addressed, shared between
+revisions), another symbolic link, or has other hard links."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from .. import faults, journal
+from ..conventions import CONVENTIONS
+from ..errors import FindingError, UsageError
+from ..findings import ERROR, Finding
+from ..gptq.checkpoint import Checkpoint
+from ..gptq.detect import stored_fields
+from .configs import (CONFIG_FILES, DERIVED_FILE, declaring_configs, derive_config, dumps,
+                      provenance, relabelled, set_convention)
+from .gate import GateResult, check_fields, check_labels
+from .plan import open_and_plan
+from .report import ConvertReport
+from .write import check_unchanged, converted_qzeros, snapshot
+
+
+def convert_in_place(path: str | os.PathLike, to: str, src_convention: str = "auto",
+                     allow_lossy: bool = False, dry_run: bool = False, progress=None,
+                     on_module=None):
+    """Convert the GPTQ checkpoint directory `path` into convention `to`, in place (see the
+    module docstring); the ConvertReport, with `in_place` set."""
+    root = Path(path)
+    if not root.is_dir():
+        raise UsageError(f"{path}: " + ("a file; --in-place converts a checkpoint directory "
+                                        f"(its configs too): pass {root.parent}"
+                                        if root.is_file() else "no such directory"))
+    if to not in CONVENTIONS:
+        raise UsageError(f"--in-place converts between {' and '.join(CONVENTIONS)}, where only "
+                         f"the zero points change; --to {to} re-lays out the tensors: convert "
+                         f"{path} DST")
+    ckpt, det, from_conv, plans, findings = open_and_plan(root, src_convention, to,
+                                                          allow_lossy)
+    try:
+        derived = None
+        if not declaring_configs(root):
+            derived, about = derive_config(ckpt, from_conv, to)
+            findings += about
+        refusals = [f for f in findings if f.severity == ERROR]
+        if refusals:
+            raise FindingError(*refusals)
+        report = ConvertReport(str(path), str(path), from_conv, to, dry_run, plans, det,
+                               findings, backend="cpu", in_place=True)
+        refuse_shared(root, sorted(ckpt.store.files) + [n for n in CONFIG_FILES
+                                                        if (root / n).exists()])
+        if dry_run:
+            return report
+        gate = _apply(ckpt, root, from_conv, to, allow_lossy, report, derived, progress,
+                      on_module)
+    finally:
+        ckpt.close()
+    return replace(report, written=True, gate=gate)
+
+
+def refuse_shared(root: Path, names: list[str]) -> None:
+    """UsageError, before anything is written, when a file to change in place is not this
+    checkpoint's alone."""
+    for name in names:
+        p = root / name
+        if p.is_symlink():
+            target = Path(os.path.realpath(p))
+            if target.parent.name == "blobs":
+                raise UsageError(
+                    f"{p}: a link into a Hugging Face cache ({target}); blobs are "
+                    "content-addressed and shared between revisions, so changing one in place "
+                    "would corrupt every snapshot that links to it; convert to a new directory "
+                    f"instead: gptqfmt convert {root} DST")
+            raise UsageError(f"{p}: a symbolic link ({target}); changing it in place would "
+                             "change the file it points to; convert to a new directory instead: "
+                             f"gptqfmt convert {root} DST")
+        links = p.stat().st_nlink
+        if links > 1:
+            raise UsageError(f"{p}: has {links - 1} other hard link(s), which would change "
+                             "too; convert to a new directory instead (gptqfmt convert "
+                             f"{root} DST), or copy the file first")
+
+
+def _new_configs(root: Path, from_conv: str, to: str, report, derived) -> list[tuple]:
+    """(name, old bytes or None, new bytes) of each config file to replace: those that hold a
+    quantization config, relabelled as convert writes them; a derived one for a source with
+    none."""
+    import json
+    prov = provenance(from_conv, to, report.totals)
+    out = []
+    for name in CONFIG_FILES:
+        p = root / name
+        if not p.is_file() or (derived is not None and name == DERIVED_FILE):
+            continue
+        old = p.read_bytes()
+        doc = json.loads(old.decode("utf-8"))
+        if name in declaring_configs(root):
+            out.append((name, old, dumps(relabelled(name, doc, to, prov))))
+    if derived is not None:
+        p = root / DERIVED_FILE
+        out.append((DERIVED_FILE, p.read_bytes() if p.is_file() else None,
+                    dumps(set_convention(derived, to, {**prov, "config": "derived"}))))
+    return out
+
+
+def _ranges(ckpt: Checkpoint):
+    """(module, qzeros tensor, shard name, byte offset in the shard) of every module, in file
+    order: the journal's order and the order of the writes."""
+    store = ckpt.store
+    out = []
+    for m in ckpt.modules:
+        qz = m.tensors["qzeros"]
+        name = store.file_of(qz)
+        f = store.files[name]
+        out.append((m, qz, name, f.header.data_start + f.tensors[qz].begin))
+    return sorted(out, key=lambda r: (r[2], r[3]))
+
+
+def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: bool, report,
+           derived, progress, on_module) -> GateResult:
+    before = {n: v for n, v in snapshot(root).items() if n not in journal.NAMES}
+    gate = GateResult(method="in place: effective zeros of every cell and Y = X @ W bitwise "
+                             "checked on the new words before writing; every rewritten range "
+                             "read back and hashed against the journal")
+    rng = np.random.default_rng(0)
+    ranges = _ranges(ckpt)
+    on_module and on_module(0, len(ranges))
+    w = journal.Writer(root, f"convert {from_conv} -> {to}")
+    changed = []   # (module, qzeros, shard, offset) whose bytes change
+    try:
+        for m, qz, name, offset in ranges:
+            old = ckpt.view(qz)
+            new = converted_qzeros(old, m.bits, from_conv, to, allow_lossy)
+            chk = check_fields(ckpt, m, stored_fields(old, m.bits), stored_fields(new, m.bits),
+                               from_conv, to, rng)
+            gate.modules.append(chk)
+            if not chk.zeros_equal or (chk.lossy_cells == 0 and not chk.gemm_equal):
+                gate.failures.append(f"{m.name}: the converted module does not compute what "
+                                     "the source computed")
+            if old.tobytes() != new.tobytes():
+                w.range(name, offset, old.tobytes(), new.tobytes())
+                changed.append((m, qz, name, offset))
+            ckpt.store.release(m.tensors.values())
+            on_module and on_module(1, len(ranges))
+        if gate.failures:
+            raise FindingError(*[Finding("GQ503", msg, file=str(root))
+                                 for msg in gate.failures])
+        configs = _new_configs(root, from_conv, to, report, derived)
+        for name, old, new in configs:
+            w.whole(name, old, new)
+        check_unchanged(before, root, journal.NAMES)
+        w.seal()
+    except BaseException:
+        w.abandon()  # nothing was changed: the pending journal goes
+        raise
+    try:
+        faults.point("inplace-journaled")
+        _write(ckpt, root, changed, from_conv, to, allow_lossy, progress)
+        for j, (name, _, new) in enumerate(configs):
+            journal.replace_file(root / name, new)
+            faults.point("inplace-config", j)
+        journal.fsync_dir(root)
+        gate.bytes_compared = _read_back(root, w.entries)
+        mislabelled = check_labels(root, to)
+        if mislabelled:
+            raise FindingError(*[Finding("GQ503", msg, file=str(root)) for msg in mislabelled])
+        journal.complete(root)
+    except BaseException:
+        journal.rollback(root)  # the source as it was, then the error or the signal
+        raise
+    finally:
+        w.close()
+    return gate
+
+
+def _write(ckpt: Checkpoint, root: Path, changed, from_conv, to, allow_lossy,
+           progress) -> None:
+    """Overwrite each changed qzeros range with its new words (computed again from the old
+    ones, which are still on disk: one tensor in memory at a time), then fsync each shard."""
+    total = sum(ckpt.store.info(qz).nbytes for _, qz, _, _ in changed)
+    progress and progress(0, total)
+    handles: dict[str, object] = {}
+    try:
+        for i, (m, qz, name, offset) in enumerate(changed):
+            new = converted_qzeros(ckpt.view(qz), m.bits, from_conv, to, allow_lossy).tobytes()
+            ckpt.store.release([qz])
+            f = handles.get(name) or handles.setdefault(name, open(root / name, "r+b"))
+            f.seek(offset)
+            f.write(new)
+            f.flush()
+            faults.point("inplace-range", i)
+            progress and progress(len(new), total)
+        for f in handles.values():
+            os.fsync(f.fileno())
+    finally:
+        for f in handles.values():
+            f.close()
+    faults.point("inplace-synced")
+
+
+def _read_back(root: Path, entries) -> int:
+    """Every changed range and file as it is on disk now, hashed against the new bytes the
+    journal recorded (the bytes the gate proved): the write is what was proven. Returns the
+    bytes read."""
+    import hashlib
+    n = 0
+    for e in entries:
+        with open(root / e.file, "rb") as f:
+            if e.offset is not None:
+                f.seek(e.offset)
+            data = f.read(e.length if e.offset is not None else -1)
+        n += len(data)
+        if hashlib.sha256(data).hexdigest() != e.new_sha256:
+            raise FindingError(Finding("GQ503", "holds other bytes than the ones written and "
+                                       "proven; rolled back", file=e.file))
+    return n

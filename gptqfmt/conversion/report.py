@@ -1,0 +1,57 @@
+"""What convert did (or, with --dry-run, would do): the result object the reporters print."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..conventions import CONVENTIONS
+from ..findings import Finding
+from ..gptq.detect import Detection
+from ..reports import tool_json
+from .gate import GateResult
+from .plan import ModulePlan
+
+
+@dataclass(frozen=True)
+class ConvertReport:
+    src: str
+    dst: str
+    src_convention: str
+    dst_convention: str
+    dry_run: bool
+    modules: list[ModulePlan]
+    detection: Detection | None       # None: a format whose zero points are stored exactly
+    findings: list[Finding] = field(default_factory=list)
+    gate: GateResult | None = None
+    written: bool = False
+    backend: str = "cpu"
+    in_place: bool = False            # convert --in-place: SRC itself rewritten
+
+    @property
+    def between_formats(self) -> bool:
+        """Whether this converts between formats (tensors re-laid out), not only between
+        GPTQ's two zero-point conventions."""
+        return not (self.src_convention in CONVENTIONS and self.dst_convention in CONVENTIONS)
+
+    @property
+    def totals(self) -> dict[str, int]:
+        return {k: sum(getattr(m, k) for m in self.modules)
+                for k in ("fields", "changed", "ambiguous", "lossy")}
+
+    def to_json(self) -> dict[str, Any]:
+        g = self.gate
+        return {
+            "tool": tool_json(),
+            "status": "ok", "src": self.src, "dst": self.dst,
+            "from": self.src_convention, "to": self.dst_convention,
+            "dry_run": self.dry_run, "written": self.written, "in_place": self.in_place,
+            "backend": self.backend,
+            "detected": None if self.detection is None else {
+                "verdict": self.detection.verdict, "confidence": self.detection.confidence},
+            "totals": self.totals,
+            "modules": [m.to_json() for m in self.modules],
+            "verified": None if g is None else {
+                "method": g.method, "bytes_compared": g.bytes_compared,
+                "modules": [c.to_json() for c in g.modules]},
+            "findings": [f.to_json() for f in self.findings],
+        }
