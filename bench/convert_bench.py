@@ -62,8 +62,11 @@ for p in sorted(src.iterdir()):
 
 def timed(cmd, cwd=None) -> tuple[float, int]:
     """(seconds, peak RSS in KiB) of a child process."""
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=cwd,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if r.returncode:
+        raise SystemExit(f"{cmd[-1][:200]}...: exit {r.returncode}\n{r.stdout}{r.stderr}")
+    out = r.stdout
     secs, rss = out.strip().splitlines()[-1].split()
     return float(secs), int(rss)
 

@@ -1,10 +1,11 @@
 """How results reach the user, one class per output format, chosen by name (`--format`).
 
 A reporter turns the library's result objects (which carry no exit code and print nothing) into
-stdout: TextReporter for people, JsonReporter for programs (exactly one document, valid against
-its schema in schemas/). Adding an output format is adding one class here and its name to
-REPORTERS; no command changes. The command decides the exit code and passes it in, because
-failure documents and some result documents carry it."""
+its document: TextReporter for people (text_lines.py builds the lines, view.py filters and
+colours them), JsonReporter for programs (exactly one document, valid against its schema in
+schemas/), and the CI formats of ci.py (github, sarif, junit). Adding an output format is adding
+one class and its name to REPORTERS; no command changes. The command decides the exit code and
+passes it in, because failure documents and some result documents carry it."""
 from __future__ import annotations
 
 from typing import Any

@@ -134,9 +134,11 @@ def _ranges(ckpt: Checkpoint):
 def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: bool, report,
            derived, progress, on_module) -> GateResult:
     before = {n: v for n, v in snapshot(root).items() if n not in journal.NAMES}
-    gate = GateResult(method="in place: effective zeros of every cell and Y = X @ W bitwise "
-                             "checked on the new words before writing; every rewritten range "
-                             "read back and hashed against the journal")
+    gate = GateResult(method="in place: effective zeros of every cell checked on the new words "
+                             "before writing (qweight, scales and g_idx are the same bytes, so "
+                             "equal zeros are equal weights; Y = X @ W on the columns with lossy "
+                             "cells); every rewritten range read back and hashed against the "
+                             "journal")
     rng = np.random.default_rng(0)
     ranges = _ranges(ckpt)
     on_module and on_module(0, len(ranges))
