@@ -163,3 +163,20 @@ def test_shell_completion_through_click():
     got = subprocess.run([sys.executable, "-m", "gptqfmt"], env=env, capture_output=True,
                          text=True).stdout
     assert got.split() == ["plain,--format"]
+
+
+def test_no_text_line_can_start_a_ci_runner_command():
+    """A name from the file that starts with `::` would make the line a GitHub Actions
+    workflow command; its first colon is escaped instead."""
+    import io
+
+    from gptqfmt.cli.reporters import TextReporter
+    from gptqfmt.findings import Finding
+
+    buf = io.StringIO()
+    found = [Finding("GQ125", "not referenced", file="::error title=x::pwned.safetensors"),
+             Finding("GQ301", "lacks qzeros", tensor="::stop-commands::tok.qweight")]
+    TextReporter(buf).failure("fail", 1, findings=found)
+    lines = buf.getvalue().splitlines()
+    assert not [ln for ln in lines if ln.lstrip().startswith("::")]
+    assert lines[0].startswith("\\x3a:error title=x::pwned.safetensors: GQ125")

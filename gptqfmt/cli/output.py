@@ -30,6 +30,15 @@ def escape(s: str | None) -> str:
     return "".join(out)
 
 
+def defuse(line: str) -> str:
+    """A text line that a CI runner cannot take for one of its commands: GitHub Actions reads a
+    log line that starts with `::` (after blanks) as a workflow command, and a file or tensor
+    name can start one (`::error::x.safetensors`). Its first colon becomes \\x3a, as escape()
+    writes an unsafe character; every other line is returned as it is."""
+    head = len(line) - len(line.lstrip())
+    return line[:head] + "\\x3a" + line[head + 1:] if line[head:].startswith("::") else line
+
+
 def finding_line(f: Finding) -> str:
     """`file::tensor: CODE message (hint: next step)`: one line, the next step included, so a
     refusal in text mode says what to do as the JSON does."""

@@ -16,7 +16,7 @@ import click
 
 from ..errors import FindingError, GptqfmtError
 from ..validation import ConfigCheck, FormatReport, check_configs, validate
-from .output import escape, finding_line, plural
+from .output import defuse, escape, finding_line, plural
 
 
 def checkpoints(files) -> list[Path]:
@@ -73,7 +73,7 @@ def precommit(files, full, strict):
         passed, lines = check(d, full, strict)
         ok &= passed
         for line in lines:
-            click.echo(line)
+            click.echo(defuse(line))
     raise SystemExit(0 if ok else 1)
 
 

@@ -18,7 +18,7 @@ from ..inspection import InspectResult
 from ..numerics.equivalence import EquivalenceReport, ReferenceReport
 from ..validation import Report
 from .ci import GithubReporter, JunitReporter, SarifReporter
-from .output import Reporter, emit_json, note
+from .output import Reporter, defuse, emit_json, note
 from .text_lines import (against_lines, convert_lines, failure_lines, fix_label_lines,
                          inspect_lines, reference_lines, verify_lines, without_rows)
 from .view import PLAIN, Line, View
@@ -74,7 +74,7 @@ class TextReporter(Reporter):
         if self.view.summarise(modules):
             lines = without_rows(lines)
         for line in self.view.shown(lines):
-            self.echo(self.view.paint(line))
+            self.echo(self.view.paint(Line(defuse(line.text), line.kind, line.level)))
 
     def inspect(self, result: InspectResult, code: int) -> None:
         doc = result.to_json()
