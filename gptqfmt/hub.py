@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .errors import UsageError
 from .findings import Finding
+from .parallel import cpus
 
 #: a repo id as the Hub spells one, with an optional @revision (a branch, tag, commit or
 #: refs/pr/N); a name with no slash is never read as one, so `model.safetensors` stays a path
@@ -244,28 +245,32 @@ def checksums(path: str | os.PathLike, progress=None) -> Checksums:
                        and not {".cache", ".git"} & set(f.relative_to(p).parts[:-1]))
     else:
         files = [p]
-    in_cache = any(_recorded_in_cache(f) for f in files)
+    cached = {f: _recorded_in_cache(f) for f in files}
+    in_cache = any(cached.values())
     result = Checksums("cache" if in_cache else "local-dir")
     repo = _cache_repo(Path(os.path.abspath(root)))
-    todo = []
+    present = []
     for f in files:
         rel = f.relative_to(root).as_posix()
-        want = _recorded_in_cache(f) if in_cache else _recorded_in_local_dir(root, rel)
-        if want is None:
-            if in_cache:
-                result.findings.append(Finding(
-                    "GQ129", "not a link into the cache's blobs/: the file was replaced after "
-                    "the download, and no hash records what it held", file=rel,
-                    hint=_refetch(repo, rel)))
-            else:
-                result.unrecorded.append(rel)
-            continue
-        todo.append((f, rel, want))
-    if not todo and not result.findings:
+        want = cached[f] if in_cache else _recorded_in_local_dir(root, rel)
+        if want is None and in_cache:
+            result.findings.append(Finding(
+                "GQ129", "not a link into the cache's blobs/: the file was replaced after "
+                "the download, and no hash records what it held", file=rel,
+                hint=_refetch(repo, rel)))
+        elif want is None:
+            result.unrecorded.append(rel)
+        elif not f.exists():  # a link whose blob is gone
+            result.findings.append(Finding(
+                "GQ129", f"the blob it links to ({want}) is missing", file=rel,
+                hint=_refetch(repo, rel)))
+        else:
+            present.append((f, rel, want))
+    if not present and not result.findings:
         raise UsageError(f"--checksums: {path} is neither a Hugging Face cache snapshot (files "
                          "linked to blobs/<hash>) nor a folder from `hf download --local-dir` "
                          "(.cache/huggingface/download/): no recorded hash to compare with")
-    sizes = {f: (f.stat().st_size if f.exists() else 0) for f, _, _ in todo}
+    sizes = {f: f.stat().st_size for f, _, _ in present}
     total = sum(sizes.values())
     progress and progress(0, total)
     lock, stop = threading.Lock(), threading.Event()
@@ -274,16 +279,10 @@ def checksums(path: str | os.PathLike, progress=None) -> Checksums:
         if progress:
             with lock:
                 progress(n, total)
-    present = [(f, rel, want) for f, rel, want in todo if f.exists()]
-    for f, rel, want in todo:
-        if not f.exists():
-            result.findings.append(Finding(
-                "GQ129", f"the blob it links to ({want}) is missing", file=rel,
-                hint=_refetch(repo, rel)))
+
     # one file per thread: hashlib releases the GIL on large updates, so shards hash in
     # parallel (as fast as the disk, or the CPUs, allow); each thread holds one CHUNK
-    workers = max(1, min(len(present), len(os.sched_getaffinity(0))
-                         if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    workers = max(1, min(len(present), cpus()))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         hashes = pool.map(lambda t: content_hash(t[0], hash_kind(t[2]), tick, stop), present)
         try:

@@ -33,6 +33,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import faults
 from .errors import FindingError
 from .findings import Finding
 
@@ -44,11 +45,14 @@ JOURNAL = ".gptqfmt-journal"
 COMPLETE = ".gptqfmt-journal-complete"
 PENDING = ".gptqfmt-journal.tmp"
 MAGIC = b"GQJRNL01"
+NEW_TAG = ".gptqfmt-journal-new"   # a replaced file's new content, beside it until renamed
 NAMES = (JOURNAL, COMPLETE, PENDING)
 
 
-def fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory: the names in it, after a rename) by its path.
+    The one such helper: conversion.atomic uses it too."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -89,11 +93,11 @@ class Writer:
 
     def range(self, file: str, offset: int, old: bytes, new: bytes) -> None:
         assert len(old) == len(new), "a range keeps its length"
-        self._add(Entry(file, offset, len(old), _sha(old), _sha(new)), old)
+        self._add(Entry(file, offset, len(old), sha256(old), sha256(new)), old)
 
     def whole(self, file: str, old: bytes | None, new: bytes) -> None:
-        self._add(Entry(file, None, len(old or b""), None if old is None else _sha(old),
-                        _sha(new)), old or b"")
+        self._add(Entry(file, None, len(old or b""), None if old is None else sha256(old),
+                        sha256(new)), old or b"")
 
     def _add(self, e: Entry, old: bytes) -> None:
         e.at = self._pos
@@ -108,7 +112,7 @@ class Writer:
         self._f.flush()
         os.fsync(self._f.fileno())
         os.replace(self.root / PENDING, self.root / JOURNAL)
-        fsync_dir(self.root)
+        fsync_path(self.root)
 
     def abandon(self) -> None:
         """Nothing was changed: the pending journal goes."""
@@ -124,11 +128,10 @@ class Writer:
 def complete(root: Path) -> None:
     """Step 3: the new state is durable; the journal goes."""
     os.replace(root / JOURNAL, root / COMPLETE)
-    fsync_dir(root)
-    from . import faults
+    fsync_path(root)
     faults.point("inplace-complete")
     (root / COMPLETE).unlink()
-    fsync_dir(root)
+    fsync_path(root)
 
 
 def read(path: Path) -> tuple[dict, int]:
@@ -155,7 +158,6 @@ def rollback(root: Path) -> dict:
     journal; returns its trailer. Refuses (GQ421) when a target is not what the journal
     describes (a file shorter than a range, a range that holds neither the old nor the new
     bytes): then something else changed the files, and writing back could make it worse."""
-    from . import faults
     path = root / JOURNAL
     doc, _ = read(path)
     entries = [Entry(**e) for e in doc["entries"]]
@@ -167,7 +169,7 @@ def rollback(root: Path) -> dict:
             with open(target, "r+b") as f:
                 f.seek(e.offset)
                 now = f.read(e.length)
-                if len(now) != e.length or _sha(now) not in (e.old_sha256, e.new_sha256):
+                if len(now) != e.length or sha256(now) not in (e.old_sha256, e.new_sha256):
                     raise _unusable(path, f"{e.file} at {e.offset}: holds neither the old nor "
                                     "the new bytes; restore the checkpoint from a copy")
         for i, e in enumerate(entries):
@@ -185,16 +187,16 @@ def rollback(root: Path) -> dict:
             else:
                 replace_file(target, old)
             faults.point("inplace-rollback", i)
-    fsync_dir(root)
+    fsync_path(root)
     path.unlink()
-    fsync_dir(root)
+    fsync_path(root)
     return doc
 
 
 def replace_file(target: Path, content: bytes) -> None:
     """`target` now holds `content`: written beside it, fsynced, renamed over it (never
     through a symbolic link)."""
-    tmp = target.with_name(f".{target.name}.gptqfmt-journal-new")
+    tmp = target.with_name(f".{target.name}{NEW_TAG}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
                  0o644)
     with os.fdopen(fd, "wb") as f:
@@ -211,11 +213,13 @@ def recover(root: Path) -> list[Finding]:
     if not any((root / n).exists() for n in NAMES) or root.resolve() in ACTIVE:
         return []
     held = _lock(root)
+    for stray in root.glob(f".*{NEW_TAG}"):  # a kill inside replace_file left its new copy
+        stray.unlink(missing_ok=True)
     try:
         if (root / COMPLETE).exists():
             doc, _ = read(root / COMPLETE)
             (root / COMPLETE).unlink()
-            fsync_dir(root)
+            fsync_path(root)
             return [Finding("GQ420", f"an in-place {doc['what']} had finished when it was "
                             "stopped; its journal was removed (rolled forward)",
                             file=COMPLETE)]
@@ -262,5 +266,6 @@ def _unusable(path: Path, why: str) -> FindingError:
                                      "journal if you know the files are right"))
 
 
-def _sha(b: bytes) -> str:
+def sha256(b: bytes) -> str:
+    """The hash the journal records of old and new bytes (hex)."""
     return hashlib.sha256(b).hexdigest()

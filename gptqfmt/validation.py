@@ -19,7 +19,8 @@ from .safetensors_io.index import open_store
 from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from .gptq.checks import module_findings
 from .gptq.detect import Detection, ModuleVerdict, combine
-from .gptq.evidence import cpus, module_verdict
+from .gptq.evidence import module_verdict
+from .parallel import cpus
 from .gptq.labels import convention_findings, effective_declared
 from .reports import checkpoint_format_json, failed, summary_counts, tool_json
 from .verdicts import RuntimeVerdict, assess, runtime_findings
@@ -37,9 +38,6 @@ class Report:
 
     def failed(self, strict: bool = False) -> bool:
         return failed(self.findings, strict)
-
-    def with_checksums(self, cs) -> "Report":
-        return with_checksums(self, cs)
 
     def to_json(self, strict: bool = False) -> dict[str, Any]:
         cfg = self.checkpoint.config
@@ -71,9 +69,6 @@ class FormatReport:
 
     def failed(self, strict: bool = False) -> bool:
         return failed(self.findings, strict)
-
-    def with_checksums(self, cs) -> "FormatReport":
-        return with_checksums(self, cs)
 
     def to_json(self, strict: bool = False) -> dict[str, Any]:
         return {"tool": tool_json(), "path": self.path,

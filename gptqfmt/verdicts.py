@@ -23,7 +23,8 @@ from .conventions import (GPTQ, GPTQ_V2, Reading, ZeroRule, carried_fields, coun
 from .findings import Finding
 from .gptq.checkpoint import Checkpoint, Module
 from .gptq.detect import AMBIGUOUS, Detection, ModuleVerdict
-from .gptq.evidence import cpus, quantizer
+from .gptq.evidence import quantizer
+from .parallel import cpus
 from .gptq.packing import unpack
 from .safetensors_io.dtypes import to_float32
 

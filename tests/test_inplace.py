@@ -215,3 +215,14 @@ def test_a_journal_that_no_longer_matches_is_not_applied(tmp_path, run_cli, fork
     assert r.exit_code == 1 and "GQ421" in r.stdout and "neither the old nor the new" in r.stdout
     assert {p.name: p.read_bytes() for p in d.glob("*.safetensors")} == shards  # untouched
     assert (d / journal.JOURNAL).exists()
+
+
+def test_recovery_removes_a_config_copy_a_kill_left_half_written(tmp_path, run_cli, forked_cli,
+                                                                  want):
+    d = copy(tmp_path)
+    code, _ = forked_cli("inplace-config:0", "convert", "--in-place", d, "--to", "gptq", "-q")
+    assert code == -signal.SIGKILL
+    stray = d / f".quantize_config.json{journal.NEW_TAG}"  # killed between write and rename
+    stray.write_bytes(b'{"bits": 4')
+    assert recovered(run_cli, d)["code"] == "GQ420"
+    assert not stray.exists() and digest(d) == want["original"] and no_journal(d)

@@ -297,14 +297,9 @@ def junit_xml(o: Outcome) -> str:
         if rest:
             ET.SubElement(case, "system-out").text = "\n".join(
                 f"{f.severity}: {escape(f.one_line())}" for f in rest)
-    n = len(cases)
-    for el in (suite,):
-        el.set("tests", str(n))
-        el.set("failures", str(failures))
-        el.set("errors", str(errors))
-        el.set("skipped", "0")
-    root = ET.Element("testsuites", name="gptqfmt", tests=str(n), failures=str(failures),
-                      errors=str(errors))
+    counts = {"tests": str(len(cases)), "failures": str(failures), "errors": str(errors)}
+    suite.attrib.update(counts, skipped="0")
+    root = ET.Element("testsuites", name="gptqfmt", **counts)
     root.append(suite)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode")

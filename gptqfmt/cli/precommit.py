@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from ..errors import FindingError, GptqfmtError
+from ..reports import summary_counts
 from ..validation import ConfigCheck, FormatReport, check_configs, validate
 from .output import defuse, escape, finding_line, plural
 
@@ -51,12 +52,11 @@ def check(d: Path, full: bool, strict: bool) -> tuple[bool, list[str]]:
     modules = (report.modules if isinstance(report, ConfigCheck) else
                len(report.source.modules) if isinstance(report, FormatReport) else
                len(report.checkpoint.modules))
-    errors = sum(f.severity == "error" for f in report.findings)
-    warnings = sum(f.severity == "warning" for f in report.findings)
+    n = summary_counts(report.findings, modules)
     what = "every tensor" if full else "configs, index and headers"
     lines.append(f"{escape(str(d))}: {'FAIL' if bad else 'OK'} ({what} of "
-                 f"{plural(modules, 'module')}: {plural(errors, 'error')}, "
-                 f"{plural(warnings, 'warning')})")
+                 f"{plural(modules, 'module')}: {plural(n['errors'], 'error')}, "
+                 f"{plural(n['warnings'], 'warning')})")
     return not bad, lines
 
 

@@ -6,7 +6,7 @@ import click
 from .. import hub
 from ..errors import UsageError
 from ..runtimes import BY_ID, RUNTIMES
-from ..validation import validate
+from ..validation import validate, with_checksums
 from ..numerics.equivalence import check_usage, compare, reference_fp32
 from .boundary import DOWNLOAD_OPTION, SUMMARY_OPTION, guarded
 from .progress import Progress
@@ -63,7 +63,7 @@ def verify_cmd(path, out, strict, jobs, against, reference, runtime, backend, ch
         report = validate(path, progress=bar.update, jobs=jobs, gate=gate)
     if checksums:
         with Progress(enabled=out.progress, unit="B", desc="checksums") as bar:
-            report = report.with_checksums(hub.checksums(path, progress=bar.update))
+            report = with_checksums(report, hub.checksums(path, progress=bar.update))
     code = 1 if report.failed(strict) else 0
     out.verify(report, strict, code)
     return code

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .. import faults
 from ..errors import UsageError
+from ..journal import fsync_path
 
 TMP_TAG = ".gptqfmt-tmp-"
 
@@ -58,14 +59,6 @@ def create(path: Path):
     symbolic link (O_EXCL | O_NOFOLLOW)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     return os.fdopen(os.open(path, flags, 0o644), "wb")
-
-
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def check_destination(dst: Path, force: bool, src: Path | None = None) -> None:

@@ -16,6 +16,7 @@ file to change is a link into a Hugging Face cache's blobs/ (content-addressed, 
 revisions), another symbolic link, or has other hard links."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -50,6 +51,9 @@ def convert_in_place(path: str | os.PathLike, to: str, src_convention: str = "au
         raise UsageError(f"--in-place converts between {' and '.join(CONVENTIONS)}, where only "
                          f"the zero points change; --to {to} re-lays out the tensors: convert "
                          f"{path} DST")
+    # before planning, which reads every qzeros and scales: a shared file is refused at once
+    refuse_shared(root, sorted(p.name for p in root.iterdir() if p.name.endswith(".safetensors"))
+                  + [n for n in CONFIG_FILES if (root / n).exists()])
     ckpt, det, from_conv, plans, findings = open_and_plan(root, src_convention, to,
                                                           allow_lossy)
     try:
@@ -62,8 +66,6 @@ def convert_in_place(path: str | os.PathLike, to: str, src_convention: str = "au
             raise FindingError(*refusals)
         report = ConvertReport(str(path), str(path), from_conv, to, dry_run, plans, det,
                                findings, backend="cpu", in_place=True)
-        refuse_shared(root, sorted(ckpt.store.files) + [n for n in CONFIG_FILES
-                                                        if (root / n).exists()])
         if dry_run:
             return report
         gate = _apply(ckpt, root, from_conv, to, allow_lossy, report, derived, progress,
@@ -100,17 +102,14 @@ def _new_configs(root: Path, from_conv: str, to: str, report, derived) -> list[t
     """(name, old bytes or None, new bytes) of each config file to replace: those that hold a
     quantization config, relabelled as convert writes them; a derived one for a source with
     none."""
-    import json
     prov = provenance(from_conv, to, report.totals)
     out = []
-    for name in CONFIG_FILES:
-        p = root / name
-        if not p.is_file() or (derived is not None and name == DERIVED_FILE):
+    for name in declaring_configs(root):
+        if derived is not None and name == DERIVED_FILE:
             continue
-        old = p.read_bytes()
+        old = (root / name).read_bytes()
         doc = json.loads(old.decode("utf-8"))
-        if name in declaring_configs(root):
-            out.append((name, old, dumps(relabelled(name, doc, to, prov))))
+        out.append((name, old, dumps(relabelled(name, doc, to, prov))))
     if derived is not None:
         p = root / DERIVED_FILE
         out.append((DERIVED_FILE, p.read_bytes() if p.is_file() else None,
@@ -154,8 +153,9 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
             if not chk.zeros_equal or (chk.lossy_cells == 0 and not chk.gemm_equal):
                 gate.failures.append(f"{m.name}: the converted module does not compute what "
                                      "the source computed")
-            if old.tobytes() != new.tobytes():
-                w.range(name, offset, old.tobytes(), new.tobytes())
+            before_bytes, after_bytes = old.tobytes(), new.tobytes()
+            if before_bytes != after_bytes:
+                w.range(name, offset, before_bytes, after_bytes)
                 changed.append((m, qz, name, offset))
             ckpt.store.release(m.tensors.values())
             on_module and on_module(1, len(ranges))
@@ -176,7 +176,7 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
         for j, (name, _, new) in enumerate(configs):
             journal.replace_file(root / name, new)
             faults.point("inplace-config", j)
-        journal.fsync_dir(root)
+        journal.fsync_path(root)
         gate.bytes_compared = _read_back(root, w.entries)
         mislabelled = check_labels(root, to)
         if mislabelled:
@@ -219,7 +219,6 @@ def _read_back(root: Path, entries) -> int:
     """Every changed range and file as it is on disk now, hashed against the new bytes the
     journal recorded (the bytes the gate proved): the write is what was proven. Returns the
     bytes read."""
-    import hashlib
     n = 0
     for e in entries:
         with open(root / e.file, "rb") as f:
@@ -227,7 +226,7 @@ def _read_back(root: Path, entries) -> int:
                 f.seek(e.offset)
             data = f.read(e.length if e.offset is not None else -1)
         n += len(data)
-        if hashlib.sha256(data).hexdigest() != e.new_sha256:
+        if journal.sha256(data) != e.new_sha256:
             raise FindingError(Finding("GQ503", "holds other bytes than the ones written and "
                                        "proven; rolled back", file=e.file))
     return n

@@ -36,7 +36,8 @@ from ..reports import tool_json
 from ..validation import Report, validate
 from ..version import __version__
 from .configs import CONFIG_FILES, dumps, relabelled
-from .atomic import TMP_TAG, alive, fsync_path
+from ..journal import fsync_path
+from .atomic import TMP_TAG, alive
 
 DETECTED = "detected"
 TARGETS = (DETECTED,) + CONVENTIONS

@@ -15,6 +15,7 @@ from ..safetensors_io.index import open_store
 from ..conventions import CONVENTIONS
 from ..errors import FindingError, OutputError, UsageError
 from ..findings import ERROR, Finding
+from ..journal import fsync_path
 from ..gptq.checkpoint import Checkpoint
 from . import atomic, reformat
 from .reformat_gate import run_format_gate
@@ -140,7 +141,7 @@ def _write_format(src, opened, report: ConvertReport, dst: Path, force: bool, pr
         flushes = []
         reformat.write_all(src, report.dst_convention, tmp,
                            reformat.prov(opened.from_, report.dst_convention, opened.plans),
-                           progress, lambda p: flushes.append(flusher.submit(atomic.fsync_path,
+                           progress, lambda p: flushes.append(flusher.submit(fsync_path,
                                                                              p)))
         faults.point("before-gate")
         gate = run_format_gate(src, tmp, report.dst_convention, report.backend, on_module)
@@ -192,12 +193,12 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
             with ProcessPoolExecutor(max_workers=min(job.jobs, len(args)), mp_context=ctx,
                                      initializer=_ignore_interrupts) as pool:
                 for a, n in zip(args, pool.map(_write_shard_args, args)):
-                    flushes.append(flusher.submit(atomic.fsync_path, a[1]))
+                    flushes.append(flusher.submit(fsync_path, a[1]))
                     progress and progress(n)
         else:
             for a in args:
                 n = write_shard(*a)
-                flushes.append(flusher.submit(atomic.fsync_path, a[1]))
+                flushes.append(flusher.submit(fsync_path, a[1]))
                 progress and progress(n)
         faults.point("shards-written")
         root = job.ckpt.store.root

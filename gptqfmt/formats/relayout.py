@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..gptq.evidence import cpus
+from ..parallel import cpus
 from ..gptq.packing import pack, unpack
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)               # nibble i holds channel AWQ_ORDER[i]

@@ -6,7 +6,6 @@ one chunk of rows at a time.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import signal
 import sys
 import threading
@@ -18,6 +17,7 @@ import numpy as np
 
 from .. import faults
 from ..errors import GptqfmtError
+from ..parallel import cpus
 from . import codestats
 from .checkpoint import Checkpoint, Module
 from .detect import AMBIGUOUS, Detection, FieldCounts, ModuleVerdict, combine, decide, \
@@ -169,14 +169,6 @@ def _start_worker(work: _Work) -> None:
 def _in_worker(fn, args):
     assert _WORKER is not None
     return fn(_WORKER, *args)
-
-
-def cpus() -> int:
-    """The CPUs this process may run on (its affinity where the platform tells it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _forks_safely() -> bool:
