@@ -30,8 +30,8 @@ def module(rng, k, n, convention="gptq_v2", act_order=False):
     qzeros = pack(np.broadcast_to(stored, (g, n)).astype(np.uint8), BITS, 32, axis=1)
     scales = (rng.random((g, n), np.float32) * 0.01 + 0.001).astype(np.float16)
     g_idx = (np.arange(k) // GS).astype(np.int32)
-    if act_order:  # permute whole groups' worth of channels so codes stay consistent per group
-        g_idx = g_idx.reshape(-1, GS)[rng.permutation(k // GS)].reshape(-1)
+    if act_order:  # as GPTQ's desc_act leaves it: each group a set of channels anywhere in K
+        g_idx = rng.permutation(g_idx)  # (the zero is per column, so codes fit every group)
     return {"qweight": qweight, "qzeros": qzeros, "scales": scales, "g_idx": g_idx}
 
 

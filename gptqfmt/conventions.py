@@ -21,8 +21,8 @@ from functools import lru_cache
 import numpy as np
 
 from .errors import GptqfmtError
-from .gptq.packing import (UNSIGNED, constant_words, field_masks, maxq, superwords, unpack,
-                           unsigned)
+from .gptq.packing import (UNSIGNED, constant_words, field_masks, maxq, pack, superwords,
+                           unpack, unsigned)
 
 GPTQ, GPTQ_V2 = "gptq", "gptq_v2"
 # Each convention as data: what it adds to a stored field to give Z (Z = s + offset). Everything
@@ -293,3 +293,45 @@ def convert_fields(stored: np.ndarray, bits: int, src: str, dst: str,
     # past maxq: a stored maxq whose Z runtimes disagree on; below 0: a Z the target cannot hold
     ambiguous, lossy = (n_lossy, 0) if shift(src, dst) > 0 else (0, n_lossy)
     return out, FieldChanges(int(s.size), int(np.count_nonzero(out != s)), ambiguous, lossy)
+
+
+def moved_words(words: np.ndarray, bits: int, src: str, dst: str) -> np.ndarray | None:
+    """The packed qzeros words `dst` stores for `words` stored under `src`, by one addition per
+    word, when that equals convert_fields field by field; None otherwise (then move the fields
+    one by one).
+
+    Adding the shift to every field at once (4-bit +1: word + 0x11111111) is exact when no
+    field is one the shift takes out of [0, maxq]: then no carry or borrow crosses into the
+    next field (the word readings V1_CARRY and V2_BORROW are what happens when one does). It
+    needs fields that never straddle a word (2, 4, 8 bits) and no lossy field (lossy_mask
+    empty, checked word by word with fields_equal, nothing unpacked).
+
+    Worked example, 4-bit gptq -> gptq_v2, fields (low first) [7, 3, 0, 8, 8, 8, 8, 8] =
+    0x88888037: no field is 15, so + 0x11111111 = 0x99999148, fields [8, 4, 1, 9, ...]; with
+    a 15 in field 0 (0x8888803F) the word is not moved here (convert_fields decides it)."""
+    d = shift(src, dst)
+    u = unsigned(np.asarray(words))
+    if d == 0:
+        return u.copy().view(words.dtype)
+    if bits not in (2, 4, 8):
+        return None
+    if count_marked(u, bits, value=maxq(bits) if d > 0 else 0):
+        return None
+    one = constant_words(1, bits, u.dtype.itemsize * 8)[0]
+    with np.errstate(over="ignore"):  # the top field never carries out: checked above
+        out = u + one if d > 0 else u - one
+    return out.astype(u.dtype, copy=False).view(words.dtype)
+
+
+def convert_words(words: np.ndarray, bits: int, src: str, dst: str,
+                  allow_lossy: bool = False) -> tuple[np.ndarray, FieldChanges]:
+    """convert_fields on packed qzeros words [G, W'] (packed along axis 1): new words of the
+    same dtype and what changed. One addition per word (moved_words) where no field is lossy,
+    which is every clean checkpoint; field by field otherwise (and at 3 bits)."""
+    words = np.asarray(words)
+    fields = words.size * words.dtype.itemsize * 8 // bits
+    moved = moved_words(words, bits, src, dst)
+    if moved is not None:
+        return moved, FieldChanges(fields, 0 if shift(src, dst) == 0 else fields, 0, 0)
+    new, changes = convert_fields(unpack(words, bits, axis=1), bits, src, dst, allow_lossy)
+    return pack(new, bits, words.dtype.itemsize * 8, axis=1), changes

@@ -30,6 +30,11 @@ enum { GQ_F32 = 0, GQ_F16 = 1, GQ_BF16 = 2 };
 // Rows of X one GEMM call takes: each thread keeps one accumulator per row in registers.
 // (The Python side reads this line: gptqfmt.resources.kernel_constant.)
 #define GQ_MAX_M 16
+// Input channels (k) of one tile of the tiled kernels: each (tile, column) sums its rows in k
+// order from 0.0f, and the tiles' partial sums are added in tile order. The result depends on
+// this number and never on the launch (grid, block, SM count); numerics/cpu.py adds in the
+// same order. (Read by gptqfmt.resources.kernel_constant too.)
+#define GQ_TILE_K 512
 
 // Value k of the bit stream held in `words` (unsigned 32-bit words).
 GQ_HD uint32_t gq_field(const uint32_t* words, int64_t k, int bits) {
@@ -82,6 +87,15 @@ GQ_HD float gq_mac(float acc, float x, float w) {
 #endif
 }
 
+// An fp32 add, rounded (the tiles' partial sums are only added).
+GQ_HD float gq_add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
 GQ_HD float gq_bf16_to_float(uint16_t h) { return gq_bits_to_float((uint32_t)h << 16); }
 
 // A value of dtype `kind` (GQ_F32 / GQ_F16 / GQ_BF16) at index i of raw storage `p`.
@@ -107,4 +121,59 @@ GQ_HD float gq_weight(const uint32_t* qweight, const uint32_t* qzeros, const voi
     const uint32_t s = gq_field(qzeros + g * ((N * bits) >> 5), n, bits);
     const int32_t z = gq_zero(s, bits, rule);
     return gq_load(scales, g * N + n, scale_kind) * (float)((int32_t)q - z);
+}
+
+// The rows [k0, k1) of K tile t.
+GQ_HD int64_t gq_tile_end(int64_t t, int64_t K) {
+    const int64_t end = (t + 1) * GQ_TILE_K;
+    return end < K ? end : K;
+}
+
+// One (column n, K tile t) of Y = X @ W: acc[m] = sum over the tile's k, in k order from 0.0f,
+// of X[m, k] * W[k, n], each product and sum rounded to fp32 (gq_mac).
+GQ_HD void gq_gemm_tile(const void* x, int x_kind, const uint32_t* qweight,
+                        const uint32_t* qzeros, const void* scales, int scale_kind,
+                        const int32_t* g_idx, int M, int64_t K, int64_t N, int bits, int rule,
+                        int64_t n, int64_t t, float* acc) {
+    for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+    for (int64_t k = t * GQ_TILE_K; k < gq_tile_end(t, K); ++k) {
+        const float w = gq_weight(qweight, qzeros, scales, scale_kind, g_idx, k, n, N, bits, rule);
+        for (int m = 0; m < M; ++m) acc[m] = gq_mac(acc[m], gq_load(x, m * K + k, x_kind), w);
+    }
+}
+
+// Y[m, n] from the tiles' partial sums partial[tiles, M, N]: ((0 + p[0]) + p[1]) + ..., in
+// tile order.
+GQ_HD float gq_sum_tiles(const float* partial, int64_t tiles, int M, int64_t N, int m,
+                         int64_t n) {
+    float y = 0.0f;
+    for (int64_t t = 0; t < tiles; ++t) y = gq_add(y, partial[(t * M + m) * N + n]);
+    return y;
+}
+
+// One side of the fused comparison: a module's tensors and the rule its zeros are read under.
+typedef struct {
+    const uint32_t* qweight;
+    const uint32_t* qzeros;
+    const void* scales;
+    int scale_kind;
+    const int32_t* g_idx;
+    int rule;
+} gq_side;
+
+// How many k of tile t give W_a[k, n] and W_b[k, n] with other bits: both checkpoints'
+// weights computed per element and compared, never stored (equal bits: equal weights, NaN
+// payloads and the sign of zero included).
+GQ_HD int gq_tile_differences(gq_side a, gq_side b, int64_t K, int64_t N, int bits, int64_t n,
+                              int64_t t) {
+    int differ = 0;
+    for (int64_t k = t * GQ_TILE_K; k < gq_tile_end(t, K); ++k) {
+        union { float f; uint32_t u; } wa, wb;
+        wa.f = gq_weight(a.qweight, a.qzeros, a.scales, a.scale_kind, a.g_idx, k, n, N, bits,
+                         a.rule);
+        wb.f = gq_weight(b.qweight, b.qzeros, b.scales, b.scale_kind, b.g_idx, k, n, N, bits,
+                         b.rule);
+        differ += wa.u != wb.u;
+    }
+    return differ;
 }

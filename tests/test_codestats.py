@@ -68,3 +68,36 @@ def test_sample_blocks_budget():
     b = sample_blocks(total_blocks=1000, n_cols=8192, wpb=1, budget_bytes=64 * 1024, word_bytes=4)
     assert len(b) == 2 and b[0] == 0 and b[-1] == 999
     assert sample_blocks(10, 1, 1, 10**9, 4).tolist() == list(range(10))
+
+
+@pytest.mark.parametrize(("bits", "word_bits"), [c for c in COMBOS if c[0] != 3 and 2 * c[0] <= c[1] <= 32])
+@pytest.mark.parametrize("rows_per_group", [1, 2, 3, 16, 17, 34, 40])
+@pytest.mark.parametrize("fill", ["random", "all ones"])
+def test_group_sums_against_unpacked_codes(bits, word_bits, rows_per_group, fill):
+    """verify's whole-group path: runs as long as the even fields' lanes hold (4-bit: 17 rows),
+    groups of 17 and 34 rows (runs at the limit), of 3 and 40 (runs that must divide the
+    group), words of every width at their maximum (every field maxq: each lane at its limit,
+    and sum(x) past 32 bits), on a read-only mapping as files give it."""
+    from gptqfmt.gptq.codestats import group_sums
+
+    rng = np.random.default_rng(bits * word_bits + rows_per_group)
+    ut = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}[word_bits]
+    words = rng.integers(0, 2**word_bits, (rows_per_group * 3, 5), dtype=np.uint64).astype(ut)
+    if fill == "all ones":
+        words[:] = np.iinfo(ut).max
+    words = words.view(f"int{word_bits}")
+    words.flags.writeable = False
+    want = unpack(words, bits, axis=0).astype(np.int64).reshape(3, -1, 5).sum(axis=1)
+    got = group_sums(words, bits, rows_per_group)
+    assert got.dtype == np.uint64 and np.array_equal(got, want)
+
+
+def test_channel_sorted_sums_worked_example_and_empty_groups():
+    """The docstring's word, and a g_idx that leaves a group without channels (sums 0)."""
+    from gptqfmt.gptq.codestats import channel_sorted_sums
+
+    words = np.array([[0x76543210]], dtype=np.uint32).view(np.int32)
+    got = channel_sorted_sums(words, 4, np.array([1, 0, 1, 0, 1, 0, 1, 0]), 2)
+    assert got.tolist() == [[16], [12]]
+    got = channel_sorted_sums(words, 4, np.array([2, 0, 2, 0, 2, 0, 2, 2]), 3)
+    assert got.tolist() == [[1 + 3 + 5], [0], [0 + 2 + 4 + 6 + 7]]

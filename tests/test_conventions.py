@@ -101,3 +101,48 @@ def test_one_column_sampler_for_the_gate_and_for_verify():
     many = np.arange(500, 600, 5)  # 20 columns to include; at most width/2 = 8 of them are
     got = sample_columns(1000, 16, np.random.default_rng(1), must=many)
     assert len(np.intersect1d(got, many)) >= 8 and set(many[:8].tolist()) <= set(got.tolist())
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("word_bits", [8, 16, 32, 64])
+@pytest.mark.parametrize("src,dst", [(GPTQ, GPTQ_V2), (GPTQ_V2, GPTQ), (GPTQ, GPTQ)])
+def test_words_move_as_fields_do(bits, word_bits, src, dst):
+    """convert_words (one addition per word where no field is lossy) against convert_fields
+    field by field: every field value in every position of a word, with and without a lossy
+    field; moved_words declines exactly where a word addition would carry or borrow."""
+    from gptqfmt.conventions import convert_fields, convert_words, moved_words
+    from gptqfmt.gptq.packing import pack, unpack
+
+    if bits == 3 and word_bits != 32:
+        pytest.skip("3-bit packs into int32 only")
+    top = (1 << bits) - 1
+    per = 96 // bits if bits == 3 else word_bits // bits
+    rng = np.random.default_rng(bits * word_bits)
+    # every value in every field position, the rest random
+    rows = [np.roll(np.r_[v, rng.integers(0, top + 1, per - 1)], p)
+            for v in range(top + 1) for p in range(per)]
+    fields = np.array(rows, dtype=np.uint8).reshape(-1, per * 2 if bits == 3 else per)
+    lossy = fields == (top if dst == GPTQ_V2 and src == GPTQ else 0)
+    clean = np.where(lossy, 1, fields).astype(np.uint8) if src != dst else fields
+    for f, has_lossy in ((clean, False), (fields, src != dst)):
+        words = pack(f, bits, word_bits, axis=1)
+        want, wc = convert_fields(f, bits, src, dst, allow_lossy=True)
+        got, gc = convert_words(words, bits, src, dst, allow_lossy=True)
+        assert got.dtype == words.dtype and got.shape == words.shape
+        assert np.array_equal(unpack(got, bits, axis=1), want) and gc == wc
+        moved = moved_words(words, bits, src, dst)
+        assert (moved is None) == (has_lossy or (bits == 3 and src != dst))
+    with pytest.raises(NotRepresentable):
+        if src != dst:
+            convert_words(pack(fields, bits, word_bits, axis=1), bits, src, dst)
+        else:
+            raise NotRepresentable("no shift, nothing lossy", 0)
+
+
+def test_moved_words_worked_example():
+    from gptqfmt.conventions import moved_words
+
+    w = np.array([[0x88888037]], dtype=np.uint32).view(np.int32)
+    assert moved_words(w, 4, GPTQ, GPTQ_V2).view(np.uint32)[0, 0] == 0x99999148
+    assert moved_words(np.array([[0x8888803F]], np.uint32).view(np.int32), 4, GPTQ,
+                       GPTQ_V2) is None

@@ -131,20 +131,90 @@ def test_interrupt_removes_its_temporary_directory(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
-def test_gate_failure_writes_nothing(tmp_path, monkeypatch):
-    from gptqfmt.conversion import gate as gate_mod
+@pytest.mark.parametrize("wrong", ["unconverted", "one word"])
+def test_gate_failure_writes_nothing(tmp_path, monkeypatch, wrong):
+    """The writer's words are not what the plan says (unconverted, or one field off in one
+    module): the gate's read-back proof fails, GQ503, and nothing is left behind."""
+    from gptqfmt.conversion import run as convert_run
+    from gptqfmt.conversion import write as write_mod
+    from gptqfmt.errors import FindingError
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    build(src, shards=2, k=256, n=256)
+    real = write_mod.convert_words
+    calls = []
+
+    def bad(words, bits, a, b, allow_lossy=False):
+        calls.append(1)
+        if wrong == "unconverted":
+            return real(words, bits, a, a, allow_lossy)
+        new, c = real(words, bits, a, b, allow_lossy)
+        if len(calls) == 3:
+            new = new.copy()
+            new[0, 0] ^= 1
+        return new, c
+    monkeypatch.setattr(write_mod, "convert_words", bad)
+    with pytest.raises(FindingError) as e:
+        convert_run.convert(src, dst)
+    assert {f.code for f in e.value.findings} == {"GQ503"}
+    assert len(e.value.findings) == (1 if wrong == "one word" else len(calls))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+@pytest.mark.parametrize("damage", ["header", "size"])
+def test_gate_reads_back_headers_and_sizes(tmp_path, monkeypatch, damage):
+    """A staged shard whose header bytes or size differ from SRC's fails the gate (the qzeros
+    are proven at the header's offsets, so the header itself is read back)."""
     from gptqfmt.conversion import run as convert_run
     from gptqfmt.errors import FindingError
 
     src, dst = tmp_path / "src", tmp_path / "dst"
     build(src, shards=2, k=256, n=256)
-    real = gate_mod.check_module
-    monkeypatch.setattr(gate_mod, "check_module", lambda s, o, m, a, b, rng:
-                        real(s, o, m, a, a, rng))  # wrong reading
+    real = convert_run.run_gate
+
+    def damaged(ckpt, tmp, *args, **kw):
+        shard = sorted(tmp.glob("*.safetensors"))[1]
+        data = bytearray(shard.read_bytes())
+        if damage == "header":  # the same length, still valid JSON: a g_idx renamed
+            n = int.from_bytes(data[:8], "little")
+            i = data.index(b'.g_idx"', 8, 8 + n)
+            data[i + 5:i + 6] = b"y"
+        else:
+            data += b"\0" * 8
+        shard.write_bytes(bytes(data))
+        return real(ckpt, tmp, *args, **kw)
+    monkeypatch.setattr(convert_run, "run_gate", damaged)
     with pytest.raises(FindingError) as e:
         convert_run.convert(src, dst)
     assert e.value.finding.code == "GQ503"
+    assert ("header differs" if damage == "header" else "of another size") in \
+        e.value.finding.message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_short_kernel_copies_are_completed(tmp_path, monkeypatch):
+    """copy_file_range may copy less than asked, or stop (0) where a filesystem cannot: every
+    byte is still accounted for, by the read-write fallback, and the output is the same."""
+    import os
+
+    from gptqfmt.conversion import convert
+
+    src = tmp_path / "src"
+    build(src, shards=2, k=256, n=256)
+    convert(src, tmp_path / "ref")
+    real = os.copy_file_range
+    seen = []
+
+    def short(fi, fo, count, offset_src=None, offset_dst=None):
+        seen.append(count)
+        if len(seen) % 3 == 0:
+            return 0
+        return real(fi, fo, max(1, count // 2), offset_src, offset_dst)
+    monkeypatch.setattr(os, "copy_file_range", short)
+    convert(src, tmp_path / "dst")
+    assert seen
+    for p in sorted((tmp_path / "ref").iterdir()):
+        assert (tmp_path / "dst" / p.name).read_bytes() == p.read_bytes(), p.name
 
 
 def test_read_only_destination(tmp_path):

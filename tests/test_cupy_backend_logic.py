@@ -16,7 +16,7 @@ from gptqfmt.errors import UsageError
 from gptqfmt.gptq.packing import pack
 from gptqfmt.resources import data_dir
 from gptqfmt.numerics import F16, F32, ModuleTensors
-from gptqfmt.numerics.cpu import CpuBackend
+from gptqfmt.numerics.cpu import TILE_K, CpuBackend
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
 
@@ -26,12 +26,29 @@ def fake_cupy(lib):
         return np.ascontiguousarray(a).ctypes.data_as(ctypes.c_void_p)
 
     def launch(name):
-        def gemm(grid, block, a):
-            x, xk, qw, qz, sc, sk, g, y, m, k, n, bits, rule = a
-            lib.gq_host_gemm(ptr(x), ctypes.c_int(int(xk)), ptr(qw), ptr(qz), ptr(sc),
-                             ctypes.c_int(int(sk)), ptr(g), y.ctypes.data_as(ctypes.c_void_p),
-                             ctypes.c_int(int(m)), ctypes.c_int64(int(k)), ctypes.c_int64(int(n)),
-                             ctypes.c_int(int(bits)), ctypes.c_int(int(rule)))
+        def gemm_tiles(grid, block, a):
+            x, xk, qw, qz, sc, sk, g, partial, m, k, n, bits, rule = a
+            assert grid[1] == partial.shape[0] == -(-int(k) // TILE_K)  # one grid row a tile
+            lib.gq_host_gemm_tiles(ptr(x), ctypes.c_int(int(xk)), ptr(qw), ptr(qz), ptr(sc),
+                                   ctypes.c_int(int(sk)), ptr(g), partial.ctypes.data_as(
+                                       ctypes.c_void_p), ctypes.c_int(int(m)),
+                                   ctypes.c_int64(int(k)), ctypes.c_int64(int(n)),
+                                   ctypes.c_int(int(bits)), ctypes.c_int(int(rule)))
+
+        def sum_tiles(grid, block, a):
+            partial, y, tiles, m, n = a
+            lib.gq_host_sum_tiles(partial.ctypes.data_as(ctypes.c_void_p),
+                                  y.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(int(tiles)),
+                                  ctypes.c_int(int(m)), ctypes.c_int64(int(n)))
+
+        def count_differences(grid, block, a):
+            (qa, za, sa, ska, ga, ra, qb, zb, sb, skb, gb, rb, k, n, bits, counts) = a
+            assert grid[1] == -(-int(k) // TILE_K)
+            lib.gq_host_count_differences(
+                ptr(qa), ptr(za), ptr(sa), ctypes.c_int(int(ska)), ptr(ga), ctypes.c_int(int(ra)),
+                ptr(qb), ptr(zb), ptr(sb), ctypes.c_int(int(skb)), ptr(gb), ctypes.c_int(int(rb)),
+                ctypes.c_int64(int(k)), ctypes.c_int64(int(n)), ctypes.c_int(int(bits)),
+                counts.ctypes.data_as(ctypes.c_void_p))
 
         def dequant(grid, block, a):
             qw, qz, sc, sk, g, w, k, n, bits, rule = a
@@ -39,17 +56,19 @@ def fake_cupy(lib):
                                 w.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(int(k)),
                                 ctypes.c_int64(int(n)), ctypes.c_int(int(bits)),
                                 ctypes.c_int(int(rule)))
-        return {"gptq_dequant_gemm": gemm, "gptq_dequant": dequant}[name]
+        return {"gptq_gemm_tiles": gemm_tiles, "gptq_sum_tiles": sum_tiles,
+                "gptq_count_differences": count_differences, "gptq_dequant": dequant}[name]
 
     class RawModule:
         def __init__(self, code, options):
-            assert "gptq_dequant_gemm" in code and "--fmad=false" in options
+            assert "gptq_gemm_tiles" in code and "--fmad=false" in options
 
         def get_function(self, name):
             return launch(name)
 
     mod = types.ModuleType("cupy")
     mod.asarray, mod.asnumpy, mod.empty, mod.float32 = np.asarray, np.asarray, np.empty, np.float32
+    mod.zeros, mod.uint64 = np.zeros, np.uint64
     mod.RawModule = RawModule
     mod.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 1))
     return mod
@@ -75,9 +94,10 @@ def backend(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("bits", "word_bits"), [(4, 32), (3, 32), (4, 8), (2, 64), (8, 16)])
 @pytest.mark.parametrize("cols", [None, np.arange(5, 37)])
-def test_backend_equals_cpu_twin(backend, bits, word_bits, cols):
+@pytest.mark.parametrize("k", [96, 1152])  # one tile; three (512, 512, 128)
+def test_backend_equals_cpu_twin(backend, bits, word_bits, cols, k):
     rng = np.random.default_rng(bits)
-    k, n, g = 96, 64, 3
+    n, g = 64, 3
     qw = pack(rng.integers(0, 2**bits, (k, n)), bits, word_bits, 0)
     qz = pack(rng.integers(0, 2**bits, (g, n)), bits, word_bits, 1)
     sc = (rng.random((g, n)) * 0.1).astype(np.float16)
@@ -91,6 +111,20 @@ def test_backend_equals_cpu_twin(backend, bits, word_bits, cols):
         wa = backend.dequant(t, rule, cols)
         wb = CpuBackend().dequant(t, rule, cols)
         assert np.array_equal(wa, wb)
+    # the fused comparison: zero fields moved in two groups, under every pair of rules
+    from gptqfmt.gptq.packing import unpack
+    f = unpack(qz, bits, axis=1).astype(np.int64)
+    f[0, 3] = (f[0, 3] + 1) % 2**bits
+    f[2, 40] = (f[2, 40] + 2) % 2**bits
+    t2 = replace(t, qzeros=pack(f, bits, word_bits, 1))
+    for ra in ZeroRule:
+        for rb in ZeroRule:
+            got = backend.count_differences(t, ra, t2, rb)
+            want = CpuBackend().count_differences(t, ra, t2, rb)
+            assert got.dtype == want.dtype == np.uint64 and np.array_equal(got, want)
+            if ra == rb:  # exactly the channels of the two moved cells (scales are > 0)
+                assert got[3] == np.count_nonzero(gi == 0) and got[40] == np.count_nonzero(
+                    gi == 2) and got.sum() == got[3] + got[40]
 
 
 def test_backend_checks_arguments(backend):
@@ -124,12 +158,13 @@ def test_gpu_gate_failure_blocks_the_commit(backend, tmp_path, monkeypatch):
     from gptqfmt.errors import FindingError
     from gptqfmt.numerics import cupy_backend
     from tests.support import CKPT
-    real = cupy_backend.CupyBackend.gemm
+    real = cupy_backend.CupyBackend.count_differences
 
-    def off_by_a_bit(self, *a, **k):
-        y = real(self, *a, **k)
-        return y + np.float32(1e-3) * (a[-2] == 0)  # outputs under the gptq_v2 rule drift
-    monkeypatch.setattr(cupy_backend.CupyBackend, "gemm", off_by_a_bit)
+    def one_off(self, a, rule_a, b, rule_b):
+        counts = real(self, a, rule_a, b, rule_b)
+        counts[0] += rule_a == ZeroRule.V1_WRAP  # the device sees one weight differ there
+        return counts
+    monkeypatch.setattr(cupy_backend.CupyBackend, "count_differences", one_off)
     with pytest.raises(FindingError) as e:
         convert(CKPT / "b4-sym-noact-gptq-single", tmp_path / "o", backend="cupy")
     assert e.value.finding.code == "GQ503" and not (tmp_path / "o").exists()

@@ -128,6 +128,22 @@ def test_quartiles_by_counting_equal_quartiles_by_partition(values):
     assert _quartiles_of_integers(k, -2000, 2000) == want
 
 
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(-2000, 2000), min_size=2, max_size=60), data=st.data())
+def test_quartiles_with_positions_left_out(values, data):
+    """zero_stats counts every cell and subtracts the few at 0 or maxq (`drop`): the same
+    quartiles as the values without them, by counting (bounds given) and by partition (bounds
+    too wide for counting, or measured)."""
+    from gptqfmt.gptq.detect import _quartiles, _quartiles_of_integers
+    k = np.array(values, dtype=np.int64)
+    drop = np.array(sorted(data.draw(st.sets(st.integers(0, len(k) - 1), min_size=1,
+                                             max_size=len(k) - 1))), dtype=np.int64)
+    want = _quartiles(np.delete(k, drop).astype(np.float64))
+    assert _quartiles_of_integers(k, -2000, 2000, drop=drop) == want
+    assert _quartiles_of_integers(k, -10**9, 10**9, drop=drop) == want
+    assert _quartiles_of_integers(k, drop=drop) == want
+
+
 def test_zero_stats_is_the_same_with_equal_and_unequal_code_counts():
     """The counting path (equal counts) and the partition path (unequal) on the same cells."""
     rng = np.random.default_rng(5)

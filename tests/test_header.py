@@ -177,3 +177,25 @@ def test_fuzzed_headers_agree_with_reference(tmp_path_factory, data):
             assert np.array_equal(got[k], want[k], equal_nan=want[k].dtype.kind == "f")
     elif want is not None:
         assert code in {"GQ107"}, f"rejected ({code}) a file the reference accepts"
+
+
+@pytest.mark.parametrize("dtype", ["F16", "BF16", "F32"])
+def test_positive_finite_max_on_the_bits(dtype):
+    """The scale check's fast path: the max when every value is finite and > 0, from integer
+    reductions over the bits; None for any 0, -0, negative, infinity or NaN (then the float
+    path names the first bad scale)."""
+    from gptqfmt.safetensors_io.dtypes import f32_to_bf16, positive_finite_max, to_float32
+
+    def stored(values):
+        x = np.asarray(values, dtype=np.float32)
+        return {"F16": lambda: x.astype(np.float16), "BF16": lambda: f32_to_bf16(x),
+                "F32": lambda: x}[dtype]()
+    tiny = {"F16": 6e-8, "BF16": 1e-38, "F32": 1e-45}[dtype]   # the smallest subnormals
+    big = {"F16": 65504.0, "BF16": 3.3895e38, "F32": 3.4028235e38}[dtype]
+    ok = stored([0.5, tiny, 3.0, big])
+    assert positive_finite_max(ok, dtype) == float(to_float32(ok, dtype).max()) > 1e4
+    for bad in (0.0, -0.0, -1.0, -tiny, np.inf, -np.inf, np.nan):
+        values = stored([0.5, bad, 3.0])
+        assert positive_finite_max(values, dtype) is None, bad
+    assert positive_finite_max(stored([]), dtype) == 0.0
+    assert positive_finite_max(np.zeros(2, np.int32), "I32") is None

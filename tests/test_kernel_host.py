@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from gptqfmt.gptq.packing import unpack
+from gptqfmt.numerics.cpu import TILE_K
 from gptqfmt.resources import data_dir
 
 CC = shutil.which("g++") or shutil.which("cc")
@@ -79,10 +80,13 @@ def random_module(rng, bits, k=96, n=64, groups=3, act=True):
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
 @pytest.mark.parametrize("rule", [0, 1, 2])
 @pytest.mark.parametrize(("scale_kind", "x_kind"), [(0, 0), (1, 1), (2, 2), (1, 0)])
-def test_kernel_gemm_body_equals_cpu_twin_bitwise(lib, bits, rule, scale_kind, x_kind):
+@pytest.mark.parametrize("k", [96, 864])  # 864 = 512 + 352: a second tile, short
+def test_kernel_gemm_body_equals_cpu_twin_bitwise(lib, bits, rule, scale_kind, x_kind, k):
+    """The tiled kernel's bodies (tiles summed in k order, then added in tile order) against
+    the CPU twin, bit for bit: one tile, and two with the second short."""
     from gptqfmt.numerics.cpu import CpuBackend
     rng = np.random.default_rng(bits * 10 + rule)
-    qw, qz, sc, g = random_module(rng, bits)
+    qw, qz, sc, g = random_module(rng, bits, k=k)
     to_raw = {0: lambda a: a.astype(np.float32),
               1: lambda a: a.astype(np.float16).view(np.uint16),
               2: lambda a: (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)}
@@ -90,10 +94,15 @@ def test_kernel_gemm_body_equals_cpu_twin_bitwise(lib, bits, rule, scale_kind, x
     x = np.ascontiguousarray(to_raw[x_kind](rng.standard_normal((3, qw.shape[0] * 32 // bits))))
     k, n = x.shape[1], qw.shape[1]
     y = np.zeros((3, n), np.float32)
+    tiles = -(-k // TILE_K)
+    partial = np.zeros((tiles, 3, n), np.float32)
     qwu, qzu = np.ascontiguousarray(qw.view(np.uint32)), np.ascontiguousarray(qz.view(np.uint32))
-    lib.gq_host_gemm(ptr(x), ctypes.c_int(x_kind), ptr(qwu), ptr(qzu), ptr(scales),
-                     ctypes.c_int(scale_kind), ptr(g), ptr(y), ctypes.c_int(3), ctypes.c_int64(k),
-                     ctypes.c_int64(n), ctypes.c_int(bits), ctypes.c_int(rule))
+    lib.gq_host_gemm_tiles(ptr(x), ctypes.c_int(x_kind), ptr(qwu), ptr(qzu), ptr(scales),
+                           ctypes.c_int(scale_kind), ptr(g), ptr(partial), ctypes.c_int(3),
+                           ctypes.c_int64(k), ctypes.c_int64(n), ctypes.c_int(bits),
+                           ctypes.c_int(rule))
+    lib.gq_host_sum_tiles(ptr(partial), ptr(y), ctypes.c_int64(tiles), ctypes.c_int(3),
+                          ctypes.c_int64(n))
     from gptqfmt.numerics import Kind, ModuleTensors
     twin = CpuBackend().gemm(x, Kind(x_kind), ModuleTensors(qw, qz, scales, Kind(scale_kind), g,
                                                             bits), rule)
@@ -120,5 +129,7 @@ def test_cuda_kernel_compiles_without_fused_multiply_add(tmp_path):
     subprocess.run(["nvcc", "-std=c++14", "--fmad=false", "-I", str(kdir), "--ptx",
                     str(kdir / "gptq_gemm.cu"), "-o", str(ptx)], check=True, timeout=600)
     text = ptx.read_text()
-    assert ".entry gptq_dequant_gemm" in text and ".entry gptq_dequant" in text
+    for name in ("gptq_gemm_tiles", "gptq_sum_tiles", "gptq_count_differences",
+                 "gptq_dequant"):
+        assert f".entry {name}" in text
     assert "fma." not in text and "mul.rn.f32" in text and "add.rn.f32" in text

@@ -4,7 +4,7 @@ the qzeros byte ranges and the configs, megabytes of a model of many gigabytes, 
 copy on disk.
 
     plan (plan.py, as convert) -> refuse shared files -> per module: new words computed and
-    proven (gate.check_fields: effective zeros per cell, Y = X @ W bitwise) and the old bytes
+    proven (gate.check_words: effective zeros per cell, Y = X @ W on lossy columns), old bytes
     put in the undo journal -> journal sealed (journal.py) -> ranges overwritten, fsynced ->
     configs replaced -> ranges read back and hashed against the journal's record -> journal
     marked complete and removed
@@ -24,17 +24,16 @@ from pathlib import Path
 import numpy as np
 
 from .. import faults, journal
-from ..conventions import CONVENTIONS
+from ..conventions import CONVENTIONS, convert_words
 from ..errors import FindingError, UsageError
 from ..findings import ERROR, Finding
 from ..gptq.checkpoint import Checkpoint
-from ..gptq.detect import stored_fields
 from .configs import (CONFIG_FILES, DERIVED_FILE, declaring_configs, derive_config, dumps,
                       provenance, relabelled, set_convention)
-from .gate import GateResult, check_fields, check_labels
+from .gate import GateResult, check_labels, check_words
 from .plan import open_and_plan
 from .report import ConvertReport
-from .write import check_unchanged, converted_qzeros, snapshot
+from .write import check_unchanged, snapshot
 
 
 def convert_in_place(path: str | os.PathLike, to: str, src_convention: str = "auto",
@@ -146,9 +145,8 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
     try:
         for m, qz, name, offset in ranges:
             old = ckpt.view(qz)
-            new = converted_qzeros(old, m.bits, from_conv, to, allow_lossy)
-            chk = check_fields(ckpt, m, stored_fields(old, m.bits), stored_fields(new, m.bits),
-                               from_conv, to, rng)
+            new, _ = convert_words(old, m.bits, from_conv, to, allow_lossy)
+            chk = check_words(ckpt, m, old, new, from_conv, to, rng)
             gate.modules.append(chk)
             if not chk.zeros_equal or (chk.lossy_cells == 0 and not chk.gemm_equal):
                 gate.failures.append(f"{m.name}: the converted module does not compute what "
@@ -199,7 +197,7 @@ def _write(ckpt: Checkpoint, root: Path, changed, from_conv, to, allow_lossy,
     handles: dict[str, object] = {}
     try:
         for i, (m, qz, name, offset) in enumerate(changed):
-            new = converted_qzeros(ckpt.view(qz), m.bits, from_conv, to, allow_lossy).tobytes()
+            new = convert_words(ckpt.view(qz), m.bits, from_conv, to, allow_lossy)[0].tobytes()
             ckpt.store.release([qz])
             f = handles.get(name) or handles.setdefault(name, open(root / name, "r+b"))
             f.seek(offset)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import runtimes
-from ..conventions import convert_fields, lossy_mask
+from ..conventions import convert_words, lossy_mask
 from ..errors import FindingError
 from ..findings import ERROR, Finding
 from ..gptq.checkpoint import Checkpoint, open_checkpoint
@@ -63,12 +63,13 @@ def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
     plans, findings = [], []
     for m in ckpt.modules:
         qz = m.tensors["qzeros"]
-        stored = stored_fields(ckpt.view(qz), m.bits)
-        _, c = convert_fields(stored, m.bits, src, dst, allow_lossy=True)
+        _, c = convert_words(ckpt.view(qz), m.bits, src, dst, allow_lossy=True)
         v = verdicts.get(m.name)
         sigs = v.signatures if v else []
         lossy = c.lossy + (c.ambiguous if allow_lossy else 0)  # written, and some runtime reads
-        lossy_at = lossy_mask(stored, m.bits, src, dst)
+        # the fields themselves only where some are lossy (clean modules move word by word)
+        lossy_at = lossy_mask(stored_fields(ckpt.view(qz), m.bits), m.bits, src, dst) \
+            if c.ambiguous or c.lossy else None
         # a stored maxq read as 2^bits moves a weight by 2^bits scale steps; a Z of 0 written
         # as 1, by one
         change = 0.0 if not (c.ambiguous or c.lossy) else \

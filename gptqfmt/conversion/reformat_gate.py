@@ -27,7 +27,10 @@ from ..numerics.cpu import dequant_fields
 from ..numerics.operands import F32, sample_columns
 from ..safetensors_io.dtypes import to_float32
 from .reformat import TGI_SCALARS
-from .gate import GEMM_COLUMNS, GEMM_ROWS, CMP_CHUNK, GateResult, ModuleCheck, check_labels
+from .gate import GEMM_ROWS, GateResult, ModuleCheck, check_labels
+
+GEMM_COLUMNS = 16      # output columns per module in Y = X @ W
+CMP_CHUNK = 4 << 20    # elements per comparison of a re-laid-out tensor
 
 
 def open_output(tmp: Path, to: str):

@@ -1,8 +1,12 @@
 """Stream one shard to its converted copy: every byte as in SRC except the qzeros data ranges.
 
 The header is unchanged (shapes and dtypes do not move), so the copy is SRC's bytes with each
-qzeros range replaced by its converted words. Bytes between qzeros tensors are copied by the kernel
-(os.copy_file_range) where available; memory stays bounded by one qzeros tensor.
+qzeros range replaced by its converted words. Each byte of SRC is read once and each byte of the
+copy written once: the ranges between qzeros tensors are copied by the kernel
+(os.copy_file_range, no pass through this process) where available, every one of their bytes
+accounted for (a short copy is an error, never a shorter file); memory stays bounded by one
+qzeros tensor. The gate (gate.py) proves the copy from that accounting, the headers and the
+qzeros read back.
 """
 from __future__ import annotations
 
@@ -12,13 +16,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from .. import faults
-from ..conventions import convert_fields
+from ..conventions import convert_words
 from ..errors import FindingError
 from ..findings import Finding
-from ..gptq.packing import pack, unpack
 from ..safetensors_io.reader import SafetensorsFile
 from .atomic import TMP_TAG, create
 
@@ -31,29 +32,37 @@ class QzerosJob:
     bits: int
 
 
-def converted_qzeros(words: np.ndarray, bits: int, src: str, dst: str,
-                     allow_lossy: bool) -> np.ndarray:
-    fields, _ = convert_fields(unpack(words, bits, axis=1), bits, src, dst, allow_lossy)
-    return pack(fields, bits, words.dtype.itemsize * 8, axis=1)
+@dataclass(frozen=True)
+class ShardWritten:
+    size: int       # bytes of the shard
+    copied: int     # of them, copied from SRC as they are (everything outside qzeros)
 
 
 def write_shard(src: Path, out: Path, jobs: list[QzerosJob], src_conv: str, dst_conv: str,
-                allow_lossy: bool, index: int = 0) -> int:
-    """Write `out`; returns the number of bytes written. `index` (the shard's place in sorted
-    order) only names the shard to the fault hook."""
+                allow_lossy: bool, index: int = 0) -> ShardWritten:
+    """Write `out` from `src`, each qzeros range of `jobs` converted. `index` (the shard's place
+    in sorted order) only names the shard to the fault hook."""
     f = SafetensorsFile(src)
     ranges = sorted((f.header.data_start + f.tensors[j.tensor].begin, j) for j in jobs)
+    copied = 0
     with open(src, "rb") as fin, create(out) as fout:
         pos = 0
         for t, (start, job) in enumerate(ranges):
             copy_range(fin, fout, pos, start - pos)
-            new = converted_qzeros(f.view(job.tensor), job.bits, src_conv, dst_conv, allow_lossy)
+            copied += start - pos
+            new, _ = convert_words(f.view(job.tensor), job.bits, src_conv, dst_conv,
+                                   allow_lossy)
             f.release()
             fout.write(new.tobytes())
             pos = start + new.nbytes
             faults.point("mid-shard", index, t)
         copy_range(fin, fout, pos, f.size - pos)
-    return f.size  # durability: atomic.commit fsyncs every file before the rename
+        copied += f.size - pos
+        fout.flush()
+        written = os.fstat(fout.fileno()).st_size
+    if written != f.size:  # never reached while copy_range raises on a short copy
+        raise OSError(errno.EIO, f"wrote {written} of {f.size} bytes", str(out))
+    return ShardWritten(f.size, copied)  # durability: the caller fsyncs before the rename
 
 
 def copy_range(fin, fout, offset: int, length: int) -> None:

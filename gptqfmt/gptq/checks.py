@@ -8,7 +8,7 @@ import numpy as np
 from .. import runtimes
 from ..conventions import GPTQ, GPTQ_V2, effective_zeros
 from ..findings import Finding
-from ..safetensors_io.dtypes import FP16_MAX
+from ..safetensors_io.dtypes import FP16_MAX, positive_finite_max
 from .checkpoint import Checkpoint, Module
 from .detect import AMBIGUOUS, ModuleVerdict, corruption_signatures, stored_fields
 from .labels import effective_declared
@@ -84,6 +84,9 @@ def scale_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Findin
     file_sc = ckpt.store.file_of(sc_name)
     out: list[Finding] = []
     maxq = code_max(m.bits)
+    top = positive_finite_max(ckpt.view(sc_name), ckpt.store.info(sc_name).dtype)
+    if top is not None and top * (1 << m.bits) <= FP16_MAX:
+        return out  # every Z and maxq - Z is at most 2^bits: no weight can pass float16's max
     scales = ckpt.float32(sc_name)
     bad = bad_scales(scales, file_sc, sc_name, ("group", "column"))
     if bad:

@@ -5,10 +5,14 @@ codes were summed; mean(code) - stored zero then tells the convention (see detec
 
 Two paths, both exact integer sums:
 - group-contiguous rows (no act-order, group_size a multiple of the values per word): the fields
-  of one word all belong to one group, so each word is reduced to the sum of its fields with
-  SWAR folds (a few whole-array integer ops), then rows are summed per group;
-- act-order (g_idx arbitrary): per field position j, the j-th field of every word is extracted and
-  its rows summed by group after sorting rows by g_idx.
+  of one word all belong to one group. Whole groups (verify) go through group_sums: a mask and
+  two sums per word (even fields, and the words themselves), the lanes folded only in the few
+  partial sums; a sample's scattered rows (inspect) and 64-bit words are reduced word by word
+  (word_field_sums) and summed per group;
+- act-order (g_idx arbitrary): over all rows (verify), channel_sorted_sums gathers each
+  channel's byte of the bit stream in group order and sums runs; over a sample (inspect), per
+  field position j, the j-th field of every word is extracted and its rows summed by group
+  after sorting rows by g_idx.
 Work runs over chunks of rows so that temporaries stay small (and in cache).
 """
 from __future__ import annotations
@@ -41,6 +45,106 @@ def word_field_sums(words: np.ndarray, bits: int) -> np.ndarray:
         mask = ut(_lane_mask(width, w_bits))
         x = (x & mask) + ((x >> ut(width)) & mask)
         width *= 2
+    return x
+
+
+def group_sums(words: np.ndarray, bits: int, rows_per_group: int) -> np.ndarray:
+    """Per group of `rows_per_group` consecutive packed rows and per column, the sum of every
+    field: [R / rows_per_group, N] uint64 from words [R, N] (2/4/8 bits, words of at most 32
+    bits and at least two fields).
+
+    Two sums per word, and no per-word fold: with E the even fields of a word (x & 0x0F0F0F0F
+    at 4 bits, each in a lane of 2 * bits) and O its odd ones, x = E + 2^bits * O. Over a run
+    of rows short enough that no lane of the sum of E overflows (4-bit: 17 rows of at most 15),
+    sum(O) = (sum(x) - sum(E)) >> bits, with sum(x) taken in uint64: one mask and two sums per
+    word. The lanes of the few partial sums are then folded into one sum each, and the runs of
+    a group added in uint64.
+    Worked example, 4-bit int32, one group of two rows, words 0x11111111 and 0xFFFFFFFF: E sums
+    to 0x01010101 + 0x0F0F0F0F = 0x10101010, x to 0x111111110, so O sums to (0x111111110 -
+    0x10101010) >> 4 = 0x10101010; each folds to 4 x 16 = 64, 128 in all = 8 x 1 + 8 x 15."""
+    w_bits = words.dtype.itemsize * 8
+    if not 2 * bits <= w_bits <= 32:
+        raise ValueError(f"group_sums: {bits}-bit fields in {w_bits}-bit words (the even "
+                         "fields need lanes of twice their width, the sums of 64-bit words "
+                         "do not fit uint64)")
+    ut = UNSIGNED[w_bits]
+    rows, n = words.shape
+    x = words.view(ut)
+    limit = ((1 << (2 * bits)) - 1) // maxq(bits)  # rows whose even fields fit a lane
+    run = max(d for d in range(1, min(rows_per_group, limit) + 1) if rows_per_group % d == 0)
+    even = np.bitwise_and(x, ut(_lane_mask(bits, w_bits)))
+    runs = (rows // run, run, n)
+    s_even = even.reshape(runs).sum(axis=1, dtype=ut)
+    s_odd = x.reshape(runs).sum(axis=1, dtype=np.uint64)
+    s_odd -= s_even
+    s_odd >>= np.uint64(bits)
+    s_odd = s_odd.astype(ut)
+    width = 2 * bits
+    while width < w_bits:
+        s_even = _fold(s_even, width, w_bits)
+        s_odd = _fold(s_odd, width, w_bits)
+        width *= 2
+    total = s_even.astype(np.uint64)
+    total += s_odd
+    return total.reshape(rows // rows_per_group, rows_per_group // run, n).sum(axis=1)
+
+
+SORTED_BLOCK_BYTES = 4 << 20  # bytes of codes per column block of channel_sorted_sums
+
+
+def channel_sorted_sums(qweight: np.ndarray, bits: int, g_idx: np.ndarray,
+                        groups: int) -> np.ndarray:
+    """Per group and column the sum of the codes of every input channel, for any g_idx
+    (act-order): [groups, N] uint64 from qweight [K*bits/W, N] (2/4/8 bits).
+
+    A column's packed words are one little-endian bit stream, so channel c sits in byte
+    c // (8 / bits) of it, at bit (c % (8 / bits)) * bits. A block of columns is turned into
+    byte rows (the words' bytes transposed to rows), the byte row of every channel gathered in
+    order of its group (channels sorted by g_idx: each group a run of rows), the field shifted
+    down and masked per row, and each run summed. Codes are never unpacked in channel order
+    first.
+    Worked example, 4-bit, one int32 word 0x76543210 (channels 0..7 hold 0..7), g_idx
+    [1, 0, 1, 0, 1, 0, 1, 0]: byte rows 0x10, 0x32, 0x54, 0x76; group 0 gathers channels 1, 3,
+    5, 7 (byte rows 0, 1, 2, 3, shifted by 4): 1 + 3 + 5 + 7 = 16; group 1: 0 + 2 + 4 + 6."""
+    per_byte = 8 // bits
+    k = len(g_idx)
+    n = qweight.shape[1]
+    nbytes = qweight.dtype.itemsize
+    order = np.argsort(g_idx, kind="stable")
+    byte_row = order // per_byte
+    shift = ((order % per_byte) * bits).astype(np.uint8)[:, None]
+    sizes = np.bincount(g_idx, minlength=groups)
+    equal = bool(np.all(sizes == sizes[0]))
+    starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    wide = np.uint16 if int(sizes.max(initial=0)) * maxq(bits) < 1 << 16 else np.uint32
+    sums = np.zeros((groups, n), dtype=np.uint64)
+    cols = max(8, SORTED_BLOCK_BYTES // max(1, k))
+    rows = qweight.shape[0]
+    for c0 in range(0, n, cols):
+        b = qweight[:, c0:c0 + cols].view(np.uint8).reshape(rows, -1, nbytes)
+        stream = np.ascontiguousarray(b.transpose(0, 2, 1)).reshape(rows * nbytes, -1)
+        codes = stream[byte_row]
+        codes >>= shift
+        codes &= np.uint8(maxq(bits))
+        if equal and sizes[0]:
+            part = codes.reshape(groups, int(sizes[0]), -1).sum(axis=1, dtype=wide)
+        else:
+            nonempty = sizes > 0
+            part = np.zeros((groups, codes.shape[1]), dtype=np.uint32)
+            part[nonempty] = np.add.reduceat(codes, starts[nonempty], axis=0,
+                                             dtype=np.uint32)
+        sums[:, c0:c0 + cols] = part
+    return sums
+
+
+def _fold(x: np.ndarray, width: int, w_bits: int) -> np.ndarray:
+    """Neighbouring `width`-bit lanes of `x` (a temporary: changed in place) added into
+    2*width-bit lanes."""
+    mask = UNSIGNED[w_bits](_lane_mask(width, w_bits))
+    t = x >> UNSIGNED[w_bits](width)
+    t &= mask
+    x &= mask
+    x += t
     return x
 
 
@@ -80,7 +184,14 @@ def read_cell_sums(qweight: np.ndarray, bits: int, g_idx: np.ndarray, groups: in
     total_blocks = qweight.shape[0] // wpb
     g_idx = np.asarray(g_idx, dtype=np.int64)
     trivial_rpg = _trivial_rows_per_group(g_idx, bits, words_bits, groups)
+    if row_blocks is None and trivial_rpg is None and bits != 3 and np.little_endian and \
+            qweight.dtype.isnative and len(g_idx) == qweight.shape[0] * vpb // wpb:
+        counts = np.bincount(g_idx, minlength=groups).astype(np.int64)
+        return np.arange(groups), channel_sorted_sums(qweight, bits, g_idx, groups), counts
     step = max(1, CHUNK_WORDS // max(1, n * wpb))
+    if trivial_rpg and row_blocks is None and trivial_rpg % wpb == 0:
+        per = trivial_rpg // wpb  # whole groups per chunk, so group_sums takes them
+        step = max(per, step // per * per)
     blocks = None if row_blocks is None else np.asarray(row_blocks, dtype=np.int64)
     if blocks is None:
         read = np.arange(groups)
@@ -102,7 +213,13 @@ def read_cell_sums(qweight: np.ndarray, bits: int, g_idx: np.ndarray, groups: in
         else:
             rows = (blocks[c0:c1, None] * wpb + np.arange(wpb)).reshape(-1)
             words = qweight[rows]
-        if trivial_rpg:
+        if trivial_rpg and blocks is None and words.shape[0] % trivial_rpg == 0 and \
+                b0 * wpb % trivial_rpg == 0 and 2 * bits <= words_bits <= 32:  # whole groups
+            g0 = b0 * wpb // trivial_rpg
+            got = group_sums(words, bits, trivial_rpg)
+            sums[g0:g0 + len(got)] += got
+            counts[g0:g0 + len(got)] += trivial_rpg * (vpb // wpb)
+        elif trivial_rpg:
             _add_rows(sums, counts, word_field_sums(words, bits), slot[rows // trivial_rpg],
                       vpb // wpb)
         else:

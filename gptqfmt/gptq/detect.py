@@ -310,10 +310,14 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
             # every cell's mean rests on c codes: mean - stored = k / c with k an integer, so
             # the quartiles come from counting the k (linear, exact) instead of a partition
             c = int(counts[0])
-            k = sums[interior].astype(np.int64, copy=False)
-            k -= np.multiply(stored[interior], c, dtype=np.int64)
+            # k of every cell, the few at 0 or maxq counted out again afterwards: whole-array
+            # passes instead of gathering the interior (most of the cells)
+            k = np.multiply(stored, -c, dtype=np.int64)
+            k += sums.view(np.int64)  # code sums stay far below 2^63
+            edge = np.flatnonzero(~interior)
             # k lies in [-maxq * c, maxq * c]: the counting needs no min or max pass
-            q1, med, q3 = (v / c for v in _quartiles_of_integers(k, -maxq * c, maxq * c))
+            q1, med, q3 = (v / c for v in _quartiles_of_integers(
+                k.reshape(-1), -maxq * c, maxq * c, drop=edge))
         else:
             q1, med, q3 = _quartiles(d[interior])
         st.cells, st.median = cells, med
@@ -337,18 +341,24 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
     return st
 
 
-def _quartiles_of_integers(k: np.ndarray, lo: int | None = None, hi: int | None = None
-                           ) -> tuple[float, float, float]:
+def _quartiles_of_integers(k: np.ndarray, lo: int | None = None, hi: int | None = None,
+                           drop: np.ndarray | None = None) -> tuple[float, float, float]:
     """What _quartiles gives (nearest rank; the median of an even count is the mean of the two
     middle values), for integers, by counting them: one pass, no sort. Falls back to a
     partition when the values spread far wider than their number (counting would cost more).
-    `lo` and `hi` bound the values where the caller knows them (else they are measured)."""
-    n = k.size
+    `lo` and `hi` bound the values where the caller knows them (else they are measured).
+    `drop`: positions of `k` (1-D) to leave out, counted and subtracted (few, as a rule)."""
+    n = k.size - (0 if drop is None else drop.size)
+    if drop is not None and drop.size and (lo is None or hi is None or hi - lo > 4 * n + 4096):
+        return _quartiles_of_integers(np.delete(k, drop), lo, hi)
     if lo is None or hi is None or hi - lo > 4 * n + 4096:
         lo, hi = int(k.min()), int(k.max())
     if hi - lo > 4 * n + 4096:
         return _quartiles(k.astype(np.float64))
-    cum = np.cumsum(np.bincount(k - lo, minlength=hi - lo + 1))
+    counts = np.bincount(k - lo, minlength=hi - lo + 1)
+    if drop is not None and drop.size:
+        counts -= np.bincount(k[drop] - lo, minlength=hi - lo + 1)
+    cum = np.cumsum(counts)
     ranks = np.array([(n - 1) // 4, (n - 1) // 2, n // 2, (3 * (n - 1)) // 4])
     v = lo + np.searchsorted(cum, ranks, side="right")
     return float(v[0]), (float(v[1]) + float(v[2])) / 2, float(v[3])

@@ -1,13 +1,19 @@
 """The CPU twin of kernels/gptq_gemm.cu: the same arithmetic in the same order, vectorised over
-rows and columns (numpy float32; each multiply and add rounded separately, never fused)."""
+rows and columns (numpy float32; each multiply and add rounded separately, never fused): each
+tile of GQ_TILE_K input channels summed in k order from 0, the tiles' sums added in tile
+order."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..conventions import ZeroRule, effective_zeros
 from ..gptq.packing import unpack
+from ..resources import kernel_constant
 from ..safetensors_io.dtypes import bf16_to_f32
 from .operands import BF16, F16, Kind, ModuleTensors
+
+TILE_K = kernel_constant("GQ_TILE_K")  # input channels per tile of the kernels' sums
+COMPARE_COLUMNS = 256                  # columns of W per step of count_differences
 
 
 def to_f32(raw: np.ndarray, kind: Kind) -> np.ndarray:
@@ -36,11 +42,29 @@ def dequant_fields(q: np.ndarray, z: np.ndarray, s: np.ndarray, g_idx) -> np.nda
 
 
 def gemm_from_weights(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Y = X @ W accumulated in k order in float32, as the kernel does."""
-    acc = np.zeros((x.shape[0], w.shape[1]), dtype=np.float32)
-    for k in range(x.shape[1]):
-        acc = acc + x[:, k:k + 1] * w[k]
-    return acc
+    """Y = X @ W in float32 in the kernels' order: per tile of TILE_K rows of W, a sum in k
+    order from 0; then the tiles' sums added in tile order, from 0."""
+    y = np.zeros((x.shape[0], w.shape[1]), dtype=np.float32)
+    for k0 in range(0, x.shape[1], TILE_K):
+        acc = np.zeros_like(y)
+        for k in range(k0, min(x.shape[1], k0 + TILE_K)):
+            acc = acc + x[:, k:k + 1] * w[k]
+        y = y + acc
+    return y
+
+
+def count_differences(a: ModuleTensors, rule_a: ZeroRule, b: ModuleTensors,
+                      rule_b: ZeroRule) -> np.ndarray:
+    """Per output column, how many input channels give other weight bits in `a` (under
+    `rule_a`) than in `b`: the twin of gptq_count_differences, a block of columns at a time."""
+    n = a.qweight.shape[1]
+    out = np.zeros(n, dtype=np.uint64)
+    for c0 in range(0, n, COMPARE_COLUMNS):
+        cols = np.arange(c0, min(n, c0 + COMPARE_COLUMNS))
+        wa = dequant(a, rule_a, cols).view(np.uint32)
+        wb = dequant(b, rule_b, cols).view(np.uint32)
+        out[cols] = np.count_nonzero(wa != wb, axis=0)
+    return out
 
 
 class CpuBackend:
@@ -54,3 +78,7 @@ class CpuBackend:
     def dequant(self, t: ModuleTensors, rule: ZeroRule, cols=None) -> np.ndarray:
         return dequant(t, rule, cols)
 
+
+    def count_differences(self, a: ModuleTensors, rule_a: ZeroRule, b: ModuleTensors,
+                          rule_b: ZeroRule) -> np.ndarray:
+        return count_differences(a, rule_a, b, rule_b)

@@ -14,6 +14,7 @@ from .operands import BF16, F16, F32, ModuleTensors
 
 THREADS = 128
 MAX_M = kernel_constant("GQ_MAX_M")  # rows of X per call
+TILE_K = kernel_constant("GQ_TILE_K")  # input channels per tile (grid y)
 _module = None
 
 
@@ -53,7 +54,7 @@ class CupyBackend:
     def __init__(self):
         if cp.cuda.runtime.getDeviceCount() < 1:
             raise RuntimeError("no CUDA device")
-        _kernels().get_function("gptq_dequant_gemm")  # compile now: a failure means "unusable"
+        _kernels().get_function("gptq_gemm_tiles")  # compile now: a failure means "unusable"
 
     def _args(self, t: ModuleTensors, cols):
         from ..gptq.packing import pack, unpack
@@ -87,13 +88,34 @@ class CupyBackend:
         if gi.shape[0] != k:
             raise UsageError(f"X has {k} columns; g_idx has {gi.shape[0]}")
         xd = cp.asarray(x)
+        tiles = (k + TILE_K - 1) // TILE_K
+        partial = cp.empty((tiles, m, n_pad), dtype=cp.float32)
         y = cp.empty((m, n_pad), dtype=cp.float32)
         blocks = (n_pad + THREADS - 1) // THREADS
-        _kernels().get_function("gptq_dequant_gemm")(
-            (blocks,), (THREADS,),
-            (xd, np.int32(x_kind), qw, qz, sc, np.int32(t.scale_kind), gi, y, np.int32(m),
+        _kernels().get_function("gptq_gemm_tiles")(
+            (blocks, tiles), (THREADS,),
+            (xd, np.int32(x_kind), qw, qz, sc, np.int32(t.scale_kind), gi, partial, np.int32(m),
              np.int64(k), np.int64(n_pad), np.int32(t.bits), np.int32(rule)))
+        _kernels().get_function("gptq_sum_tiles")(
+            ((m * n_pad + THREADS - 1) // THREADS,), (THREADS,),
+            (partial, y, np.int64(tiles), np.int32(m), np.int64(n_pad)))
         return cp.asnumpy(y[:, :n])
+
+    def count_differences(self, a: ModuleTensors, rule_a, b: ModuleTensors, rule_b):
+        """Per column, the input channels whose weight bits differ (CpuBackend's twin)."""
+        if a.bits != b.bits or a.qweight.shape != b.qweight.shape or \
+                len(a.g_idx) != len(b.g_idx):
+            raise UsageError("count_differences compares modules of one shape and bits")
+        qa, za, sa, ga, n, n_pad = self._args(a, None)
+        qb, zb, sb, gb, _, _ = self._args(b, None)
+        k = ga.shape[0]
+        counts = cp.zeros(n_pad, dtype=cp.uint64)
+        _kernels().get_function("gptq_count_differences")(
+            ((n_pad + THREADS - 1) // THREADS, (k + TILE_K - 1) // TILE_K), (THREADS,),
+            (qa, za, sa, np.int32(a.scale_kind), ga, np.int32(rule_a), qb, zb, sb,
+             np.int32(b.scale_kind), gb, np.int32(rule_b), np.int64(k), np.int64(n_pad),
+             np.int32(a.bits), counts))
+        return cp.asnumpy(counts[:n])
 
     def dequant(self, t: ModuleTensors, rule, cols=None):
         qw, qz, sc, gi, n, n_pad = self._args(t, cols)

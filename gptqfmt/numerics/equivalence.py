@@ -88,17 +88,15 @@ def _columns(n: int, rng) -> np.ndarray:
 
 
 def compare(src: str | os.PathLike, dst: str | os.PathLike, backend: str = "auto",
-            seed: int = 0, conventions: tuple[str, str] | None = None,
-            all_columns: bool = False) -> EquivalenceReport:
-    """See the module docstring. `conventions` overrides the labels (the convert gate knows the
-    source's true convention); `all_columns` checks every output column, not a sample. When
-    either side is compressed-tensors or AWQ, compare_formats does the work."""
+            seed: int = 0) -> EquivalenceReport:
+    """See the module docstring. When either side is compressed-tensors or AWQ,
+    compare_formats does the work."""
     be = get_backend(backend)
     (sa, fa), (sb, fb) = _opened(src), _opened(dst)   # each store read once
-    if conventions is None and not fa.format == fb.format == GPTQ:
+    if not fa.format == fb.format == GPTQ:
         return compare_formats(src, dst, be, seed, (sa, fa), (sb, fb))
     a, b = open_checkpoint(src, sa), open_checkpoint(dst, sb)
-    ca, cb = conventions or (effective_declared(a), effective_declared(b))  # runtimes' reading
+    ca, cb = effective_declared(a), effective_declared(b)  # runtimes' reading
     other = {m.name: m for m in b.modules}
     rng = np.random.default_rng(seed)
     out = []
@@ -111,7 +109,7 @@ def compare(src: str | os.PathLike, dst: str | os.PathLike, backend: str = "auto
                 (mb.bits, mb.in_features, mb.out_features, mb.groups):
             out.append(ModuleEquivalence(m.name, False, note="geometry differs"))
             continue
-        cols = np.arange(m.out_features) if all_columns else _columns(m.out_features, rng)
+        cols = _columns(m.out_features, rng)
         x = rng.standard_normal((ROWS, m.in_features)).astype(np.float32)
         ta, tb = module_tensors(a, m), module_tensors(b, mb)
         sa, sb = stored_fields(ta.qzeros, m.bits), stored_fields(tb.qzeros, m.bits)
@@ -133,7 +131,7 @@ def compare(src: str | os.PathLike, dst: str | os.PathLike, backend: str = "auto
         b.store.release(mb.tensors.values())
         out.append(res)
     return EquivalenceReport(str(src), str(dst), be.name, ca, cb,
-                             -1 if all_columns else COLUMNS, out)
+                             COLUMNS, out)
 
 
 ACROSS = "every runtime"  # the one reading when a side stores Z itself

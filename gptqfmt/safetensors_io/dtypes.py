@@ -63,6 +63,28 @@ def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
 
 
+# The largest finite positive value's bit pattern, per float dtype whose positive values order
+# as their bits do (IEEE: sign bit clear, then exponent, then mantissa).
+_MAX_FINITE_BITS = {"F16": 0x7BFF, "BF16": 0x7F7F, "F32": 0x7F7FFFFF}
+
+
+def positive_finite_max(raw: np.ndarray, dtype: str) -> float | None:
+    """The largest value of a float tensor when every value is finite and positive (> 0);
+    None when one is not (or the dtype is not F16, BF16 or F32). Two integer reductions over
+    the bits, nothing widened: a positive finite float's bits lie in [1, max finite] and order
+    as the values do (-0.0, negatives, infinities and NaNs all fall outside)."""
+    top = _MAX_FINITE_BITS.get(dtype)
+    if top is None:
+        return None
+    u = np.asarray(raw).view(np.uint32 if dtype == "F32" else np.uint16)
+    if u.size == 0:
+        return 0.0
+    hi = u.max()
+    if u.min() < 1 or hi > top:
+        return None
+    return float(to_float32(np.array([hi], dtype=u.dtype).view(raw.dtype), dtype)[0])
+
+
 def to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
     """A tensor's values as float32, given its safetensors dtype (BF16 stored as uint16)."""
     return bf16_to_f32(raw) if dtype == "BF16" else np.asarray(raw).astype(np.float32)
