@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from convert_bench import RSS, timed  # noqa: E402
+from convert_bench import RSS, child_env, timed  # noqa: E402
 from synth import build  # noqa: E402
 
 
@@ -50,6 +50,9 @@ def main():
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        env = child_env(tmp)  # compiled bytecode, as an installed gptqfmt runs
+        subprocess.run([py, "-m", "gptqfmt", "--version"], check=True, env=env,
+                       capture_output=True)
         cases = [("2.2 GB real data", args.layers, False, True),
                  ("70B shape", args.big_layers, True, args.copy_70b)]
         for label, layers, big, with_copy in cases:
@@ -67,7 +70,7 @@ def main():
                 frm, to = ("gptq", "gptq_v2") if i % 2 == 0 else ("gptq_v2", "gptq")
                 argv = ["gptqfmt", "convert", "--in-place", str(d), "--to", to, "--from", frm,
                         "--quiet"]
-                r = timed([py, "-c", RSS.format(argv=argv, mod="gptqfmt")])
+                r = timed([py, "-c", RSS.format(argv=argv, mod="gptqfmt")], env)
                 if not big:
                     shutil.rmtree(d)
                 return r
@@ -76,7 +79,7 @@ def main():
                 d = tmp / f"cp-{i}"
                 argv = ["gptqfmt", "convert", str(src), str(d), "--to", "gptq_v2", "--from",
                         "gptq", "--quiet"]
-                r = timed([py, "-c", RSS.format(argv=argv, mod="gptqfmt")])
+                r = timed([py, "-c", RSS.format(argv=argv, mod="gptqfmt")], env)
                 shutil.rmtree(d)
                 subprocess.run(["sync"], check=True)
                 return r

@@ -295,6 +295,38 @@ def convert_fields(stored: np.ndarray, bits: int, src: str, dst: str,
     return out, FieldChanges(int(s.size), int(np.count_nonzero(out != s)), ambiguous, lossy)
 
 
+def has_field(words: np.ndarray, bits: int, value: int) -> bool:
+    """Whether any field of packed words (2/4/8 bits) equals `value`, 0 or maxq: four whole-
+    array steps on 64-bit superwords, a chunk at a time, nothing counted.
+
+    A field is maxq exactly when its low bits are all set (adding 1 to them carries into the
+    field's top bit) and its top bit is set: ((x & 0x77777777) + 0x11111111) & x & 0x88888888
+    at 4 bits. A field is 0 exactly when it is maxq in ~x."""
+    if value not in (0, maxq(bits)):
+        raise ValueError(f"has_field: {value} is neither 0 nor maxq at {bits} bits")
+    u = np.ascontiguousarray(unsigned(np.asarray(words)))
+    x = superwords(u).reshape(-1)
+    low, one, top = field_masks(bits, x.dtype.type)
+    buf = np.empty(min(x.size, MARK_CHUNK), dtype=x.dtype)
+    with np.errstate(over="ignore"):  # a field's carry stops at its own top bit
+        for i in range(0, x.size, MARK_CHUNK):
+            part = x[i:i + MARK_CHUNK]
+            t = buf[:part.size]
+            if value == 0:
+                np.invert(part, out=t)
+                c = np.bitwise_and(t, low)
+                c += one
+                t &= c
+            else:
+                np.bitwise_and(part, low, out=t)
+                t += one
+                t &= part
+            t &= top
+            if t.any():
+                return True
+    return False
+
+
 def moved_words(words: np.ndarray, bits: int, src: str, dst: str) -> np.ndarray | None:
     """The packed qzeros words `dst` stores for `words` stored under `src`, by one addition per
     word, when that equals convert_fields field by field; None otherwise (then move the fields
@@ -313,9 +345,7 @@ def moved_words(words: np.ndarray, bits: int, src: str, dst: str) -> np.ndarray 
     u = unsigned(np.asarray(words))
     if d == 0:
         return u.copy().view(words.dtype)
-    if bits not in (2, 4, 8):
-        return None
-    if count_marked(u, bits, value=maxq(bits) if d > 0 else 0):
+    if bits not in (2, 4, 8) or has_field(u, bits, maxq(bits) if d > 0 else 0):
         return None
     one = constant_words(1, bits, u.dtype.itemsize * 8)[0]
     with np.errstate(over="ignore"):  # the top field never carries out: checked above

@@ -146,3 +146,35 @@ def test_moved_words_worked_example():
     assert moved_words(w, 4, GPTQ, GPTQ_V2).view(np.uint32)[0, 0] == 0x99999148
     assert moved_words(np.array([[0x8888803F]], np.uint32).view(np.int32), 4, GPTQ,
                        GPTQ_V2) is None
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("word_bits", [8, 16, 32, 64])
+def test_has_field_finds_0_and_maxq_anywhere(bits, word_bits):
+    """moved_words' check: a 0 or a maxq in any field position of any word (alone in an
+    otherwise clean tensor, at the edges of the superword chunks too), and none in clean data
+    whose other fields take every other value."""
+    from gptqfmt import conventions
+    from gptqfmt.conventions import has_field
+    from gptqfmt.gptq.packing import pack
+
+    top = (1 << bits) - 1
+    rng = np.random.default_rng(bits + word_bits)
+    for value in (0, top):
+        clean = rng.integers(1, top, (4, 128)).astype(np.uint8)
+        clean[0, :min(128, top - 1)] = np.arange(1, top)[:128]  # every other value occurs
+        assert not has_field(pack(clean, bits, word_bits, axis=1), bits, value)
+        for r, c in [(0, 0), (3, 127), (2, 63), (1, 64)]:
+            f = clean.copy()
+            f[r, c] = value
+            assert has_field(pack(f, bits, word_bits, axis=1), bits, value), (value, r, c)
+    saved = conventions.MARK_CHUNK
+    conventions.MARK_CHUNK = 1  # one superword a chunk: the boundary falls in the last one
+    try:
+        f = rng.integers(1, top, (4, 128)).astype(np.uint8)
+        f[3, 127] = top
+        assert has_field(pack(f, bits, word_bits, axis=1), bits, top)
+    finally:
+        conventions.MARK_CHUNK = saved
+    with pytest.raises(ValueError, match="neither 0 nor maxq"):
+        has_field(pack(f, bits, word_bits, axis=1), bits, 1)

@@ -226,3 +226,40 @@ def test_recovery_removes_a_config_copy_a_kill_left_half_written(tmp_path, run_c
     stray.write_bytes(b'{"bits": 4')
     assert recovered(run_cli, d)["code"] == "GQ420"
     assert not stray.exists() and digest(d) == want["original"] and no_journal(d)
+
+
+@pytest.mark.parametrize("fault", ["other words", "other bytes on disk"])
+def test_words_not_proven_or_not_landed_roll_back(tmp_path, monkeypatch, want, fault):
+    """The words are computed again for writing: a different result (CRC-32 against the proven
+    words), or a range that reads back other than written, is GQ503, and the journal puts the
+    old bytes back before the error is reported."""
+    from gptqfmt.conversion import convert
+    from gptqfmt.conversion import inplace
+    from gptqfmt.errors import FindingError
+
+    d = copy(tmp_path)
+    calls = []
+    if fault == "other words":
+        real = inplace.convert_words
+
+        def drifting(words, bits, src, dst, allow_lossy=False):
+            calls.append(1)
+            new, c = real(words, bits, src, dst, allow_lossy)
+            if len(calls) == RANGES + 2:  # the second range, as written
+                new = new.copy()
+                new[0, 0] ^= 1
+            return new, c
+        monkeypatch.setattr(inplace, "convert_words", drifting)
+    else:
+        real_pread = os.pread
+
+        def torn(fd, n, offset):
+            data = real_pread(fd, n, offset)
+            calls.append(1)
+            return data[:-1] + bytes([data[-1] ^ 0xFF]) if len(calls) == 3 else data
+        monkeypatch.setattr(inplace.os, "pread", torn)
+    with pytest.raises(FindingError) as e:
+        convert(d, None, to="gptq", in_place=True)
+    assert e.value.finding.code == "GQ503" and "rolled back" in e.value.finding.message
+    assert digest(d) == want["original"]
+    assert not any((d / n).exists() for n in journal.NAMES)

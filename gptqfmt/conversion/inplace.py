@@ -5,9 +5,9 @@ copy on disk.
 
     plan (plan.py, as convert) -> refuse shared files -> per module: new words computed and
     proven (gate.check_words: effective zeros per cell, Y = X @ W on lossy columns), old bytes
-    put in the undo journal -> journal sealed (journal.py) -> ranges overwritten, fsynced ->
-    configs replaced -> ranges read back and hashed against the journal's record -> journal
-    marked complete and removed
+    put in the undo journal -> journal sealed (journal.py) -> each range's words computed again
+    (their CRC-32 the proven words'), written and read back, fsynced -> configs replaced, read
+    back and hashed against the journal's record -> journal marked complete and removed
 
 A failure or a signal after the journal is sealed writes the old bytes back before the error
 is reported; a SIGKILL leaves the journal, and the next gptqfmt command that opens the
@@ -135,13 +135,14 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
     gate = GateResult(method="in place: effective zeros of every cell checked on the new words "
                              "before writing (qweight, scales and g_idx are the same bytes, so "
                              "equal zeros are equal weights; Y = X @ W on the columns with lossy "
-                             "cells); every rewritten range read back and hashed against the "
-                             "journal")
+                             "cells); the words written are the proven ones (CRC-32), every "
+                             "rewritten range read back and compared, every config hashed "
+                             "against the journal")
     rng = np.random.default_rng(0)
     ranges = _ranges(ckpt)
     on_module and on_module(0, len(ranges))
     w = journal.Writer(root, f"convert {from_conv} -> {to}")
-    changed = []   # (module, qzeros, shard, offset) whose bytes change
+    changed = []   # (module, qzeros, shard, offset, crc32 of the proven words) to change
     try:
         for m, qz, name, offset in ranges:
             old = ckpt.view(qz)
@@ -154,7 +155,7 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
             before_bytes, after_bytes = old.tobytes(), new.tobytes()
             if before_bytes != after_bytes:
                 w.range(name, offset, before_bytes, after_bytes)
-                changed.append((m, qz, name, offset))
+                changed.append((m, qz, name, offset, journal.crc32(after_bytes)))
             ckpt.store.release(m.tensors.values())
             on_module and on_module(1, len(ranges))
         if gate.failures:
@@ -170,12 +171,12 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
         raise
     try:
         faults.point("inplace-journaled")
-        _write(ckpt, root, changed, from_conv, to, allow_lossy, progress)
+        written = _write(ckpt, root, changed, from_conv, to, allow_lossy, progress)
         for j, (name, _, new) in enumerate(configs):
             journal.replace_file(root / name, new)
             faults.point("inplace-config", j)
         journal.fsync_path(root)
-        gate.bytes_compared = _read_back(root, w.entries)
+        gate.bytes_compared = written + _read_back(root, w.entries)
         mislabelled = check_labels(root, to)
         if mislabelled:
             raise FindingError(*[Finding("GQ503", msg, file=str(root)) for msg in mislabelled])
@@ -189,20 +190,30 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
 
 
 def _write(ckpt: Checkpoint, root: Path, changed, from_conv, to, allow_lossy,
-           progress) -> None:
-    """Overwrite each changed qzeros range with its new words (computed again from the old
-    ones, which are still on disk: one tensor in memory at a time), then fsync each shard."""
-    total = sum(ckpt.store.info(qz).nbytes for _, qz, _, _ in changed)
+           progress) -> int:
+    """Overwrite each changed qzeros range with its new words, then fsync each shard; returns
+    the bytes written. The words are computed again from the old ones, still on disk (one
+    tensor in memory at a time): their CRC-32 must be the proven words' (else GQ503 and the
+    rollback), and each range is read back right after its write and compared byte for byte
+    with what was written."""
+    total = sum(ckpt.store.info(qz).nbytes for _, qz, _, _, _ in changed)
     progress and progress(0, total)
     handles: dict[str, object] = {}
     try:
-        for i, (m, qz, name, offset) in enumerate(changed):
+        for i, (m, qz, name, offset, proven) in enumerate(changed):
             new = convert_words(ckpt.view(qz), m.bits, from_conv, to, allow_lossy)[0].tobytes()
             ckpt.store.release([qz])
+            if journal.crc32(new) != proven:
+                raise FindingError(Finding("GQ503", "the words computed for writing are not "
+                                           "the ones proven; rolled back", file=name,
+                                           tensor=qz))
             f = handles.get(name) or handles.setdefault(name, open(root / name, "r+b"))
             f.seek(offset)
             f.write(new)
             f.flush()
+            if os.pread(f.fileno(), len(new), offset) != new:
+                raise FindingError(Finding("GQ503", "holds other bytes than the ones just "
+                                           "written; rolled back", file=name, tensor=qz))
             faults.point("inplace-range", i)
             progress and progress(len(new), total)
         for f in handles.values():
@@ -211,20 +222,20 @@ def _write(ckpt: Checkpoint, root: Path, changed, from_conv, to, allow_lossy,
         for f in handles.values():
             f.close()
     faults.point("inplace-synced")
+    return total
 
 
 def _read_back(root: Path, entries) -> int:
-    """Every changed range and file as it is on disk now, hashed against the new bytes the
-    journal recorded (the bytes the gate proved): the write is what was proven. Returns the
-    bytes read."""
+    """Every replaced file (the configs) as it is on disk now, checked against the digest of
+    the new content the journal recorded; returns the bytes read. (The ranges were read back
+    as written.)"""
     n = 0
     for e in entries:
-        with open(root / e.file, "rb") as f:
-            if e.offset is not None:
-                f.seek(e.offset)
-            data = f.read(e.length if e.offset is not None else -1)
+        if e.offset is not None:
+            continue
+        data = (root / e.file).read_bytes()
         n += len(data)
-        if journal.sha256(data) != e.new_sha256:
+        if journal.crc32(data) != e.new_crc32:
             raise FindingError(Finding("GQ503", "holds other bytes than the ones written and "
                                        "proven; rolled back", file=e.file))
     return n
