@@ -19,10 +19,18 @@ Recovery: `-complete` present: the change is whole; remove it (rolled forward). 
 journal` present: write every old range and old file back, fsync, remove it (rolled back).
 Both steps are idempotent, so a kill during recovery is recovered from the same way.
 
-File layout: the old bytes, one after another, then the trailer (UTF-8 JSON: what was done,
-and per entry its file, offset and length in the target, its place in the journal and the
-CRC-32 of its old and new bytes), then the trailer's length (8 bytes, little-endian) and the
-magic `GQJRNL02`.
+A kill can land inside the write of one range (the kernel copies a write page by page and
+stops between pages for a fatal signal), in the convert or in a recovery: that range then
+holds new pages and old ones. So each range also records the CRC-32 of every page of its new
+bytes (pages at file offsets that are multiples of the page size, the granularity of the page
+cache): a range is whole when every page holds its old bytes or its new page. Anything else
+was written by something else, and the rollback refuses (GQ421) rather than guess.
+
+File layout: per entry its old bytes, and for a range the CRC-32 of each page of its new bytes
+(uint32, little-endian), one entry after another; then the trailer (UTF-8 JSON: what was done,
+the page size, and per entry its file, offset and length in the target, its place in the
+journal, where its page digests start, and the CRC-32 of its old and new bytes), then the
+trailer's length (8 bytes, little-endian) and the magic `GQJRNL02`.
 
 Why CRC-32 and not a cryptographic hash: the digests tell which state a range is in (old, new,
 or something else) after a crash, and that the bytes written are the ones proven. That is
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import mmap
 import os
 import struct
 import zlib
@@ -55,6 +64,7 @@ PENDING = ".gptqfmt-journal.tmp"
 MAGIC = b"GQJRNL02"
 NEW_TAG = ".gptqfmt-journal-new"   # a replaced file's new content, beside it until renamed
 NAMES = (JOURNAL, COMPLETE, PENDING)
+PAGE = mmap.PAGESIZE   # the page cache's unit: a write cut short by a kill stops between pages
 
 
 def fsync_path(path: Path) -> None:
@@ -77,6 +87,7 @@ class Entry:
     old_crc32: int | None
     new_crc32: int
     at: int = 0          # where the old bytes start in the journal
+    pages_at: int | None = None  # where the new bytes' page digests start (ranges)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -101,7 +112,13 @@ class Writer:
 
     def range(self, file: str, offset: int, old: bytes, new: bytes) -> None:
         assert len(old) == len(new), "a range keeps its length"
-        self._add(Entry(file, offset, len(old), crc32(old), crc32(new)), old)
+        e = Entry(file, offset, len(old), crc32(old), crc32(new))
+        self._add(e, old)
+        e.pages_at = self._pos
+        cut = pages(offset, len(new))
+        digests = struct.pack(f"<{len(cut)}I", *(crc32(new[a:b]) for a, b in cut))
+        self._f.write(digests)
+        self._pos += len(digests)
 
     def whole(self, file: str, old: bytes | None, new: bytes) -> None:
         self._add(Entry(file, None, len(old or b""), None if old is None else crc32(old),
@@ -114,7 +131,7 @@ class Writer:
         self.entries.append(e)
 
     def seal(self) -> None:
-        trailer = json.dumps({"what": self.what,
+        trailer = json.dumps({"what": self.what, "page": PAGE,
                               "entries": [e.to_json() for e in self.entries]}).encode()
         self._f.write(trailer + struct.pack("<Q", len(trailer)) + MAGIC)
         self._f.flush()
@@ -177,9 +194,9 @@ def rollback(root: Path) -> dict:
             with open(target, "r+b") as f:
                 f.seek(e.offset)
                 now = f.read(e.length)
-                if len(now) != e.length or crc32(now) not in (e.old_crc32, e.new_crc32):
-                    raise _unusable(path, f"{e.file} at {e.offset}: holds neither the old nor "
-                                    "the new bytes; restore the checkpoint from a copy")
+            if len(now) != e.length or not _whole(now, e, j, doc.get("page", PAGE)):
+                raise _unusable(path, f"{e.file} at {e.offset}: holds neither the old nor "
+                                "the new bytes; restore the checkpoint from a copy")
         for i, e in enumerate(entries):
             target = root / e.file
             j.seek(e.at)
@@ -199,6 +216,30 @@ def rollback(root: Path) -> dict:
     path.unlink()
     fsync_path(root)
     return doc
+
+
+def pages(offset: int, length: int, size: int | None = None) -> list[tuple[int, int]]:
+    """The pieces of a range [offset, offset + length) of a file cut at the file's page
+    boundaries, as (start, end) within the range."""
+    size = size or PAGE
+    cuts = list(range(-offset % size, length, size))
+    edges = sorted({0, *cuts, length})
+    return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+
+
+def _whole(now: bytes, e: Entry, journal_file, page: int) -> bool:
+    """Whether range `e` holds, page by page, its old bytes or its new ones: all old, all new,
+    or a mix left by a kill inside a write."""
+    if crc32(now) in (e.old_crc32, e.new_crc32):
+        return True
+    if e.pages_at is None:
+        return False
+    journal_file.seek(e.at)
+    old = journal_file.read(e.length)
+    cut = pages(e.offset, e.length, page)
+    journal_file.seek(e.pages_at)
+    new = struct.unpack(f"<{len(cut)}I", journal_file.read(4 * len(cut)))
+    return all(now[a:b] == old[a:b] or crc32(now[a:b]) == d for (a, b), d in zip(cut, new))
 
 
 def replace_file(target: Path, content: bytes) -> None:

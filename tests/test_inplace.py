@@ -263,3 +263,51 @@ def test_words_not_proven_or_not_landed_roll_back(tmp_path, monkeypatch, want, f
     assert e.value.finding.code == "GQ503" and "rolled back" in e.value.finding.message
     assert digest(d) == want["original"]
     assert not any((d / n).exists() for n in journal.NAMES)
+
+
+@pytest.mark.parametrize("torn", ["new prefix", "every other page", "old prefix",
+                                  "a foreign page"])
+def test_a_range_torn_by_a_kill_inside_its_write(tmp_path, run_cli, monkeypatch, want, torn):
+    """A kill can cut a write short between pages, in the convert (new pages, then old ones) or
+    in a recovery (old, then new): that range holds both, and is rolled back like any other. A
+    page that is neither its old bytes nor its new ones was written by something else: GQ421,
+    nothing touched. The journal is written here as convert writes it, with 16-byte pages so
+    the fixture's 64-byte ranges span several."""
+    from gptqfmt.journal import pages
+    d = copy(tmp_path)
+    converted = tmp_path / "converted"
+    assert run_cli("convert", SRC, converted, "--to", "gptq", "-q").exit_code == 0
+    monkeypatch.setattr(journal, "PAGE", 16)
+    ranges = sorted((p.name, SafetensorsFile(p).header.data_start + i.begin, i.end - i.begin)
+                    for p in d.glob("*.safetensors")
+                    for n, i in SafetensorsFile(p).tensors.items() if n.endswith(".qzeros"))
+    w = journal.Writer(d, "convert gptq_v2 -> gptq")
+    for name, offset, length in ranges:
+        w.range(name, offset, (d / name).read_bytes()[offset:offset + length],
+                (converted / name).read_bytes()[offset:offset + length])
+    w.seal()
+    w.close()  # as a killed convert leaves it: journal sealed, its lock gone
+    doc, _ = journal.read(d / journal.JOURNAL)
+    assert doc["page"] == 16
+    for k, (name, offset, length) in enumerate(ranges[:4]):  # 0 to 2 written, 3 in flight
+        new = (converted / name).read_bytes()[offset:offset + length]
+        cut = pages(offset, length)
+        assert len(cut) >= 4
+        with open(d / name, "r+b") as f:
+            for i, (a, b) in enumerate(cut):
+                if k < 3 or torn == "new prefix" and i < len(cut) // 2 or \
+                        torn == "every other page" and i % 2 == 0 or \
+                        torn == "old prefix" and i >= len(cut) // 2:
+                    f.seek(offset + a)
+                    f.write(new[a:b])
+                if k == 3 and torn == "a foreign page" and i == 1:
+                    f.seek(offset + a)
+                    f.write(bytes(x ^ 0x5A for x in new[a:b]))
+    if torn == "a foreign page":
+        shards = {p.name: p.read_bytes() for p in d.glob("*.safetensors")}
+        r = run_cli("verify", d)
+        assert r.exit_code == 1 and "GQ421" in r.stdout and "neither" in r.stdout
+        assert {p.name: p.read_bytes() for p in d.glob("*.safetensors")} == shards
+        return
+    assert recovered(run_cli, d)["code"] == "GQ420"
+    assert digest(d) == want["original"] and no_journal(d)
