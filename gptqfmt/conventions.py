@@ -327,7 +327,8 @@ def has_field(words: np.ndarray, bits: int, value: int) -> bool:
     return False
 
 
-def moved_words(words: np.ndarray, bits: int, src: str, dst: str) -> np.ndarray | None:
+def moved_words(words: np.ndarray, bits: int, src: str, dst: str,
+                checked: bool = False) -> np.ndarray | None:
     """The packed qzeros words `dst` stores for `words` stored under `src`, by one addition per
     word, when that equals convert_fields field by field; None otherwise (then move the fields
     one by one).
@@ -340,12 +341,15 @@ def moved_words(words: np.ndarray, bits: int, src: str, dst: str) -> np.ndarray 
 
     Worked example, 4-bit gptq -> gptq_v2, fields (low first) [7, 3, 0, 8, 8, 8, 8, 8] =
     0x88888037: no field is 15, so + 0x11111111 = 0x99999148, fields [8, 4, 1, 9, ...]; with
-    a 15 in field 0 (0x8888803F) the word is not moved here (convert_fields decides it)."""
+    a 15 in field 0 (0x8888803F) the word is not moved here (convert_fields decides it).
+
+    `checked`: the caller has found no lossy field in these very words (a has_field already
+    run on them), so the check is not run again."""
     d = shift(src, dst)
     u = unsigned(np.asarray(words))
     if d == 0:
         return u.copy().view(words.dtype)
-    if bits not in (2, 4, 8) or has_field(u, bits, maxq(bits) if d > 0 else 0):
+    if bits not in (2, 4, 8) or not checked and has_field(u, bits, maxq(bits) if d > 0 else 0):
         return None
     one = constant_words(1, bits, u.dtype.itemsize * 8)[0]
     with np.errstate(over="ignore"):  # the top field never carries out: checked above

@@ -110,7 +110,10 @@ class Writer:
         self._pos = 0
         ACTIVE.add(self.root.resolve())
 
-    def range(self, file: str, offset: int, old: bytes, new: bytes) -> None:
+    def range(self, file: str, offset: int, old: bytes | memoryview,
+              new: bytes | memoryview) -> Entry:
+        """Record that `file`'s bytes at `offset` go from `old` to `new` (any bytes-like
+        object: a memoryview of the tensor saves a copy); returns the entry."""
         assert len(old) == len(new), "a range keeps its length"
         e = Entry(file, offset, len(old), crc32(old), crc32(new))
         self._add(e, old)
@@ -119,6 +122,7 @@ class Writer:
         digests = struct.pack(f"<{len(cut)}I", *(crc32(new[a:b]) for a, b in cut))
         self._f.write(digests)
         self._pos += len(digests)
+        return e
 
     def whole(self, file: str, old: bytes | None, new: bytes) -> None:
         self._add(Entry(file, None, len(old or b""), None if old is None else crc32(old),
@@ -315,6 +319,6 @@ def _unusable(path: Path, why: str) -> FindingError:
                                      "journal if you know the files are right"))
 
 
-def crc32(b: bytes) -> int:
+def crc32(b: bytes | memoryview) -> int:
     """The digest the journal records of old and new bytes (see the module docstring)."""
     return zlib.crc32(b)

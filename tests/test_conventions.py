@@ -146,6 +146,10 @@ def test_moved_words_worked_example():
     assert moved_words(w, 4, GPTQ, GPTQ_V2).view(np.uint32)[0, 0] == 0x99999148
     assert moved_words(np.array([[0x8888803F]], np.uint32).view(np.int32), 4, GPTQ,
                        GPTQ_V2) is None
+    # checked=True is the caller's word that no field is lossy: the addition is done as asked
+    # (here it would carry: the caller must have run has_field on these words)
+    assert moved_words(np.array([[0x8888803F]], np.uint32).view(np.int32), 4, GPTQ, GPTQ_V2,
+                       checked=True).view(np.uint32)[0, 0] == 0x99999150
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])

@@ -123,11 +123,13 @@ def compare_headers(src: Checkpoint, dst: Checkpoint, result: GateResult) -> Non
 
 
 def check_words(src: Checkpoint, m: Module, w_src: np.ndarray, w_dst: np.ndarray,
-                src_conv: str, dst_conv: str, rng: np.random.Generator) -> ModuleCheck:
+                src_conv: str, dst_conv: str, rng: np.random.Generator,
+                checked: bool = False) -> ModuleCheck:
     """Module `m` converted: `w_dst` (the output's qzeros words, or the words about to be
     written in place) against the source's `w_src`, every other tensor being `src`'s own bytes
-    (see the module docstring, 2 and 3)."""
-    moved = moved_words(w_src, m.bits, src_conv, dst_conv)
+    (see the module docstring, 2 and 3). `checked`: the caller found no lossy field in `w_src`
+    (moved_words)."""
+    moved = moved_words(w_src, m.bits, src_conv, dst_conv, checked)
     if moved is None:  # a lossy field, or 3 bits: field by field
         return check_fields(src, m, stored_fields(w_src, m.bits), stored_fields(w_dst, m.bits),
                             src_conv, dst_conv, rng)

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import faults, journal
-from ..conventions import CONVENTIONS, convert_words
+from ..conventions import CONVENTIONS, convert_words, moved_words
+from ..gptq.packing import unsigned
 from ..errors import FindingError, UsageError
 from ..findings import ERROR, Finding
 from ..gptq.checkpoint import Checkpoint
@@ -142,20 +143,20 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
     ranges = _ranges(ckpt)
     on_module and on_module(0, len(ranges))
     w = journal.Writer(root, f"convert {from_conv} -> {to}")
-    changed = []   # (module, qzeros, shard, offset, crc32 of the proven words) to change
+    changed = []   # (module, qzeros, shard, offset, CRC-32 of the proven words, no lossy field)
     try:
         for m, qz, name, offset in ranges:
             old = ckpt.view(qz)
-            new, _ = convert_words(old, m.bits, from_conv, to, allow_lossy)
-            chk = check_words(ckpt, m, old, new, from_conv, to, rng)
+            new, c = convert_words(old, m.bits, from_conv, to, allow_lossy)
+            clean = not (c.ambiguous or c.lossy)  # no lossy field: checked once, here
+            chk = check_words(ckpt, m, old, new, from_conv, to, rng, checked=clean)
             gate.modules.append(chk)
             if not chk.zeros_equal or (chk.lossy_cells == 0 and not chk.gemm_equal):
                 gate.failures.append(f"{m.name}: the converted module does not compute what "
                                      "the source computed")
-            before_bytes, after_bytes = old.tobytes(), new.tobytes()
-            if before_bytes != after_bytes:
-                w.range(name, offset, before_bytes, after_bytes)
-                changed.append((m, qz, name, offset, journal.crc32(after_bytes)))
+            if not np.array_equal(unsigned(old), unsigned(new)):
+                e = w.range(name, offset, _bytes(old), _bytes(new))
+                changed.append((m, qz, name, offset, e.new_crc32, clean))
             ckpt.store.release(m.tensors.values())
             on_module and on_module(1, len(ranges))
         if gate.failures:
@@ -189,6 +190,11 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
     return gate
 
 
+def _bytes(words: np.ndarray) -> memoryview:
+    """The bytes of a tensor's words as they lie in the file, without a copy."""
+    return memoryview(np.ascontiguousarray(words)).cast("B")
+
+
 def _write(ckpt: Checkpoint, root: Path, changed, from_conv, to, allow_lossy,
            progress) -> int:
     """Overwrite each changed qzeros range with its new words, then fsync each shard; returns
@@ -196,12 +202,16 @@ def _write(ckpt: Checkpoint, root: Path, changed, from_conv, to, allow_lossy,
     tensor in memory at a time): their CRC-32 must be the proven words' (else GQ503 and the
     rollback), and each range is read back right after its write and compared byte for byte
     with what was written."""
-    total = sum(ckpt.store.info(qz).nbytes for _, qz, _, _, _ in changed)
+    total = sum(ckpt.store.info(qz).nbytes for _, qz, _, _, _, _ in changed)
     progress and progress(0, total)
     handles: dict[str, object] = {}
     try:
-        for i, (m, qz, name, offset, proven) in enumerate(changed):
-            new = convert_words(ckpt.view(qz), m.bits, from_conv, to, allow_lossy)[0].tobytes()
+        for i, (m, qz, name, offset, proven, clean) in enumerate(changed):
+            old = ckpt.view(qz)
+            words = moved_words(old, m.bits, from_conv, to, checked=clean) if clean else None
+            if words is None:
+                words, _ = convert_words(old, m.bits, from_conv, to, allow_lossy)
+            new = _bytes(words)
             ckpt.store.release([qz])
             if journal.crc32(new) != proven:
                 raise FindingError(Finding("GQ503", "the words computed for writing are not "
@@ -211,7 +221,8 @@ def _write(ckpt: Checkpoint, root: Path, changed, from_conv, to, allow_lossy,
             f.seek(offset)
             f.write(new)
             f.flush()
-            if os.pread(f.fileno(), len(new), offset) != new:
+            back = np.frombuffer(os.pread(f.fileno(), len(new), offset), dtype=np.uint8)
+            if not np.array_equal(back, np.frombuffer(new, dtype=np.uint8)):
                 raise FindingError(Finding("GQ503", "holds other bytes than the ones just "
                                            "written; rolled back", file=name, tensor=qz))
             faults.point("inplace-range", i)
