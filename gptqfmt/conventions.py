@@ -349,7 +349,7 @@ def moved_words(words: np.ndarray, bits: int, src: str, dst: str,
     u = unsigned(np.asarray(words))
     if d == 0:
         return u.copy().view(words.dtype)
-    if bits not in (2, 4, 8) or not checked and has_field(u, bits, maxq(bits) if d > 0 else 0):
+    if not word_path(u, bits, src, dst, checked):
         return None
     one = constant_words(1, bits, u.dtype.itemsize * 8)[0]
     with np.errstate(over="ignore"):  # the top field never carries out: checked above
@@ -357,14 +357,45 @@ def moved_words(words: np.ndarray, bits: int, src: str, dst: str,
     return out.astype(u.dtype, copy=False).view(words.dtype)
 
 
+def word_path(words: np.ndarray, bits: int, src: str, dst: str,
+              checked: bool = False) -> bool:
+    """Whether moving `words` from `src` to `dst` is one addition per word (moved_words): no
+    shift at all, or fields that never straddle a word (2, 4, 8 bits) of which none is lossy
+    (has_field, skipped when the caller `checked` these very words already)."""
+    d = shift(src, dst)
+    if d == 0:
+        return True
+    return bits in (2, 4, 8) and (checked or not has_field(words, bits,
+                                                             maxq(bits) if d > 0 else 0))
+
+
+def words_moved(w_src: np.ndarray, w_dst: np.ndarray, bits: int, src: str, dst: str) -> bool:
+    """Whether `w_dst` holds every field of `w_src` moved by shift(src, dst), for words on the
+    word path (word_path true: no lossy field, so nothing carries). Checked as a difference of
+    whole words, w_dst - w_src (or w_src - w_dst) equal to 1 in every field (field_masks), not
+    by redoing moved_words' addition, so a wrong move is caught rather than repeated."""
+    a, b = unsigned(np.asarray(w_src)), unsigned(np.asarray(w_dst))
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    d = shift(src, dst)
+    if d == 0:
+        return bool(np.array_equal(a, b))
+    _, one, _ = field_masks(bits, a.dtype.type)
+    with np.errstate(over="ignore"):
+        diff = b - a if d > 0 else a - b
+    return bool(np.all(diff == one))
+
+
 def convert_words(words: np.ndarray, bits: int, src: str, dst: str,
-                  allow_lossy: bool = False) -> tuple[np.ndarray, FieldChanges]:
+                  allow_lossy: bool = False, checked: bool = False
+                  ) -> tuple[np.ndarray, FieldChanges]:
     """convert_fields on packed qzeros words [G, W'] (packed along axis 1): new words of the
     same dtype and what changed. One addition per word (moved_words) where no field is lossy,
-    which is every clean checkpoint; field by field otherwise (and at 3 bits)."""
+    which is every clean checkpoint; field by field otherwise (and at 3 bits). `checked`: as
+    moved_words'."""
     words = np.asarray(words)
     fields = words.size * words.dtype.itemsize * 8 // bits
-    moved = moved_words(words, bits, src, dst)
+    moved = moved_words(words, bits, src, dst, checked)
     if moved is not None:
         return moved, FieldChanges(fields, 0 if shift(src, dst) == 0 else fields, 0, 0)
     new, changes = convert_fields(unpack(words, bits, axis=1), bits, src, dst, allow_lossy)

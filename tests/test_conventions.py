@@ -132,11 +132,9 @@ def test_words_move_as_fields_do(bits, word_bits, src, dst):
         assert np.array_equal(unpack(got, bits, axis=1), want) and gc == wc
         moved = moved_words(words, bits, src, dst)
         assert (moved is None) == (has_lossy or (bits == 3 and src != dst))
-    with pytest.raises(NotRepresentable):
-        if src != dst:
+    if src != dst:  # lossy fields without allow_lossy: refused, as convert_fields refuses
+        with pytest.raises(NotRepresentable):
             convert_words(pack(fields, bits, word_bits, axis=1), bits, src, dst)
-        else:
-            raise NotRepresentable("no shift, nothing lossy", 0)
 
 
 def test_moved_words_worked_example():
@@ -182,3 +180,29 @@ def test_has_field_finds_0_and_maxq_anywhere(bits, word_bits):
         conventions.MARK_CHUNK = saved
     with pytest.raises(ValueError, match="neither 0 nor maxq"):
         has_field(pack(f, bits, word_bits, axis=1), bits, 1)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("word_bits", [8, 16, 32, 64])
+@pytest.mark.parametrize("src,dst", [(GPTQ, GPTQ_V2), (GPTQ_V2, GPTQ), (GPTQ, GPTQ)])
+def test_words_moved_checks_the_move_by_a_difference(bits, word_bits, src, dst):
+    """The gate's word check: true for the fields moved one by one (convert_fields, not
+    moved_words), false for one field off, for a move in the other direction, and for words of
+    another shape."""
+    from gptqfmt.conventions import convert_fields, word_path, words_moved
+    from gptqfmt.gptq.packing import pack
+
+    top = (1 << bits) - 1
+    rng = np.random.default_rng(bits * word_bits)
+    f = rng.integers(1, top, (3, 128)).astype(np.uint8)  # no field at 0 or maxq
+    w = pack(f, bits, word_bits, axis=1)
+    assert word_path(w, bits, src, dst)
+    moved, _ = convert_fields(f, bits, src, dst)
+    assert words_moved(w, pack(moved, bits, word_bits, axis=1), bits, src, dst)
+    off = moved.copy()
+    off[2, 77] = (int(off[2, 77]) + 1) % (top + 1)
+    assert not words_moved(w, pack(off, bits, word_bits, axis=1), bits, src, dst)
+    if src != dst:
+        back, _ = convert_fields(f, bits, dst, src)
+        assert not words_moved(w, pack(back, bits, word_bits, axis=1), bits, src, dst)
+    assert not words_moved(w, pack(moved[:2], bits, word_bits, axis=1), bits, src, dst)

@@ -26,15 +26,16 @@ from pathlib import Path
 import numpy as np
 
 from .. import faults, runtimes
-from ..conventions import effective_zeros, lossy_mask, moved_words
+from ..conventions import effective_zeros, lossy_mask, word_path, words_moved
 from ..errors import FindingError
 from ..findings import ERROR
 from ..gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from ..gptq.detect import ModuleVerdict, combine, stored_fields
 from ..gptq.evidence import module_g_idx
 from ..gptq.labels import convention_findings, effective_declared
-from ..gptq.packing import unpack, unsigned
+from ..gptq.packing import unpack
 from ..numerics.cpu import dequant_fields
+from ..safetensors_io.dtypes import to_float32
 
 GEMM_ROWS = 4
 
@@ -63,6 +64,14 @@ class GateResult:
     @property
     def ok(self) -> bool:
         return not self.failures
+
+    def add(self, chk: ModuleCheck) -> None:
+        """A module's check, and its failure when its zeros differ beyond the lossy cells (or,
+        with none lossy, its Y = X @ W)."""
+        self.modules.append(chk)
+        if not chk.zeros_equal or (chk.lossy_cells == 0 and not chk.gemm_equal):
+            self.failures.append(f"{chk.name}: the converted module does not compute what the "
+                                 "source computed")
 
 
 def check_labels(path, target: str) -> list[str]:
@@ -128,12 +137,11 @@ def check_words(src: Checkpoint, m: Module, w_src: np.ndarray, w_dst: np.ndarray
     """Module `m` converted: `w_dst` (the output's qzeros words, or the words about to be
     written in place) against the source's `w_src`, every other tensor being `src`'s own bytes
     (see the module docstring, 2 and 3). `checked`: the caller found no lossy field in `w_src`
-    (moved_words)."""
-    moved = moved_words(w_src, m.bits, src_conv, dst_conv, checked)
-    if moved is None:  # a lossy field, or 3 bits: field by field
+    (conventions.word_path)."""
+    if not word_path(w_src, m.bits, src_conv, dst_conv, checked):  # lossy, or 3 bits
         return check_fields(src, m, stored_fields(w_src, m.bits), stored_fields(w_dst, m.bits),
                             src_conv, dst_conv, rng)
-    equal = bool(np.array_equal(unsigned(np.asarray(w_dst)), unsigned(moved)))
+    equal = words_moved(w_src, w_dst, m.bits, src_conv, dst_conv)
     cells = w_src.size * w_src.dtype.itemsize * 8 // m.bits
     return ModuleCheck(m.name, cells, 0, equal, equal)
 
@@ -142,7 +150,7 @@ def check_fields(src: Checkpoint, m: Module, s_src: np.ndarray, s_dst: np.ndarra
                  src_conv: str, dst_conv: str, rng: np.random.Generator) -> ModuleCheck:
     """check_words on stored zero-point fields: the effective zeros of every cell equal except
     exactly the fields the conversion cannot carry (conventions.lossy_mask), and Y = X @ W on
-    the columns that hold such a field."""
+    the columns that hold such a field (qweight and scales read once, for both sides)."""
     z_src = effective_zeros(s_src, m.bits, runtimes.REFERENCE.rule(src_conv))
     z_dst = effective_zeros(s_dst, m.bits, runtimes.REFERENCE.rule(dst_conv))
     differ = z_src != z_dst
@@ -154,11 +162,15 @@ def check_fields(src: Checkpoint, m: Module, s_src: np.ndarray, s_dst: np.ndarra
     if cols.size == 0:
         return ModuleCheck(m.name, int(differ.size), 0, zeros_equal, zeros_equal)
     x = rng.standard_normal((GEMM_ROWS, m.in_features)).astype(np.float32)
+    q = unpack(read_columns(src, m.tensors["qweight"], cols), m.bits, axis=0)
+    sc = m.tensors["scales"]
+    scales = to_float32(src.view(sc)[:, cols], src.store.info(sc).dtype)
+    g_idx = module_g_idx(src, m)
     # numpy's matmul: both sides are computed the same way and compared bitwise, so the gate
     # needs no particular order of additions (numerics/cpu.py keeps the kernel's k order,
     # which its equality with the GPU needs, at a Python step per input channel)
-    y_src = x @ dequant_columns(src, m, z_src, cols)
-    y_dst = x @ dequant_columns(src, m, z_dst, cols)
+    y_src = x @ dequant_fields(q, z_src[:, cols], scales, g_idx)
+    y_dst = x @ dequant_fields(q, z_dst[:, cols], scales, g_idx)
     err = np.abs(y_dst - y_src)
     norm = float(np.linalg.norm(y_src)) or 1.0
     return ModuleCheck(m.name, int(differ.size), int(lossy.sum()), zeros_equal,
@@ -185,14 +197,6 @@ def read_columns(ckpt: Checkpoint, tensor: str, cols: np.ndarray) -> np.ndarray:
     return out[:, cols - lo]
 
 
-def dequant_columns(ckpt: Checkpoint, m: Module, zeros: np.ndarray,
-                    cols: np.ndarray) -> np.ndarray:
-    """W[:, cols] in fp32 from the file's qweight, scales and g_idx: scale * (q - Z)."""
-    q = unpack(read_columns(ckpt, m.tensors["qweight"], cols), m.bits, axis=0)
-    scales = ckpt.float32(m.tensors["scales"])[:, cols]
-    return dequant_fields(q, zeros[:, cols], scales, module_g_idx(ckpt, m))
-
-
 def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str, copied: int,
              on_module=None) -> GateResult:
     """The exact CPU gate over the staged output `tmp` (see the module docstring), `copied`
@@ -216,12 +220,9 @@ def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str, copied: i
             chk = check_words(src, m, src.view(qz), out.view(qz), src_conv, dst_conv, rng)
             src.store.release(m.tensors.values())
             out.store.release([qz])
-            result.modules.append(chk)
+            result.add(chk)
             on_module and on_module(1, len(src.modules))
             faults.point("gate-module", i)
-            if not chk.zeros_equal or (chk.lossy_cells == 0 and not chk.gemm_equal):
-                result.failures.append(f"{m.name}: the converted module does not compute "
-                                       "what the source computed")
     finally:
         out.close()
     return result

@@ -188,21 +188,12 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
         total = sum(a[0].stat().st_size for a in args)
         progress = (lambda n, p=progress: p(n, total)) if progress else None
         progress and progress(0)
-        if job.jobs > 1 and len(args) > 1:
-            ctx = multiprocessing.get_context("forkserver")  # no fork beside running threads
-            with ProcessPoolExecutor(max_workers=min(job.jobs, len(args)), mp_context=ctx,
-                                     initializer=_ignore_interrupts) as pool:
-                written = []
-                for a, w in zip(args, pool.map(_write_shard_args, args)):
-                    flushes.append(flusher.submit(fsync_path, a[1]))
-                    written.append(w)
-                    progress and progress(w.size)
-        else:
-            written = []
-            for a in args:
-                written.append(write_shard(*a))
+        written = []
+        with _shard_writers(job.jobs, len(args)) as mapper:
+            for a, w in zip(args, mapper(_write_shard_args, args)):
                 flushes.append(flusher.submit(fsync_path, a[1]))
-                progress and progress(written[-1].size)
+                written.append(w)
+                progress and progress(w.size)
         faults.point("shards-written")
         root = job.ckpt.store.root
         copy_other_files(root, tmp, set(job.ckpt.store.files) | set(CONFIG_FILES))
@@ -255,6 +246,19 @@ def gpu_gate(job: Job, tmp: Path, report: ConvertReport, gate: GateResult) -> Ga
     return replace(gate, failures=gate.failures + failures,
                    method=gate.method + "; every weight of every module compared bit for bit "
                    "under each runtime group's reading with the CUDA kernel (cupy)")
+
+
+@contextmanager
+def _shard_writers(jobs: int, shards: int):
+    """A map over shards: `jobs` worker processes where there is more than one shard for them,
+    else this process (results in order, each as soon as it is written)."""
+    if jobs <= 1 or shards <= 1:
+        yield map
+        return
+    ctx = multiprocessing.get_context("forkserver")  # no fork beside running threads
+    with ProcessPoolExecutor(max_workers=min(jobs, shards), mp_context=ctx,
+                             initializer=_ignore_interrupts) as pool:
+        yield pool.map
 
 
 def _write_shard_args(a):
