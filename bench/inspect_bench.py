@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gptqfmt import inspect  # noqa: E402
-from gptqfmt.gptq.packing import constant_words, pack  # noqa: E402
+from gptqfmt.bits.packing import constant_words, pack  # noqa: E402
 from gptqfmt.safetensors_io.writer import Entry, layout  # noqa: E402
 
 HIDDEN, INTER, KV, LAYERS, VOCAB, BITS, GS = 8192, 28672, 1024, 80, 128256, 4, 128
@@ -118,9 +118,9 @@ def timed_verdicts(root: Path, convention: str) -> float:
     """assess() alone, with inspect's sampled statistics and the verdict set to `convention`."""
     from dataclasses import replace
 
-    from gptqfmt.gptq.checkpoint import open_checkpoint
-    from gptqfmt.gptq.evidence import detect_checkpoint
-    from gptqfmt.verdicts import assess
+    from gptqfmt.formats.gptq.checkpoint import open_checkpoint
+    from gptqfmt.detection.read import detect_checkpoint
+    from gptqfmt.runtimes.verdicts import assess
 
     with open_checkpoint(root) as ckpt:
         det = detect_checkpoint(ckpt)

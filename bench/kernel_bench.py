@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cupy as cp  # noqa: E402
 
-from gptqfmt.gptq.packing import pack  # noqa: E402
+from gptqfmt.bits.packing import pack  # noqa: E402
 from gptqfmt.numerics.cupy_backend import THREADS, TILE_K, _kernels  # noqa: E402
 
 SHAPES = [("q_proj", 8192, 8192), ("gate_proj", 8192, 28672), ("down_proj", 28672, 8192)]

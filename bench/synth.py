@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptqfmt.gptq.packing import pack
+from gptqfmt.bits.packing import pack
 from gptqfmt.safetensors_io.writer import save_file
 
 HIDDEN, INTER, KV, BITS, GS = 8192, 28672, 1024, 4, 128

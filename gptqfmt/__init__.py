@@ -10,24 +10,27 @@ Library entry points:
     open_checkpoint(path)               -> Checkpoint (modules, config, zero-copy tensor views)
     pack(codes, bits, word_bits, axis)  / unpack(words, bits, axis)
 """
+import os
+
+from .bits.packing import pack, unpack
 from .conversion import ConvertReport, NotRepresentable, convert, convert_qzeros
+from .detection.decide import ModuleVerdict
+from .detection.pool import Detection
 from .errors import FindingError, GptqfmtError, UsageError
 from .findings import CATALOGUE, Finding
-from .gptq.checkpoint import Checkpoint, Module, open_checkpoint
-from .gptq.packing import pack, unpack
-from .gptq.detect import Detection, ModuleVerdict
-from .inspection import InspectResult
-from .inspection import inspect_checkpoint as inspect
-from .validation import Report, validate
+from .formats.gptq.checkpoint import Checkpoint, Module, open_checkpoint
+from .ops.inspect import InspectResult
+from .ops.inspect import inspect_checkpoint as inspect
+from .ops.verify import Report, validate
 from .version import __version__
 
 
-def detect(path, full: bool = False) -> Detection:
+def detect(path: str | os.PathLike[str], full: bool = False) -> Detection:
     """The zero-point convention of the checkpoint at `path`, from its data.
 
     `full=False` reads every qzeros and a sample of qweight (what inspect does); `full=True`
     reads all of qweight (what verify does)."""
-    from .gptq.evidence import detect_checkpoint
+    from .detection.read import detect_checkpoint
 
     with open_checkpoint(path) as ckpt:
         return detect_checkpoint(ckpt, full=full)

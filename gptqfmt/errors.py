@@ -36,3 +36,19 @@ class FindingError(GptqfmtError):
 
     def __reduce__(self):  # crosses process boundaries (convert --jobs)
         return (type(self), tuple(self.findings))
+
+
+class NotRepresentable(GptqfmtError, ValueError):
+    """Fields that the target convention cannot hold exactly (and allow_lossy was not given).
+
+    A finding-class outcome, so exit 1 like any finding; still a ValueError for callers that
+    caught it as one."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, count: int):
+        super().__init__(message)
+        self.count = count
+
+    def __reduce__(self) -> tuple[type, tuple[str, int]]:
+        return (type(self), (str(self), self.count))

@@ -17,6 +17,7 @@ class Code:
     code: str
     severity: str
     title: str
+    hint: str | None = None    # the next step, where one is the same for every finding of it
 
 
 _CATALOGUE = [
@@ -109,11 +110,16 @@ _CATALOGUE = [
     Code("GQ505", ERROR, "verify --reference: a module's runtime output is inconsistent"),
     # GQ6xx: runtimes (verify --runtime): one code per reason a named runtime fails
     Code("GQ601", ERROR, "runtime would not load the checkpoint"),
-    Code("GQ602", ERROR, "runtime reads the zero points as the other convention"),
-    Code("GQ603", ERROR, "runtime ignores qzeros that are not the symmetric constant"),
-    Code("GQ604", ERROR, "runtime reads stored maxq fields as another Z than the data mean"),
+    Code("GQ602", ERROR, "runtime reads the zero points as the other convention",
+         "run `gptqfmt fix-label PATH` to set the label the data have"),
+    Code("GQ603", ERROR, "runtime ignores qzeros that are not the symmetric constant",
+         "set sym=false so that no runtime takes Marlin, or re-export"),
+    Code("GQ604", ERROR, "runtime reads stored maxq fields as another Z than the data mean",
+         "convert to gptq_v2 (`gptqfmt convert`), which stores Z = 0 exactly"),
     Code("GQ605", ERROR,
-         "runtime's zero-point arithmetic corrupts fields (carries, borrows, masks)"),
+         "runtime's zero-point arithmetic corrupts fields (carries, borrows, masks)",
+         "convert to gptq_v2 (`gptqfmt convert`): this runtime then reads the fields as they "
+         "are"),
     Code("GQ606", WARNING, "another path of the runtime (other GPU or option) would fail"),
     Code("GQ607", WARNING, "runtime's decoding not decidable: the data's convention is not"),
 ]

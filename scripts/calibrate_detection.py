@@ -40,13 +40,31 @@ sys.path.insert(0, str(ROOT))
 
 import make_calibration as mc  # noqa: E402
 
-from gptqfmt.gptq import codestats  # noqa: E402
-from gptqfmt.gptq.detect import (AMBIGUOUS, GPTQ, GPTQ_V2, decide, effective_se,  # noqa: E402
-                                 symmetric_pattern, zero_stats)
-from gptqfmt.gptq.evidence import SAMPLE_BYTES, PerModule, detect_sequential  # noqa: E402
-from gptqfmt.gptq.packing import block  # noqa: E402
+from gptqfmt.bits.conventions import GPTQ, GPTQ_V2  # noqa: E402
+from gptqfmt.bits.packing import block  # noqa: E402
+from gptqfmt.detection import codestats  # noqa: E402
+from gptqfmt.detection.decide import AMBIGUOUS, decide, effective_se  # noqa: E402
+from gptqfmt.detection.read import SAMPLE_BYTES, detect_sequential  # noqa: E402
+from gptqfmt.detection.stats import symmetric_pattern, zero_stats  # noqa: E402
 
 BITS = (2, 3, 4, 8)
+
+
+class PerModule:
+    """Module reads for detect_sequential from plain functions, one module at a time (the data
+    are in memory here): `read(i, sample_bytes)` gives module i's verdict, `chance(i)` its runs
+    by chance."""
+
+    def __init__(self, read, chance=None):
+        self.read, self.chance = read, chance
+
+    def verdicts(self, indices: list[int], sample: int) -> list:
+        return [self.read(i, sample) for i in indices]
+
+    def chances(self, indices: list[int]) -> list:
+        if self.chance is None:
+            raise ValueError("the pooled runs test needs each module's runs by chance")
+        return [self.chance(i) for i in indices]
 
 
 def verdict(m: mc.ModuleData, sample: int | None):
@@ -129,7 +147,7 @@ def attack_case(args):
     stored = m.stored.astype(np.int64)
     stored = (np.clip(stored + 3, 0, maxq) if kind == "shift+3"
               else rng.integers(0, maxq + 1, size=stored.shape))
-    from gptqfmt.gptq.packing import pack
+    from gptqfmt.bits.packing import pack
     mods[i] = replace(m, qzeros=pack(stored.astype(np.uint8), bits, 32, axis=1))
     caught = []
     for f in (True, False):

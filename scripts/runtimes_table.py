@@ -8,14 +8,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gptqfmt.conventions import GPTQ, GPTQ_V2, Reading  # noqa: E402
-from gptqfmt.runtimes import RUNTIMES, Runtime  # noqa: E402
+from gptqfmt.bits.conventions import GPTQ, GPTQ_V2  # noqa: E402
+from gptqfmt.runtimes.readings import Reading  # noqa: E402
+from gptqfmt.runtimes.rules import Runtime
+from gptqfmt.runtimes.table import RUNTIMES  # noqa: E402
 
 BEGIN, END = "<!-- runtimes-table:begin -->", "<!-- runtimes-table:end -->"
-READING = {Reading.V2: "Z = s", Reading.V1_NOWRAP: "s + 1", Reading.V1_WRAP: "(s + 1) mod 2^b",
-           Reading.V1_CARRY: "word + 0x..1111 (carries)", Reading.V2_BORROW:
-           "word - 0x..1111, + 1 (borrows)", Reading.V1_NIBBLE: "((s & maxq) + 1) & 15",
-           Reading.SYMMETRIC: "qzeros not read"}
 
 
 def _label(r: Runtime) -> str:
@@ -28,8 +26,8 @@ def _label(r: Runtime) -> str:
 def _readings(p) -> str:
     g, v = p.readings[GPTQ], p.readings[GPTQ_V2]
     if g is Reading.SYMMETRIC:
-        return READING[g]
-    return READING[g] if g is v else f"gptq: {READING[g]}; gptq_v2: {READING[v]}"
+        return g.formula
+    return g.formula if g is v else f"gptq: {g.formula}; gptq_v2: {v.formula}"
 
 
 def block() -> str:

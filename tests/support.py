@@ -17,28 +17,35 @@ from pathlib import Path
 import numpy as np
 
 from gptqfmt.errors import FindingError, OutputError, UsageError
-from gptqfmt.gptq.detect import sym_field
-from gptqfmt.gptq.packing import pack
-from gptqfmt.inspection import inspect_checkpoint
+from gptqfmt.bits.conventions import sym_field
+from gptqfmt.bits.packing import pack
+from gptqfmt.ops.inspect import inspect_checkpoint
 from gptqfmt.safetensors_io import save_file
-from gptqfmt.validation import validate
+from gptqfmt.ops.verify import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 CKPT = FIXTURES / "ckpt"
 
 
-def load_generator(name: str = "make_fixtures"):
-    """A fixture generator script under fixtures/, imported as a module."""
-    if str(FIXTURES) not in sys.path:
-        sys.path.insert(0, str(FIXTURES))  # the generators import each other
+def load_script(path: Path):
+    """A script of the repository (a fixture generator, scripts/...) imported as a module, once
+    (by its file name)."""
+    name = path.stem
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, FIXTURES / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_generator(name: str = "make_fixtures"):
+    """A fixture generator script under fixtures/, imported as a module."""
+    if str(FIXTURES) not in sys.path:
+        sys.path.insert(0, str(FIXTURES))  # the generators import each other
+    return load_script(FIXTURES / f"{name}.py")
 
 
 GEN = load_generator()
@@ -175,7 +182,7 @@ def run_one(path: Path, out: Path | None = None) -> str:
         json.dumps(rep.to_json(), allow_nan=False)
         if out is not None:
             from gptqfmt.conversion import convert
-            from gptqfmt.numerics.equivalence import compare
+            from gptqfmt.ops.equivalence import compare
             convert(path, out, allow_lossy=True)
             compare(path, out, backend="cpu")
         return "clean"

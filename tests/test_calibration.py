@@ -3,27 +3,13 @@ script's own functions: clean models raise no alarm, inspect (a growing sample) 
 verify (every code) decides, and mislabels and corruption are caught. The full corpus (1,024
 models) runs in scripts/calibrate_detection.py; these are a few of its cases, so that a change
 that breaks the calibration fails here first."""
-import importlib.util
-import sys
-
 import pytest
 
-from gptqfmt.gptq.detect import GPTQ, GPTQ_V2, misfit_threshold
-from tests.support import ROOT
+from gptqfmt.bits.conventions import GPTQ, GPTQ_V2
+from gptqfmt.detection.pool import misfit_threshold
+from tests.support import ROOT, load_script
 
-
-def _script():
-    if "calibrate_detection" in sys.modules:
-        return sys.modules["calibrate_detection"]
-    spec = importlib.util.spec_from_file_location(
-        "calibrate_detection", ROOT / "scripts" / "calibrate_detection.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["calibrate_detection"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-CAL = _script()
+CAL = load_script(ROOT / "scripts" / "calibrate_detection.py")
 MC = CAL.mc
 
 

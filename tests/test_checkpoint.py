@@ -5,8 +5,8 @@ import shutil
 import numpy as np
 import pytest
 
-from gptqfmt.gptq.checkpoint import open_checkpoint
-from gptqfmt.gptq.packing import pack
+from gptqfmt.formats.gptq.checkpoint import open_checkpoint
+from gptqfmt.bits.packing import pack
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
 from tests.support import CKPT
 

@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptqfmt.gptq import codestats
-from gptqfmt.gptq.codestats import read_cell_sums, sample_blocks, word_field_sums
-from gptqfmt.gptq.packing import block, pack, unpack
+from gptqfmt.detection import codestats
+from gptqfmt.detection.codestats import read_cell_sums, sample_blocks, word_field_sums
+from gptqfmt.bits.packing import block, pack, unpack
 
 COMBOS = [(b, w) for b in (2, 3, 4, 8) for w in (8, 16, 32, 64) if b != 3 or w == 32]
 
@@ -40,12 +40,12 @@ def test_cell_sums_match_naive(bits, word_bits, data):
     if data.draw(st.booleans()):
         sample = np.unique(rng.integers(0, nblocks, size=data.draw(st.integers(1, nblocks))))
     # chunks of one block or a few: gathers of scattered blocks and slices of contiguous ones
-    chunk = data.draw(st.sampled_from([1, 2 * n * wpb, codestats.CHUNK_WORDS]))
-    saved, codestats.CHUNK_WORDS = codestats.CHUNK_WORDS, chunk
+    chunk = data.draw(st.sampled_from([1, 2 * n * wpb, codestats.CHUNK]))
+    saved, codestats.CHUNK = codestats.CHUNK, chunk
     try:
         read, sums, counts = read_cell_sums(qw, bits, g_idx, groups, sample)
     finally:
-        codestats.CHUNK_WORDS = saved
+        codestats.CHUNK = saved
     chans = range(k) if sample is None else [b * vpb + i for b in sample for i in range(vpb)]
     want_s, want_c = naive(codes, g_idx, groups, chans)
     # only the groups some row was read of (all of them when nothing is sampled)
@@ -78,7 +78,7 @@ def test_group_sums_against_unpacked_codes(bits, word_bits, rows_per_group, fill
     groups of 17 and 34 rows (runs at the limit), of 3 and 40 (runs that must divide the
     group), words of every width at their maximum (every field maxq: each lane at its limit,
     and sum(x) past 32 bits), on a read-only mapping as files give it."""
-    from gptqfmt.gptq.codestats import group_sums
+    from gptqfmt.detection.codestats import group_sums
 
     rng = np.random.default_rng(bits * word_bits + rows_per_group)
     ut = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}[word_bits]
@@ -94,7 +94,7 @@ def test_group_sums_against_unpacked_codes(bits, word_bits, rows_per_group, fill
 
 def test_channel_sorted_sums_worked_example_and_empty_groups():
     """The docstring's word, and a g_idx that leaves a group without channels (sums 0)."""
-    from gptqfmt.gptq.codestats import channel_sorted_sums
+    from gptqfmt.detection.codestats import channel_sorted_sums
 
     words = np.array([[0x76543210]], dtype=np.uint32).view(np.int32)
     got = channel_sorted_sums(words, 4, np.array([1, 0, 1, 0, 1, 0, 1, 0]), 2)

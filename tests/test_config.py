@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from gptqfmt.errors import FindingError
-from gptqfmt.gptq.config import ModuleConfig, load_config
+from gptqfmt.formats.gptq.config import ModuleConfig, load_config
 from tests.support import CKPT
 
 

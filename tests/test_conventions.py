@@ -5,9 +5,12 @@ import re
 import numpy as np
 import pytest
 
-from gptqfmt import runtimes
-from gptqfmt.conventions import CONVENTIONS, GPTQ, GPTQ_V2, NotRepresentable, ZeroRule, \
-    convert_fields, effective_zeros, lossy_mask, sym_field
+from gptqfmt.bits.conventions import (CONVENTIONS, GPTQ, GPTQ_V2, REFERENCE, ZeroRule,
+                                      convert_fields, effective_zeros, lossy_mask,
+                                      reference_rule, sym_field)
+from gptqfmt.errors import NotRepresentable
+from gptqfmt.runtimes import groups as runtimes
+from gptqfmt.runtimes.table import RUNTIMES
 from tests.support import ROOT
 
 
@@ -58,11 +61,12 @@ def test_runtimes_group_by_their_rule_and_read_by_the_label():
     assert groups[0].labels[0] == "vLLM gptq_gemm" and "TGI triton" in groups[1].labels
     # every group is the paths of the table with that field rule on gptq files, each once
     for g in groups:
-        want = list(dict.fromkeys(p.label for r in runtimes.RUNTIMES for p in r.paths
+        want = list(dict.fromkeys(p.label for r in RUNTIMES for p in r.paths
                                   if p.readings[GPTQ].rule == g.gptq))
         assert list(g.labels) == want
         assert g.rule(GPTQ_V2) == ZeroRule.V2 and g.rule(GPTQ) == g.gptq
-    assert runtimes.REFERENCE.rule(GPTQ) == ZeroRule.V1_NOWRAP
+    assert REFERENCE in [g.gptq for g in groups] and reference_rule(GPTQ) == REFERENCE
+    assert reference_rule(GPTQ_V2) == ZeroRule.V2
     n0, n1 = (len(g.labels) - 1 for g in groups)
     assert runtimes.maxq_readings(4) == (f"vLLM gptq_gemm and {n0} other kernels read Z = 16; "
                                          f"TGI triton and {n1} other kernels read Z = 0")
@@ -71,7 +75,7 @@ def test_runtimes_group_by_their_rule_and_read_by_the_label():
 
 
 def test_element_kinds_are_the_kernels():
-    from gptqfmt.numerics import Kind
+    from gptqfmt.formats.model import Kind
     header = (ROOT / "kernels" / "gptq_dequant.h").read_text()
     enum = dict(re.findall(r"GQ_(F32|F16|BF16) = (\d+)", header))
     assert {k: int(v) for k, v in enum.items()} == {k.name: k.value for k in Kind}
@@ -91,7 +95,7 @@ def test_kernel_limits_are_read_from_the_header():
 def test_one_column_sampler_for_the_gate_and_for_verify():
     import numpy as np
 
-    from gptqfmt.numerics.operands import sample_columns
+    from gptqfmt.numerics.backend import sample_columns
     for seed in range(20):
         a = sample_columns(1000, 64, np.random.default_rng(seed), align=32)
         assert len(a) == 64 and a[0] % 32 == 0 and (np.diff(a) == 1).all()
@@ -110,8 +114,8 @@ def test_words_move_as_fields_do(bits, word_bits, src, dst):
     """convert_words (one addition per word where no field is lossy) against convert_fields
     field by field: every field value in every position of a word, with and without a lossy
     field; moved_words declines exactly where a word addition would carry or borrow."""
-    from gptqfmt.conventions import convert_fields, convert_words, moved_words
-    from gptqfmt.gptq.packing import pack, unpack
+    from gptqfmt.bits.conventions import convert_fields, convert_words, moved_words
+    from gptqfmt.bits.packing import pack, unpack
 
     if bits == 3 and word_bits != 32:
         pytest.skip("3-bit packs into int32 only")
@@ -138,7 +142,7 @@ def test_words_move_as_fields_do(bits, word_bits, src, dst):
 
 
 def test_moved_words_worked_example():
-    from gptqfmt.conventions import moved_words
+    from gptqfmt.bits.conventions import moved_words
 
     w = np.array([[0x88888037]], dtype=np.uint32).view(np.int32)
     assert moved_words(w, 4, GPTQ, GPTQ_V2).view(np.uint32)[0, 0] == 0x99999148
@@ -156,9 +160,9 @@ def test_has_field_finds_0_and_maxq_anywhere(bits, word_bits):
     """moved_words' check: a 0 or a maxq in any field position of any word (alone in an
     otherwise clean tensor, at the edges of the superword chunks too), and none in clean data
     whose other fields take every other value."""
-    from gptqfmt import conventions
-    from gptqfmt.conventions import has_field
-    from gptqfmt.gptq.packing import pack
+    from gptqfmt.bits import swar
+    from gptqfmt.bits.swar import has_field
+    from gptqfmt.bits.packing import pack
 
     top = (1 << bits) - 1
     rng = np.random.default_rng(bits + word_bits)
@@ -170,14 +174,14 @@ def test_has_field_finds_0_and_maxq_anywhere(bits, word_bits):
             f = clean.copy()
             f[r, c] = value
             assert has_field(pack(f, bits, word_bits, axis=1), bits, value), (value, r, c)
-    saved = conventions.MARK_CHUNK
-    conventions.MARK_CHUNK = 1  # one superword a chunk: the boundary falls in the last one
+    saved = swar.CHUNK
+    swar.CHUNK = 1  # one superword a chunk: the boundary falls in the last one
     try:
         f = rng.integers(1, top, (4, 128)).astype(np.uint8)
         f[3, 127] = top
         assert has_field(pack(f, bits, word_bits, axis=1), bits, top)
     finally:
-        conventions.MARK_CHUNK = saved
+        swar.CHUNK = saved
     with pytest.raises(ValueError, match="neither 0 nor maxq"):
         has_field(pack(f, bits, word_bits, axis=1), bits, 1)
 
@@ -189,8 +193,8 @@ def test_words_moved_checks_the_move_by_a_difference(bits, word_bits, src, dst):
     """The gate's word check: true for the fields moved one by one (convert_fields, not
     moved_words), false for one field off, for a move in the other direction, and for words of
     another shape."""
-    from gptqfmt.conventions import convert_fields, word_path, words_moved
-    from gptqfmt.gptq.packing import pack
+    from gptqfmt.bits.conventions import convert_fields, word_path, words_moved
+    from gptqfmt.bits.packing import pack
 
     top = (1 << bits) - 1
     rng = np.random.default_rng(bits * word_bits)

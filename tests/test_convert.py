@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import gptqfmt
 from gptqfmt.conversion import NotRepresentable, convert, convert_qzeros
 from gptqfmt.errors import FindingError, UsageError
-from gptqfmt.gptq.packing import pack
+from gptqfmt.bits.packing import pack
 from gptqfmt.safetensors_io import SafetensorsFile
 from tests.support import CKPT, MANIFEST, SPECS, slow_pack_column, slow_unpack_column
 

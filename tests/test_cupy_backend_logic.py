@@ -11,11 +11,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gptqfmt.conventions import ZeroRule
+from gptqfmt.bits.conventions import ZeroRule
 from gptqfmt.errors import UsageError
-from gptqfmt.gptq.packing import pack
+from gptqfmt.bits.packing import pack
 from gptqfmt.resources import data_dir
-from gptqfmt.numerics import F16, F32, ModuleTensors
+from gptqfmt.formats.model import F16, F32, ModuleTensors
 from gptqfmt.numerics.cpu import TILE_K, CpuBackend
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
@@ -112,7 +112,7 @@ def test_backend_equals_cpu_twin(backend, bits, word_bits, cols, k):
         wb = CpuBackend().dequant(t, rule, cols)
         assert np.array_equal(wa, wb)
     # the fused comparison: zero fields moved in two groups, under every pair of rules
-    from gptqfmt.gptq.packing import unpack
+    from gptqfmt.bits.packing import unpack
     f = unpack(qz, bits, axis=1).astype(np.int64)
     f[0, 3] = (f[0, 3] + 1) % 2**bits
     f[2, 40] = (f[2, 40] + 2) % 2**bits

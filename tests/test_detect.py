@@ -8,12 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gptqfmt
-from gptqfmt.gptq.checkpoint import open_checkpoint
-from gptqfmt.gptq.codestats import read_cell_sums
-from gptqfmt.gptq.detect import AMBIGUOUS, GPTQ, GPTQ_V2, ModuleVerdict, ZeroStats, combine, decide, \
-    zero_stats
-from gptqfmt.gptq.evidence import detect_checkpoint
-from gptqfmt.gptq.packing import pack
+from gptqfmt.formats.gptq.checkpoint import open_checkpoint
+from gptqfmt.detection.codestats import read_cell_sums
+from gptqfmt.bits.conventions import GPTQ, GPTQ_V2
+from gptqfmt.detection.decide import AMBIGUOUS, ModuleVerdict, decide
+from gptqfmt.detection.pool import combine
+from gptqfmt.detection.stats import ZeroStats, zero_stats
+from gptqfmt.detection.read import detect_checkpoint
+from gptqfmt.bits.packing import pack
 from tests.support import CKPT, GEN, MANIFEST, SPECS
 
 
@@ -121,7 +123,7 @@ def test_quartiles_by_counting_equal_quartiles_by_partition(values):
     """zero_stats counts integer numerators when every cell rests on the same number of codes:
     the counts must give the partition's quartiles, with the bounds measured or given (a span
     of at most 4000 always takes the counting path)."""
-    from gptqfmt.gptq.detect import _quartiles, _quartiles_of_integers
+    from gptqfmt.detection.stats import _quartiles, _quartiles_of_integers
     k = np.array(values, dtype=np.int64)
     want = _quartiles(k.astype(np.float64))
     assert _quartiles_of_integers(k) == want
@@ -134,7 +136,7 @@ def test_quartiles_with_positions_left_out(values, data):
     """zero_stats counts every cell and subtracts the few at 0 or maxq (`drop`): the same
     quartiles as the values without them, by counting (bounds given) and by partition (bounds
     too wide for counting, or measured)."""
-    from gptqfmt.gptq.detect import _quartiles, _quartiles_of_integers
+    from gptqfmt.detection.stats import _quartiles, _quartiles_of_integers
     k = np.array(values, dtype=np.int64)
     drop = np.array(sorted(data.draw(st.sets(st.integers(0, len(k) - 1), min_size=1,
                                              max_size=len(k) - 1))), dtype=np.int64)

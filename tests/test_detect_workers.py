@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from gptqfmt.gptq import evidence
-from gptqfmt.gptq.checkpoint import open_checkpoint
+from gptqfmt.detection import read as evidence
+from gptqfmt.formats.gptq.checkpoint import open_checkpoint
 from tests.support import ROOT, load_generator
 
 WM = load_generator("make_whole_models")

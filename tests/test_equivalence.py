@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from gptqfmt.conversion import convert
-from gptqfmt.gptq.packing import pack, unpack
+from gptqfmt.bits.packing import pack, unpack
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
 from gptqfmt.resources import validator
-from gptqfmt.numerics.equivalence import compare
+from gptqfmt.ops.equivalence import compare
 from tests.support import CKPT, MANIFEST
 
 LOSSLESS = [("b4-sym-act-gptq-sharded", "gptq_v2"), ("b3-sym-noact-gptq_v2-single", "gptq"),

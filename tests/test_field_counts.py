@@ -5,10 +5,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptqfmt.gptq import detect
-from gptqfmt.gptq.detect import GPTQ, FieldCounts, ModuleVerdict, ZeroStats, field_counts
-from gptqfmt.gptq.evidence import PerModule, detect_sequential
-from gptqfmt.gptq.packing import pack
+from gptqfmt.bits import swar
+from gptqfmt.bits.conventions import GPTQ
+from gptqfmt.bits.packing import pack
+from gptqfmt.detection import pool, stats
+from gptqfmt.detection.decide import ModuleVerdict
+from gptqfmt.detection.read import detect_sequential
+from gptqfmt.detection.stats import FieldCounts, ZeroStats, field_counts
+from tests.support import ROOT, load_script
+
+PerModule = load_script(ROOT / "scripts" / "calibrate_detection.py").PerModule
 
 COMBOS = [(b, w) for b in (2, 3, 4, 8) for w in (8, 16, 32, 64) if b != 3 or w == 32]
 
@@ -45,7 +51,7 @@ def check(fields, bits, word_bits):
     assert (lazy.stored_maxq, lazy.stored_zero, lazy.top_runs) == (None, None, want.top_runs)
     if bits == 3 or word_bits == bits:  # no runs to count: nothing left out
         assert lazy.top_runs_expected == got.top_runs_expected
-    elif want.top_runs >= detect.RUNS_CHANCE_MIN:
+    elif want.top_runs >= stats.RUNS_CHANCE_MIN:
         assert lazy.top_runs_expected == got.top_runs_expected
     else:
         assert lazy.top_runs_expected is None
@@ -77,12 +83,12 @@ def test_field_counts_match_the_reference(bits, word_bits, data):
         fpw = max(1, word_bits // bits)
         for r, w in zip(rng.integers(0, g, 5), rng.integers(0, n // fpw if bits != 3 else 1, 5)):
             fields[r, w * fpw + fpw // 2: (w + 1) * fpw] = maxq
-    chunk = data.draw(st.sampled_from([1, 7, 64, detect.FIELD_CHUNK]))
-    saved, detect.FIELD_CHUNK = detect.FIELD_CHUNK, chunk  # several chunks and partial sums
+    chunk = data.draw(st.sampled_from([1, 7, 64, swar.CHUNK]))
+    saved, swar.CHUNK = swar.CHUNK, chunk  # several chunks and partial sums
     try:
         check(fields, bits, word_bits)
     finally:
-        detect.FIELD_CHUNK = saved
+        swar.CHUNK = saved
 
 
 def test_zero_stats_with_field_counts_from_the_words_equals_from_the_fields():
@@ -94,9 +100,9 @@ def test_zero_stats_with_field_counts_from_the_words_equals_from_the_fields():
     sums = rng.integers(0, 2000, (16, 64)).astype(np.uint64)
     counts = np.zeros(16, np.int64)
     counts[[1, 5, 9]] = 128
-    whole = detect.zero_stats(fields, sums, counts, 4, 32)
+    whole = stats.zero_stats(fields, sums, counts, 4, 32)
     read = np.flatnonzero(counts)
-    part = detect.zero_stats(fields[read], sums[read], counts[read], 4, 32,
+    part = stats.zero_stats(fields[read], sums[read], counts[read], 4, 32,
                              field_counts(pack(fields, 4, 32, axis=1), 4, chance=True),
                              row_index=read)
     assert whole == part
@@ -113,7 +119,7 @@ def verdict(name, complete=False, inconsistent=False, llr=0.0):
 
 
 def test_sampling_rounds_skip_modules_that_fit_neither_and_stop_at_the_budget(monkeypatch):
-    from gptqfmt.gptq import evidence
+    from gptqfmt.detection import read as evidence
     monkeypatch.setattr(evidence, "SAMPLE_BYTES", 10)
     monkeypatch.setattr(evidence, "EXTRA_BYTES", 100)
     reads = []
@@ -130,7 +136,7 @@ def test_sampling_rounds_skip_modules_that_fit_neither_and_stop_at_the_budget(mo
 
 
 def test_sampling_stops_when_the_pooled_evidence_decides(monkeypatch):
-    from gptqfmt.gptq import evidence
+    from gptqfmt.detection import read as evidence
     monkeypatch.setattr(evidence, "SAMPLE_BYTES", 10)
     reads = []
 
@@ -156,7 +162,7 @@ def test_pooled_runs_fill_in_the_chance_they_need():
         asked.append(i)
         return 0.001
     tops = [2, 2, 2, 2, 1, 1, 0]           # 10 runs: the pooled test runs
-    mods = [with_runs(f"m{i}", t, 0.001 if t >= detect.RUNS_CHANCE_MIN else None)
+    mods = [with_runs(f"m{i}", t, 0.001 if t >= stats.RUNS_CHANCE_MIN else None)
             for i, t in enumerate(tops)]
     det = detect_sequential(PerModule(lambda i, s: mods[i], chance), [10] * len(mods), full=True)
     assert asked == [4, 5, 6]
@@ -170,25 +176,25 @@ def test_pooled_runs_fill_in_the_chance_they_need():
 
 def test_combine_refuses_pooled_runs_without_every_chance():
     mods = [with_runs(f"m{i}", 2, 0.001) for i in range(5)] + [with_runs("m5", 0)]
-    assert detect.runs_chance_missing(mods) == [5]
+    assert pool.runs_chance_missing(mods) == [5]
     with pytest.raises(ValueError, match="runs_chance_missing"):
-        detect.combine(mods)
-    filled = detect.with_runs_chance(mods[5], 0.25)
+        pool.combine(mods)
+    filled = pool.with_runs_chance(mods[5], 0.25)
     assert filled.stats.top_runs_expected == 0.25 and mods[5].stats.top_runs_expected is None
-    assert detect.combine(mods[:5] + [filled]).verdict == GPTQ
+    assert pool.combine(mods[:5] + [filled]).verdict == GPTQ
 
 
 def test_inspect_reads_every_modules_chance_when_the_pooled_test_needs_it(monkeypatch):
     """The I/O side of the fill: with the pooled test always on, inspect of AutoGPTQ's fixture
     gives every module its runs by chance, and the verdicts of the eager computation."""
-    from gptqfmt.gptq.checkpoint import open_checkpoint
-    from gptqfmt.gptq.evidence import detect_checkpoint
+    from gptqfmt.formats.gptq.checkpoint import open_checkpoint
+    from gptqfmt.detection.read import detect_checkpoint
     from tests.support import CKPT
     path = CKPT / "autogptq-b4-asym-gptq"
-    monkeypatch.setattr(detect, "POOLED_RUNS_MIN", 0)
+    monkeypatch.setattr(pool, "POOLED_RUNS_MIN", 0)
     lazy = detect_checkpoint(open_checkpoint(path), jobs=1)
     assert all(v.stats.top_runs_expected is not None for v in lazy.modules if v.stats)
-    monkeypatch.setattr(detect, "RUNS_CHANCE_MIN", 0)
+    monkeypatch.setattr(stats, "RUNS_CHANCE_MIN", 0)
     eager = detect_checkpoint(open_checkpoint(path), jobs=1)
     assert [v.to_json() for v in lazy.modules] == [v.to_json() for v in eager.modules]
 
@@ -201,14 +207,14 @@ def verdicts_without_stats(det):
 def test_leaving_out_the_chance_changes_no_verdict(monkeypatch):
     """Every shipped fixture: inspect's lazy runs by chance gives the verdicts, evidence and
     signatures that computing it for every module gives."""
-    from gptqfmt.gptq.checkpoint import open_checkpoint
-    from gptqfmt.gptq.evidence import detect_checkpoint
+    from gptqfmt.formats.gptq.checkpoint import open_checkpoint
+    from gptqfmt.detection.read import detect_checkpoint
     from tests.support import CKPT
     paths = sorted(p for p in CKPT.iterdir() if p.is_dir())
     assert len(paths) > 50
     lazy = {p.name: verdicts_without_stats(detect_checkpoint(open_checkpoint(p), jobs=1))
             for p in paths}
-    monkeypatch.setattr(detect, "RUNS_CHANCE_MIN", 0)
+    monkeypatch.setattr(stats, "RUNS_CHANCE_MIN", 0)
     for p in paths:
         eager = verdicts_without_stats(detect_checkpoint(open_checkpoint(p), jobs=1))
         assert lazy[p.name] == eager, p.name

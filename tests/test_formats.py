@@ -20,19 +20,19 @@ import numpy as np
 import pytest
 
 from gptqfmt import formats
-from gptqfmt.conventions import GPTQ_V2, ZeroRule
+from gptqfmt.bits.conventions import ZeroRule
 from gptqfmt.conversion import convert
 from gptqfmt.errors import FindingError, UsageError
 from gptqfmt.formats import relayout
 from gptqfmt.formats.targets import matches, patterns
-from gptqfmt.gptq.checkpoint import open_checkpoint
-from gptqfmt.gptq.packing import pack, unpack
-from gptqfmt.inspection import inspect_checkpoint
+from gptqfmt.formats.gptq.checkpoint import open_checkpoint
+from gptqfmt.bits.packing import pack, unpack
+from gptqfmt.ops.inspect import inspect_checkpoint
 from gptqfmt.numerics.cpu import dequant
 from gptqfmt.resources import validator
 from gptqfmt.safetensors_io import save_file
 from gptqfmt.safetensors_io.index import open_store
-from gptqfmt.validation import validate
+from gptqfmt.ops.verify import validate
 from tests.support import CKPT, FIXTURES, ROOT, SPECS, digest, load_generator, staging_dirs
 
 FORMATS = FIXTURES / "formats"
@@ -68,19 +68,10 @@ def tensors_of(path):
         st.close()
 
 
-def open_any(path):
-    st = open_store(path)
-    s = formats.sniff(st)
-    if s.format == formats.GPTQ:
-        st.close()
-        from gptqfmt.formats.gptq import GptqSource
-        return GptqSource(open_checkpoint(path), GPTQ_V2)
-    return formats.open_source(path, s, st)
-
-
 def dequant_all(path) -> dict[str, np.ndarray]:
-    """W [K, N] float32 of every module, through the one model."""
-    src = open_any(path)
+    """W [K, N] float32 of every module, through the one model (a GPTQ checkpoint read as its
+    label says)."""
+    src = formats.open_source(path)
     try:
         return {m.name: dequant(formats.module_tensors(src, m), ZeroRule.V2)
                 for m in src.modules}
@@ -92,7 +83,7 @@ def dequant_all(path) -> dict[str, np.ndarray]:
 
 def test_awq_word_golden():
     """gemm.py packs output channels 0..7 as nibbles [0,2,4,6,1,3,5,7]: 0x75316420."""
-    w = relayout.awq_words(np.arange(8, dtype=np.uint8)[None])
+    w = FGEN.awq_pack(np.arange(8, dtype=np.uint8)[None])
     assert w.view(np.uint32)[0, 0] == 0x75316420
     assert relayout.awq_fields(np.array([[0x75316420]], np.uint32).view(np.int32)).tolist() \
         == [list(range(8))]
@@ -102,7 +93,6 @@ def test_awq_layout_matches_the_slow_writer():
     rng = np.random.default_rng(1)
     codes = rng.integers(0, 16, (5, 64)).astype(np.uint8)
     words = FGEN.awq_pack(codes)
-    assert np.array_equal(words, relayout.awq_words(codes))
     assert np.array_equal(relayout.awq_fields(words), codes)
 
 
@@ -761,16 +751,16 @@ def test_killed_conversion_leaves_nothing(fault, tmp_path):
 
 
 def test_a_wrong_writer_is_caught_by_the_gate(monkeypatch, tmp_path):
-    from gptqfmt.formats import ct
-    real = ct.tensor
+    from gptqfmt.formats.ct import CtWriter
+    real = CtWriter.tensor
 
-    def off_by_one(role, src, m):
-        out = real(role, src, m)
+    def off_by_one(self, role, src, m):
+        out = real(self, role, src, m)
         if role == "scales" and m.name == Q:
             out = out.copy()
             out.view(np.uint16)[0, 0] ^= 1
         return out
-    monkeypatch.setattr(ct, "tensor", off_by_one)
+    monkeypatch.setattr(CtWriter, "tensor", off_by_one)
     with pytest.raises(FindingError) as e:
         convert(CKPT / "b4-asym-noact-gptq_v2-single", tmp_path / "x", to="compressed-tensors")
     assert {f.code for f in e.value.findings} == {"GQ503"}

@@ -6,9 +6,9 @@ GPTQFMT_REQUIRE_GPU=1 (scripts/gpu-check.sh sets it, so a broken CuPy cannot hid
 import numpy as np
 import pytest
 
-from gptqfmt.conventions import ZeroRule
-from gptqfmt.gptq.checkpoint import open_checkpoint
-from gptqfmt.numerics import F16, F32, module_tensors
+from gptqfmt.bits.conventions import ZeroRule
+from gptqfmt.formats.gptq.checkpoint import open_checkpoint
+from gptqfmt.formats.model import F16, F32
 from gptqfmt.numerics.cpu import CpuBackend
 from tests.support import CKPT, SPECS
 
@@ -28,7 +28,7 @@ def test_gpu_equals_cpu_on_every_fixture(gpu, name):
     rng = np.random.default_rng(0)
     with open_checkpoint(CKPT / name) as ck:
         for m in ck.modules:
-            t = module_tensors(ck, m)
+            t = ck.module_tensors(m)
             for x_kind in (F32, F16):
                 x = rng.standard_normal((4, m.in_features)).astype(np.float32)
                 if x_kind == F16:
@@ -46,7 +46,7 @@ def test_gpu_backend_checks_arguments(gpu):
     from gptqfmt.errors import UsageError
     with open_checkpoint(CKPT / "b4-sym-act-gptq-sharded") as ck:
         m = ck.modules[0]
-        t = module_tensors(ck, m)
+        t = ck.module_tensors(m)
         with pytest.raises(UsageError):
             gpu.gemm(np.zeros((17, m.in_features), np.float32), F32, t, 0)
         with pytest.raises(UsageError):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gptqfmt import hub
+from gptqfmt.safetensors_io import hub
 from support import CKPT, FIXTURES, hf_cache_entry
 
 hh = pytest.importorskip("huggingface_hub", reason="the [hub] extra (in [test])")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gptqfmt.errors import FindingError, UsageError
-from gptqfmt.gptq.checkpoint import open_checkpoint
+from gptqfmt.formats.gptq.checkpoint import open_checkpoint
 from gptqfmt.safetensors_io import save_file
 from gptqfmt.safetensors_io.index import INDEX_NAME, open_store
 from tests.support import CKPT

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from gptqfmt import journal
+from gptqfmt.safetensors_io import journal
 from gptqfmt.safetensors_io.reader import SafetensorsFile
 from tests.support import CKPT, FIXTURES, digest
 
@@ -273,7 +273,7 @@ def test_a_range_torn_by_a_kill_inside_its_write(tmp_path, run_cli, monkeypatch,
     page that is neither its old bytes nor its new ones was written by something else: GQ421,
     nothing touched. The journal is written here as convert writes it, with 16-byte pages so
     the fixture's 64-byte ranges span several."""
-    from gptqfmt.journal import pages
+    from gptqfmt.safetensors_io.journal import pages
     d = copy(tmp_path)
     converted = tmp_path / "converted"
     assert run_cli("convert", SRC, converted, "--to", "gptq", "-q").exit_code == 0

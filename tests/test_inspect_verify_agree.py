@@ -93,13 +93,13 @@ def sampled(tmp_path_factory):
 
 def test_sampled_checkpoints_are_sampled(sampled):
     """The premise of the tests below: inspect leaves codes unread in the MLP modules only."""
-    from gptqfmt.gptq.codestats import read_cell_sums
-    from gptqfmt.gptq.evidence import module_g_idx, sampled_blocks
+    from gptqfmt.detection.codestats import read_cell_sums
+    from gptqfmt.detection.read import sampled_blocks
     root, _ = sampled
     with gptqfmt.open_checkpoint(root / "sampled-b4-asym-gptq") as ckpt:
         for m in ckpt.modules:
             qw = ckpt.view(m.tensors["qweight"])
-            read, _, counts = read_cell_sums(qw, m.bits, module_g_idx(ckpt, m), m.groups,
+            read, _, counts = read_cell_sums(qw, m.bits, ckpt.g_idx(m), m.groups,
                                              sampled_blocks(m, qw, full=False))
             if m.name in SAMPLED_MODULES:  # one qweight row (8 codes) of some groups, none of others
                 assert set(counts.tolist()) == {8} and 0 < len(read) < m.groups, m.name
@@ -165,7 +165,8 @@ def test_zero_stats_counts_stored_fields_of_unread_groups():
     the same columns and groups would be those columns' and groups' own lean, not a bug.)"""
     import numpy as np
 
-    from gptqfmt.gptq.detect import corruption_signatures, zero_stats
+    from gptqfmt.detection.decide import corruption_signatures
+    from gptqfmt.detection.stats import zero_stats
     stored = np.full((32, 64), 5, dtype=np.uint8)
     for g in range(4, 20):
         w = g % 8

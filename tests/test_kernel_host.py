@@ -6,7 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from gptqfmt.gptq.packing import unpack
+from gptqfmt.bits.packing import unpack
 from gptqfmt.numerics.cpu import TILE_K
 from gptqfmt.resources import data_dir
 
@@ -67,7 +67,7 @@ def test_half_and_bfloat16_widening_is_exact_for_every_value(lib):
 
 
 def random_module(rng, bits, k=96, n=64, groups=3, act=True):
-    from gptqfmt.gptq.packing import pack
+    from gptqfmt.bits.packing import pack
     codes = rng.integers(0, 2**bits, (k, n))
     zeros = rng.integers(0, 2**bits, (groups, n))
     g = np.repeat(np.arange(groups), k // groups).astype(np.int32)
@@ -103,12 +103,12 @@ def test_kernel_gemm_body_equals_cpu_twin_bitwise(lib, bits, rule, scale_kind, x
                            ctypes.c_int(rule))
     lib.gq_host_sum_tiles(ptr(partial), ptr(y), ctypes.c_int64(tiles), ctypes.c_int(3),
                           ctypes.c_int64(n))
-    from gptqfmt.numerics import Kind, ModuleTensors
+    from gptqfmt.formats.model import Kind, ModuleTensors
     twin = CpuBackend().gemm(x, Kind(x_kind), ModuleTensors(qw, qz, scales, Kind(scale_kind), g,
                                                             bits), rule)
     assert np.array_equal(y.view(np.uint32), twin.view(np.uint32))
     # and the twin against a slow, obviously right float64 reference (rounding only)
-    from gptqfmt.gptq.packing import unpack
+    from gptqfmt.bits.packing import unpack
     zz = unpack(qz, bits, 1).astype(np.int64)
     zz = {0: zz, 1: zz + 1, 2: (zz + 1) & (2**bits - 1)}[rule]
     w = np.zeros((k, n))

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptqfmt.gptq.packing import block, constant_words, pack, unpack
+from gptqfmt.bits.packing import block, constant_words, pack, unpack
 from tests.support import slow_pack_column, slow_unpack_column
 
 COMBOS = [(b, w) for b in (2, 3, 4, 8) for w in (8, 16, 32, 64) if b != 3 or w == 32]

@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
 from gptqfmt.safetensors_io.index import INDEX_NAME, open_store
-from gptqfmt.gptq.config import load_config
+from gptqfmt.formats.gptq.config import load_config
 from tests.support import CKPT, SPECS
 
 QC, CJ, MD = "quantize_config.json", "config.json:quantization_config", "__metadata__"

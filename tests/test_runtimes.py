@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 
 from gptqfmt import runtimes as rt
-from gptqfmt.conventions import GPTQ, GPTQ_V2, Reading, ZeroRule, effective_zeros, read_zeros
+from gptqfmt.bits.conventions import GPTQ, GPTQ_V2, ZeroRule, effective_zeros
+from gptqfmt.runtimes.readings import Reading, read_zeros, truth_zeros
 from gptqfmt.errors import GptqfmtError
-from gptqfmt.gptq.checkpoint import open_checkpoint
-from gptqfmt.gptq.detect import stored_fields
-from gptqfmt.gptq.evidence import detect_checkpoint
-from gptqfmt.gptq.packing import pack
+from gptqfmt.formats.gptq.checkpoint import open_checkpoint
+from gptqfmt.bits.layout import stored_fields
+from gptqfmt.detection.read import detect_checkpoint
+from gptqfmt.bits.packing import pack
 from gptqfmt.resources import validator
-from gptqfmt.verdicts import assess, config_facts, module_facts, truth_zeros
+from gptqfmt.runtimes.verdicts import assess, config_facts, module_facts
 from tests.support import CKPT, ROOT
 
 
@@ -141,7 +142,7 @@ def test_nibble_reading_is_mod_16_at_8_bits():
 def test_truth_takes_a_stored_maxq_as_zero_unless_its_codes_say_otherwise():
     s = np.array([[15, 7, 15, 0, 8, 8, 8, 8]], np.uint8)
     assert truth_zeros(s, 4, GPTQ)[0, :4].tolist() == [0, 8, 0, 1]
-    assert truth_zeros(s, 4, GPTQ, consistent_at=[2])[0, :4].tolist() == [0, 8, 16, 1]
+    assert truth_zeros(s, 4, GPTQ, high=[2])[0, :4].tolist() == [0, 8, 16, 1]
     assert truth_zeros(s, 4, GPTQ_V2)[0, :4].tolist() == [15, 7, 15, 0]
 
 
@@ -374,7 +375,7 @@ def test_readme_carries_the_generated_table():
 def test_counting_on_packed_words_equals_comparing_every_field(name):
     """inspect counts misread cells on the packed words (carried_fields, fields_equal); verify
     compares every field: the same cells and cause for every reading, under either truth."""
-    from gptqfmt.verdicts import misread
+    from gptqfmt.runtimes.verdicts import misread
     ckpt = open_checkpoint(CKPT / name)
     det = detect_checkpoint(ckpt, full=True)
     by = {v.name: v for v in det.modules}
@@ -403,29 +404,29 @@ def test_marlin_ignoring_non_constant_zeros_is_gq603(run_cli):
 
 
 def test_count_marked_in_chunks_equals_whole_tensor_marks(monkeypatch):
-    """count_marked walks rows in chunks of MARK_CHUNK words; forced to tiny chunks, it counts
+    """count_marked walks rows in chunks of CHUNK words; forced to tiny chunks, it counts
     what the whole-tensor marks count."""
-    from gptqfmt import conventions as cv
+    from gptqfmt.bits import swar as cv
     rng = np.random.default_rng(9)
     s = rng.integers(0, 16, size=(37, 64)).astype(np.uint8)
     s[:, ::5] = 15
     s[:, 2::7] = 0
     w = pack(s, 4, 32, axis=1)
-    want = (cv.count_fields(cv.carried_fields(w, 4, Reading.V1_CARRY)),
+    want = (cv.count_fields(cv.carried_fields(w, 4, True)),
             cv.count_fields(cv.fields_equal(w, 4, 15)),
             cv.count_fields(cv.fields_equal(w, 4, 0) &
-                            ~cv.carried_fields(w, 4, Reading.V2_BORROW)))
+                            ~cv.carried_fields(w, 4, False)))
     for chunk in (8, 24, 1 << 15):
-        monkeypatch.setattr(cv, "MARK_CHUNK", chunk)
-        assert (cv.count_marked(w, 4, Reading.V1_CARRY), cv.count_marked(w, 4, value=15),
-                cv.count_marked(w, 4, Reading.V2_BORROW, value=0, unless_carried=True)) == want
+        monkeypatch.setattr(cv, "CHUNK", chunk)
+        assert (cv.count_marked(w, 4, True), cv.count_marked(w, 4, value=15),
+                cv.count_marked(w, 4, False, value=0, unless_carried=True)) == want
     assert want[1] == int((s == 15).sum())
 
 
 def test_field_comparison_in_chunks_equals_one_pass(monkeypatch):
-    """verify compares fields a chunk of groups at a time (ROWS_CHUNK cells); the 2^bits cells
+    """verify compares fields a chunk of groups at a time (CHUNK cells); the 2^bits cells
     of consistent_at land in the right chunk: tiny chunks give the one-pass answer."""
-    import gptqfmt.verdicts as vd
+    import gptqfmt.runtimes.verdicts as vd
     ckpt = open_checkpoint(CKPT / "b4-asym-noact-gptq_v2-single")
     det = detect_checkpoint(ckpt, full=True)
     assert any(v.stats.consistent_at for v in det.modules)
@@ -433,7 +434,7 @@ def test_field_comparison_in_chunks_equals_one_pass(monkeypatch):
     for truth in (GPTQ, GPTQ_V2):
         whole = {m.name: vd.misreads(ckpt, m, v, truth, keys, True)
                  for m, v in zip(ckpt.modules, det.modules)}
-        monkeypatch.setattr(vd, "ROWS_CHUNK", 64)   # one group row of 64 columns per chunk
+        monkeypatch.setattr(vd, "CHUNK", 64)   # one group row of 64 columns per chunk
         parts = {m.name: vd.misreads(ckpt, m, v, truth, keys, True)
                  for m, v in zip(ckpt.modules, det.modules)}
         monkeypatch.undo()

@@ -70,7 +70,7 @@ def test_module_fitting_neither_convention_fails(tmp_path):
 
     import numpy as np
 
-    from gptqfmt.gptq.packing import pack, unpack
+    from gptqfmt.bits.packing import pack, unpack
     from gptqfmt.safetensors_io import SafetensorsFile, save_file
     name = "b4-asym-noact-gptq_v2-single"
     shutil.copytree(CKPT / name, tmp_path / "c")

@@ -7,10 +7,11 @@ import io
 import os
 import traceback
 from pathlib import Path
+from typing import Callable
 
 import click
 
-from .. import hub
+from ..safetensors_io import hub
 from ..errors import FindingError, GptqfmtError, OutputError, UsageError
 from .output import note
 from .reporters import REPORTERS, reporter
@@ -137,10 +138,40 @@ DOWNLOAD_OPTION = click.option(
          "huggingface_hub; without it nothing is downloaded.")
 
 
+def handle(body: Callable[[], int | None], failure: Callable[..., None], debug: bool) -> int:
+    """The one error boundary: run `body` and return its exit code; an exception becomes one
+    report through `failure(status, code, findings=..., message=...)` and its exit code
+    (FindingError 1 with its findings, another GptqfmtError its own, a signal 128 + n, anything
+    else 3 with one line, its traceback only with `debug`). A closed stdout is left to run()."""
+    try:
+        return body() or 0
+    except FindingError as e:
+        failure("fail", 1, findings=e.findings)
+        return 1
+    except GptqfmtError as e:
+        failure("error", e.exit_code, message=str(e))
+        return e.exit_code
+    except Interrupted as e:  # SIGINT/SIGTERM/SIGHUP; `finally` blocks (staging) have run
+        failure("error", e.exit_code, message=str(e))
+        return e.exit_code
+    except BrokenPipeError:
+        raise  # stdout was closed (`| head`): not an internal error; run() exits quietly
+    except Exception as e:  # noqa: BLE001 - the catch-all that keeps tracebacks off CI logs
+        if debug:
+            traceback.print_exc()
+        failure("error", 3, message=f"internal error: {type(e).__name__}: {e}"
+                + ("" if debug else " (run with --debug for the traceback)"))
+        return 3
+
+
+DEBUG_OPTION = click.option("--debug", is_flag=True,
+                            help="Show the traceback of an internal error (exit 3).")
+
+
 def guarded(fn):
-    """Run a command body; map errors to one line (or one JSON document) and an exit code.
-    The body gets `out` (an Outputs) in place of the --format, --output, --color, --quiet and
-    --summary options, and reports through it."""
+    """Run a command body inside the error boundary (handle): errors become one line (or one
+    JSON document) and an exit code. The body gets `out` (an Outputs) in place of the
+    --format, --output, --color, --quiet and --summary options, and reports through it."""
 
     @functools.wraps(fn)
     def wrapper(*args, fmt="text", debug=False, outputs=(), color="auto", quiet=False,
@@ -150,25 +181,7 @@ def guarded(fn):
         target = kwargs.get("path") or kwargs.get("src")
         command = fn.__name__.removesuffix("_cmd").replace("_", "-")  # verify_cmd: verify
         out = Outputs(fmt, view, list(outputs), target, command)
-        try:
-            code = fn(*args, out=out, **kwargs)
-        except FindingError as e:
-            out.failure("fail", 1, findings=e.findings)
-            code = 1
-        except GptqfmtError as e:
-            out.failure("error", e.exit_code, message=str(e))
-            code = e.exit_code
-        except Interrupted as e:  # SIGINT/SIGTERM/SIGHUP; `finally` blocks (staging) have run
-            out.failure("error", e.exit_code, message=str(e))
-            code = e.exit_code
-        except BrokenPipeError:
-            raise  # stdout was closed (`| head`): not an internal error; run() exits quietly
-        except Exception as e:  # noqa: BLE001 - the catch-all that keeps tracebacks off CI logs
-            if debug:
-                traceback.print_exc()
-            out.failure("error", 3, message=f"internal error: {type(e).__name__}: "
-                        f"{e}" + ("" if debug else " (run with --debug for the traceback)"))
-            code = 3
+        code = handle(lambda: fn(*args, out=out, **kwargs), out.failure, debug)
         try:
             out.commit()
         except OutputError as e:
@@ -176,8 +189,7 @@ def guarded(fn):
             code = e.exit_code if code in (0, 1, None) else code
         raise SystemExit(code or 0)
 
-    wrapper = click.option("--debug", is_flag=True,
-                           help="Show the traceback of an internal error (exit 3).")(wrapper)
+    wrapper = DEBUG_OPTION(wrapper)
     for option in (QUIET_OPTION, COLOR_OPTION, OUTPUT_OPTION, FORMAT_OPTION):
         wrapper = option(wrapper)
     return wrapper

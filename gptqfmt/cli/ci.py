@@ -22,10 +22,10 @@ from urllib.parse import quote
 
 from ..conversion import ConvertReport
 from ..conversion.relabel import RelabelResult
-from ..inspection import InspectResult
-from ..numerics.equivalence import EquivalenceReport, ReferenceReport
-from ..validation import FormatReport, Report
 from ..findings import CATALOGUE, ERROR, WARNING, Finding
+from ..ops.equivalence import EquivalenceReport, ReferenceReport
+from ..ops.inspect import InspectResult
+from ..ops.verify import Report
 from ..version import __version__
 from .output import Reporter, emit_json, escape
 from .text_lines import (against_lines, convert_lines, differs, failure_lines, fix_label_lines,
@@ -64,10 +64,9 @@ class _CiReporter(Reporter):
                           list(result.findings), [m["name"] for m in doc["modules"]]))
 
     def verify(self, report: Report, strict: bool, code: int) -> None:
-        mods = (report.source.modules if isinstance(report, FormatReport)
-                else report.checkpoint.modules)
         self.emit(Outcome("verify", report.path, code, _final(verify_lines(report, strict)),
-                          list(report.findings), [m.name for m in mods], strict))
+                          list(report.findings), [r.name for r in report.source.records()],
+                          strict))
 
     def against(self, rep: EquivalenceReport, code: int) -> None:
         found = [Finding("GQ504", f"differs {differs(m)}", tensor=m.name)
@@ -90,7 +89,7 @@ class _CiReporter(Reporter):
         mods = []
         if result.verify is not None:
             found += result.verify.findings
-            mods = [m.name for m in result.verify.checkpoint.modules]
+            mods = [r.name for r in result.verify.source.records()]
         self.emit(Outcome("fix-label", str(result.plan.path), code,
                           _final(fix_label_lines(result)), found, mods))
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import click
 
-from ..conventions import GPTQ_V2
-from ..formats import FORMATS, TARGETS
+from ..bits.conventions import GPTQ_V2
 from ..conversion import convert
+from ..formats import FORMATS, TARGETS
 from .boundary import DOWNLOAD_OPTION, guarded
 from .progress import Progress
 

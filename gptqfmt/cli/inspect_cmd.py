@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..inspection import inspect_checkpoint
+from ..ops.inspect import inspect_checkpoint
 from .boundary import DOWNLOAD_OPTION, SUMMARY_OPTION, guarded
 
 

@@ -35,9 +35,11 @@ main.add_command(convert_cmd)
 main.add_command(fix_label_cmd)
 
 
-def run(argv: list[str] | None = None) -> None:
-    """Console entry point: like main(), but a usage error that click itself finds (a bad
-    option value, a missing argument) still prints one JSON document under --format json.
+def run(argv: list[str] | None = None, command: click.Command | None = None,
+        prog_name: str = "gptqfmt") -> None:
+    """Console entry point of `command` (the gptqfmt group; gptqfmt-pre-commit passes its own):
+    like calling it, but a usage error that click itself finds (a bad option value, a missing
+    argument) still prints one JSON document under --format json.
 
     SIGINT, SIGTERM and SIGHUP unwind like Ctrl-C (convert removes its staging directory) and
     exit 128 + the signal number: 130, 143, 129. A closed stdout (`| head -1`) exits 141
@@ -48,7 +50,7 @@ def run(argv: list[str] | None = None) -> None:
     restore = _handle_signals()
     try:
         try:
-            code = _invoke(args)
+            code = _invoke(args, command or main, prog_name)
             if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
                 sys.stdout.flush()  # a closed pipe shows here, not in the exit flush
         except Interrupted as e:  # outside a command body (guarded reports those)
@@ -61,8 +63,8 @@ def run(argv: list[str] | None = None) -> None:
     raise SystemExit(code or 0)
 
 
-def _invoke(args: list[str]):
-    """main() without click's standalone handling; returns the exit code."""
+def _invoke(args: list[str], command: click.Command, prog_name: str) -> int:
+    """`command` without click's standalone handling; returns the exit code."""
     import errno
     import sys
 
@@ -75,7 +77,7 @@ def _invoke(args: list[str]):
         except ValueError as e:  # a malformed GPTQFMT_FAULT (a test hook): one line, exit 2
             _report_outside_command(args, 2, str(e))
             return 2
-        return main.main(args=args, prog_name="gptqfmt", standalone_mode=False)
+        return command.main(args=args, prog_name=prog_name, standalone_mode=False)
     except SystemExit as e:
         # click catches EPIPE itself: it swaps in a sys.stdout that swallows the error and exits
         # 1 (older versions: from inside the except clause). Closed output is handled here.

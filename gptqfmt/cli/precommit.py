@@ -15,9 +15,11 @@ from pathlib import Path
 import click
 
 from ..errors import FindingError, GptqfmtError
-from ..reports import summary_counts
-from ..validation import ConfigCheck, FormatReport, check_configs, validate
+from ..ops.reports import summary_counts
+from ..ops.verify import check_configs, validate
+from .boundary import DEBUG_OPTION, handle
 from .output import defuse, escape, finding_line, plural
+from .reporters import reporter
 
 
 def checkpoints(files) -> list[Path]:
@@ -49,9 +51,7 @@ def check(d: Path, full: bool, strict: bool) -> tuple[bool, list[str]]:
                        f"{escape(e.strerror or str(e))}"]
     lines = located(report.findings)
     bad = report.failed(strict)
-    modules = (report.modules if isinstance(report, ConfigCheck) else
-               len(report.source.modules) if isinstance(report, FormatReport) else
-               len(report.checkpoint.modules))
+    modules = report.module_count
     n = summary_counts(report.findings, modules)
     what = "every tensor" if full else "configs, index and headers"
     lines.append(f"{escape(str(d))}: {'FAIL' if bad else 'OK'} ({what} of "
@@ -66,16 +66,23 @@ def check(d: Path, full: bool, strict: bool) -> tuple[bool, list[str]]:
               help="Run the whole verify on each checkpoint (reads every tensor: slow on a "
                    "large model) instead of its configs, index and headers.")
 @click.option("--strict", is_flag=True, help="Fail on warnings too.")
-def precommit(files, full, strict):
+@DEBUG_OPTION
+def precommit(files: tuple[str, ...], full: bool, strict: bool, debug: bool) -> None:
     """Check the checkpoints that FILES belong to (the pre-commit hook gptqfmt-verify)."""
-    ok = True
-    for d in checkpoints(files):
-        passed, lines = check(d, full, strict)
-        ok &= passed
-        for line in lines:
-            click.echo(defuse(line))
-    raise SystemExit(0 if ok else 1)
+    def body() -> int:
+        ok = True
+        for d in checkpoints(files):
+            passed, lines = check(d, full, strict)
+            ok &= passed
+            for line in lines:
+                click.echo(defuse(line))
+        return 0 if ok else 1
+    raise SystemExit(handle(body, reporter("text").failure, debug))
 
 
-def run() -> None:
-    precommit.main(prog_name="gptqfmt-pre-commit")
+def run(argv: list[str] | None = None) -> None:
+    """Console entry point: the command inside gptqfmt's process handling (signals, a closed
+    stdout, click's usage errors), as `gptqfmt` runs."""
+    from .main import run as run_command
+
+    run_command(argv, precommit, "gptqfmt-pre-commit")

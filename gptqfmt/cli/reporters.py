@@ -14,9 +14,9 @@ from typing import Any
 from ..conversion import ConvertReport
 from ..conversion.relabel import RelabelResult
 from ..findings import Finding
-from ..inspection import InspectResult
-from ..numerics.equivalence import EquivalenceReport, ReferenceReport
-from ..validation import Report
+from ..ops.equivalence import EquivalenceReport, ReferenceReport
+from ..ops.inspect import InspectResult
+from ..ops.verify import Report
 from .ci import GithubReporter, JunitReporter, SarifReporter
 from .output import Reporter, defuse, emit_json, note
 from .text_lines import (against_lines, convert_lines, failure_lines, fix_label_lines,

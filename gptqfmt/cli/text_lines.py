@@ -7,10 +7,9 @@ from __future__ import annotations
 from ..conversion import ConvertReport
 from ..conversion.relabel import RelabelResult
 from ..findings import Finding
-from ..formats.checks import layout_words
-from ..inspection import FormatInspectResult, InspectResult
-from ..numerics.equivalence import EquivalenceReport, ReferenceReport
-from ..validation import FormatReport, Report
+from ..ops.equivalence import EquivalenceReport, ReferenceReport
+from ..ops.inspect import InspectResult
+from ..ops.verify import Report
 from .output import escape, finding_line, human_bytes, plural, table
 from .view import Line
 
@@ -89,9 +88,11 @@ def _tail_lines(findings: list[Finding], doc: dict) -> list[Line]:
     return lines
 
 
-def inspect_lines(result: InspectResult | FormatInspectResult, doc: dict) -> list[Line]:
-    """inspect's text report, from its JSON document (one source for both)."""
-    if isinstance(result, FormatInspectResult):
+def inspect_lines(result: InspectResult, doc: dict) -> list[Line]:
+    """inspect's text report, from its JSON document (one source for both): a checkpoint
+    whose zero points follow a label with what it declares and what the data are, one that
+    stores them exactly with its format."""
+    if result.detection is None:
         return format_inspect_lines(result, doc)
     cf, q = doc["checkpoint_format"], doc["quantization"]
     lines = _head_lines(doc)
@@ -116,11 +117,12 @@ def inspect_lines(result: InspectResult | FormatInspectResult, doc: dict) -> lis
     return lines + runtime_lines(doc["runtimes"]) + _tail_lines(result.findings, doc)
 
 
-def format_inspect_lines(result: FormatInspectResult, doc: dict) -> list[Line]:
-    """inspect's text report of a compressed-tensors or AWQ checkpoint, from its JSON."""
+def format_inspect_lines(result: InspectResult, doc: dict) -> list[Line]:
+    """inspect's text report of a checkpoint that stores its zero points exactly
+    (compressed-tensors, AWQ), from its JSON."""
     q = doc["quantization"]
     lines = _head_lines(doc) + [
-        Line(f"format       {escape(layout_words(result.source))}"),
+        Line(f"format       {escape(result.source.describe())}"),
         Line("zero points  stored exactly (Z itself): no convention to detect"),
         Line(f"quantization bits={q['bits']} group_size={q['group_size']} sym={_yn(q['sym'])} "
              f"desc_act={_yn(q['desc_act'])}" + (" (mixed per module)" if q["mixed"] else ""))]
@@ -135,7 +137,7 @@ def format_inspect_lines(result: FormatInspectResult, doc: dict) -> list[Line]:
     return lines + _tail_lines(result.findings, doc)
 
 
-def verify_lines(report: Report | FormatReport, strict: bool) -> list[Line]:
+def verify_lines(report: Report, strict: bool) -> list[Line]:
     lines = findings_lines(report.findings)
     doc = report.to_json(strict)
     ok = not report.failed(strict)
@@ -152,8 +154,8 @@ def verify_lines(report: Report | FormatReport, strict: bool) -> list[Line]:
                           + (f"; {plural(len(cs['unrecorded']), 'file')} with no record"
                              if cs["unrecorded"] else ""),
                           "text", "error" if cs["mismatched"] else None))
-    if isinstance(report, FormatReport):
-        return lines + [final(counts + f"{escape(layout_words(report.source))}; zero points "
+    if report.detection is None:
+        return lines + [final(counts + f"{escape(report.source.describe())}; zero points "
                                        "stored exactly", ok)]
     cf = doc["checkpoint_format"]
     return lines + runtime_lines(doc["runtimes"]) + [final(

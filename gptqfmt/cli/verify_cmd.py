@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import click
 
-from .. import hub
 from ..errors import UsageError
+from ..ops.equivalence import check_usage, compare, reference_fp32
+from ..ops.verify import validate, with_checksums
 from ..runtimes import BY_ID, RUNTIMES
-from ..validation import validate, with_checksums
-from ..numerics.equivalence import check_usage, compare, reference_fp32
+from ..safetensors_io import hub
 from .boundary import DOWNLOAD_OPTION, SUMMARY_OPTION, guarded
 from .progress import Progress
 

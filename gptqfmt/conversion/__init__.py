@@ -1,5 +1,6 @@
 """Lossless zero-point conversion between gptq and gptq_v2 (and back, with an exact loss report)."""
-from ..conventions import NotRepresentable, convert_fields
+from ..bits.conventions import convert_fields
+from ..errors import NotRepresentable
 from .fields import convert_qzeros
 from .run import ConvertReport, convert
 

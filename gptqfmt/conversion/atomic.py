@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .. import faults
 from ..errors import UsageError
-from ..journal import fsync_path
+from ..safetensors_io.journal import fsync_path
 
 TMP_TAG = ".gptqfmt-tmp-"
 

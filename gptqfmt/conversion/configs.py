@@ -32,18 +32,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..conventions import sym_field
+from ..bits.conventions import sym_field
+from ..bits.layout import n_groups, stored_fields
 from ..findings import Finding
-from ..gptq.checkpoint import Checkpoint, Module
-from ..gptq.detect import stored_fields
-from ..gptq.layout import n_groups
+from ..formats.configs import CONFIG_FILES, CONFIG_JSON, CONFIG_KEY, QUANTIZE_CONFIG
+from ..formats.gptq.checkpoint import Checkpoint, Module
 from ..version import __version__
 from .atomic import create
 
-# config.json only counts when it holds a quantization_config; quant_config.json is read by
-# AutoGPTQ and GPTQModel when quantize_config.json is missing, so a stale label there misleads too.
-CONFIG_FILES = ("quantize_config.json", "config.json", "quant_config.json")
-DERIVED_FILE = "quantize_config.json"
+DERIVED_FILE = QUANTIZE_CONFIG    # what a source without any config file gets
 
 
 def set_convention(doc: dict, to: str, provenance: dict) -> dict:
@@ -61,9 +58,8 @@ def set_convention(doc: dict, to: str, provenance: dict) -> dict:
 def relabelled(name: str, doc: dict, to: str, provenance: dict) -> dict:
     """A copy of config file `name`'s parsed document with its quantization config set to
     `to` (set_convention; in config.json, its quantization_config)."""
-    if name == "config.json":
-        return {**doc, "quantization_config": set_convention(doc["quantization_config"], to,
-                                                             provenance)}
+    if name == CONFIG_JSON:
+        return {**doc, CONFIG_KEY: set_convention(doc[CONFIG_KEY], to, provenance)}
     return set_convention(doc, to, provenance)
 
 
@@ -80,17 +76,19 @@ def _read(p: Path):
     return json.loads(p.read_bytes().decode("utf-8"))
 
 
-def _declares(name: str, doc) -> bool:
-    """Whether the parsed file `name` holds a quantization config (what load_config reads)."""
-    if name == "config.json":
-        return isinstance(doc, dict) and isinstance(doc.get("quantization_config"), dict)
-    return isinstance(doc, dict)
+def quant_config(name: str, doc: object) -> dict | None:
+    """The quantization config that the parsed config file `name` holds (what load_config
+    reads), or None."""
+    if name == CONFIG_JSON:
+        q = doc.get(CONFIG_KEY) if isinstance(doc, dict) else None
+        return q if isinstance(q, dict) else None
+    return doc if isinstance(doc, dict) else None
 
 
 def declaring_configs(src_dir: Path) -> list[str]:
     """The config files in src_dir that hold a quantization config: the ones rewrite_configs
     relabels. Empty means the output needs a derived quantize_config.json."""
-    return [n for n in CONFIG_FILES if (src_dir / n).is_file() and _declares(n, _read(src_dir / n))]
+    return [n for n in CONFIG_FILES if (src_dir / n).is_file() and quant_config(n, _read(src_dir / n)) is not None]
 
 
 def rewrite_configs(src_dir: Path, out_dir: Path, to: str, prov: dict,
@@ -103,7 +101,7 @@ def rewrite_configs(src_dir: Path, out_dir: Path, to: str, prov: dict,
         if not p.is_file() or (derived is not None and name == DERIVED_FILE):
             continue  # the derived file replaces one that holds no config (`null`)
         doc = _read(p)
-        if not _declares(name, doc):
+        if quant_config(name, doc) is None:
             with open(p, "rb") as fin, create(out_dir / name) as fout:  # as it is
                 fout.write(fin.read())
             written.append(name)

@@ -6,9 +6,9 @@ import sys
 
 import numpy as np
 
-from ..conventions import CONVENTIONS, convert_fields
+from ..bits.conventions import CONVENTIONS, convert_fields
+from ..bits.packing import SUPPORTED_BITS, block, pack, unpack
 from ..errors import UsageError
-from ..gptq.packing import SUPPORTED_BITS, block, pack, unpack
 
 WORD_DTYPES = ("int8", "int16", "int32", "int64")  # the packer's words, as files store them
 

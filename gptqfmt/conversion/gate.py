@@ -25,15 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import faults, runtimes
-from ..conventions import effective_zeros, lossy_mask, word_path, words_moved
+from .. import faults
+from ..bits.conventions import (effective_zeros, lossy_mask, reference_rule, word_path,
+                                words_moved)
+from ..bits.layout import stored_fields
+from ..bits.packing import unpack
+from ..checks.labels import convention_findings
+from ..detection.decide import ModuleVerdict
+from ..detection.pool import combine
 from ..errors import FindingError
 from ..findings import ERROR
-from ..gptq.checkpoint import Checkpoint, Module, open_checkpoint
-from ..gptq.detect import ModuleVerdict, combine, stored_fields
-from ..gptq.evidence import module_g_idx
-from ..gptq.labels import convention_findings, effective_declared
-from ..gptq.packing import unpack
+from ..formats.gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from ..numerics.cpu import dequant_fields
 from ..safetensors_io.dtypes import to_float32
 
@@ -81,7 +83,7 @@ def check_labels(path, target: str) -> list[str]:
 
     The output's convention is known (convert wrote `target`), so the data are not read again:
     verify's convention_findings runs with a detection that says `target` for every module, and
-    effective_declared (what vLLM, transformers and ExLlamaV2 read) must be `target`. Every
+    the label (what vLLM, transformers and ExLlamaV2 read) must be `target`. Every
     error of opening the output counts too (config errors such as GQ204, GQ205, GQ209, and
     declared values against the shapes, GQ304-GQ307): the source had none, or was refused."""
     try:
@@ -95,7 +97,7 @@ def check_labels(path, target: str) -> list[str]:
                        for m in out.modules if m.valid])
         errors = [f for f in out.findings + convention_findings(out, det) if f.severity == ERROR]
         msgs = [f"{says}; verify would report {f.one_line()}" for f in errors]
-        declared = effective_declared(out)
+        declared = out.label
         if declared != target and not any(f.code == "GQ401" for f in errors):
             msgs.append(f"{says}: runtimes read {declared}, but the output holds {target}")
         return msgs
@@ -106,7 +108,7 @@ def check_labels(path, target: str) -> list[str]:
 def declarations(ckpt: Checkpoint) -> str:
     """What the configs of `ckpt` declare, in words, for messages."""
     cfg = ckpt.config
-    read = f"runtimes read {effective_declared(ckpt)}"
+    read = f"runtimes read {ckpt.label}"
     if cfg is None:
         return f"the staged output has no config ({read})"
     if not cfg.declared_in:
@@ -151,8 +153,8 @@ def check_fields(src: Checkpoint, m: Module, s_src: np.ndarray, s_dst: np.ndarra
     """check_words on stored zero-point fields: the effective zeros of every cell equal except
     exactly the fields the conversion cannot carry (conventions.lossy_mask), and Y = X @ W on
     the columns that hold such a field (qweight and scales read once, for both sides)."""
-    z_src = effective_zeros(s_src, m.bits, runtimes.REFERENCE.rule(src_conv))
-    z_dst = effective_zeros(s_dst, m.bits, runtimes.REFERENCE.rule(dst_conv))
+    z_src = effective_zeros(s_src, m.bits, reference_rule(src_conv))
+    z_dst = effective_zeros(s_dst, m.bits, reference_rule(dst_conv))
     differ = z_src != z_dst
     lossy = lossy_mask(s_src, m.bits, src_conv, dst_conv)
     if lossy is None:
@@ -165,7 +167,7 @@ def check_fields(src: Checkpoint, m: Module, s_src: np.ndarray, s_dst: np.ndarra
     q = unpack(read_columns(src, m.tensors["qweight"], cols), m.bits, axis=0)
     sc = m.tensors["scales"]
     scales = to_float32(src.view(sc)[:, cols], src.store.info(sc).dtype)
-    g_idx = module_g_idx(src, m)
+    g_idx = src.g_idx(m)
     # numpy's matmul: both sides are computed the same way and compared bitwise, so the gate
     # needs no particular order of additions (numerics/cpu.py keeps the kernel's k order,
     # which its equality with the GPU needs, at a Python step per input channel)

@@ -23,15 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import faults, journal
-from ..conventions import CONVENTIONS, convert_words
+from .. import faults
+from ..bits.conventions import CONVENTIONS, convert_words
 from ..errors import FindingError, UsageError
-from ..findings import ERROR, Finding
-from ..gptq.checkpoint import Checkpoint
-from .configs import (CONFIG_FILES, DERIVED_FILE, declaring_configs, derive_config, dumps,
-                      provenance, relabelled, set_convention)
+from ..findings import Finding
+from ..formats.configs import CONFIG_FILES
+from ..formats.gptq.checkpoint import Checkpoint
+from ..formats.open import open_labelled
+from ..safetensors_io import journal
+from .configs import DERIVED_FILE, declaring_configs, dumps, provenance, relabelled, set_convention
 from .gate import GateResult, check_labels, check_words
-from .plan import open_and_plan
+from .plan import plan_conversion
 from .report import ConvertReport
 from .write import check_unchanged, snapshot
 
@@ -53,24 +55,16 @@ def convert_in_place(path: str | os.PathLike, to: str, src_convention: str = "au
     # before planning, which reads every qzeros and scales: a shared file is refused at once
     refuse_shared(root, sorted(p.name for p in root.iterdir() if p.name.endswith(".safetensors"))
                   + [n for n in CONFIG_FILES if (root / n).exists()])
-    ckpt, det, from_conv, plans, findings = open_and_plan(root, src_convention, to,
-                                                          allow_lossy)
+    source, ckpt = open_labelled(root)
     try:
-        derived = None
-        if not declaring_configs(root):
-            derived, about = derive_config(ckpt, from_conv, to)
-            findings += about
-        refusals = [f for f in findings if f.severity == ERROR]
-        if refusals:
-            raise FindingError(*refusals)
-        report = ConvertReport(str(path), str(path), from_conv, to, dry_run, plans, det,
-                               findings, backend="cpu", in_place=True)
+        plan = plan_conversion(source, src_convention, to, allow_lossy)
+        report = ConvertReport.of(plan, str(path), str(path), dry_run, "cpu", in_place=True)
         if dry_run:
             return report
-        gate = _apply(ckpt, root, from_conv, to, allow_lossy, report, derived, progress,
+        gate = _apply(ckpt, root, plan.from_, to, allow_lossy, report, plan.derived, progress,
                       on_module)
     finally:
-        ckpt.close()
+        source.close()
     return replace(report, written=True, gate=gate)
 
 

@@ -1,22 +1,27 @@
-"""convert's decisions before anything is written: which convention the source is in, whether
-the input may be converted at all, and what changes in each module (with the findings that
-refuse or report a lossy conversion)."""
+"""convert's decisions before anything is written, for every kind of convert (into a copy, in
+place, between formats): which convention or format the source is in, whether the input may be
+converted at all, what changes in each module, and the findings that refuse or report it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from .. import runtimes
-from ..conventions import convert_words, lossy_mask
-from ..errors import FindingError
+from ..bits.conventions import CONVENTIONS, GPTQ_V2, convert_words, lossy_mask
+from ..bits.layout import stored_fields
+from ..bits.packing import maxq as code_max
+from ..checks.modules import module_findings
+from ..detection.decide import AMBIGUOUS
+from ..detection.pool import Detection
+from ..detection.read import detect_checkpoint
+from ..errors import FindingError, UsageError
 from ..findings import ERROR, Finding
-from ..gptq.checkpoint import Checkpoint, open_checkpoint
-from ..gptq.checks import module_findings
-from ..gptq.detect import AMBIGUOUS, Detection, stored_fields
-from ..gptq.evidence import detect_checkpoint
-from ..gptq.labels import effective_declared
-from ..gptq.packing import maxq as code_max
+from ..formats import WRITERS, Source
+from ..formats.gptq.checkpoint import Checkpoint, Module
+from ..runtimes.groups import maxq_readings
+from .configs import declaring_configs, derive_config
+from .reformat import name_clashes, no_form
 
 # Findings a conversion resolves (it writes both keys); every other error blocks it.
 RESOLVED_BY_CONVERT = {"GQ204", "GQ209"}
@@ -33,13 +38,89 @@ class ModulePlan:
     signatures: list[str]
     max_weight_change: float = 0.0     # one scale step (or 2^bits steps) of the lossy cells
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a conversion of `source` (read in `from_`) into `to` will write."""
+    source: Source
+    from_: str                        # the source's format, or GPTQ convention
+    to: str
+    modules: list[ModulePlan]
+    detection: Detection | None       # None: a format whose zero points are stored exactly
+    findings: list[Finding] = field(default_factory=list)
+    derived: dict[str, Any] | None = None   # the config for a GPTQ source without one
+
+    @property
+    def relayout(self) -> bool:
+        """Whether the tensors are re-laid out (between formats), not only the zero points
+        moved between GPTQ's conventions."""
+        return not (self.from_ in CONVENTIONS and self.to in CONVENTIONS)
+
+
+def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
+                    jobs: int = 1) -> Plan:
+    """The Plan of converting `src` (opened; `requested`: --from, or auto) into `to`, with the
+    refusals raised (FindingError, exit 1; UsageError for a --from, --to or --jobs that does
+    not apply). A labelled source is checked, its convention resolved and its zero points
+    planned field by field into `to` (into gptq_v2, the one model, where the tensors are
+    re-laid out); a source that stores Z itself is checked and carried exactly."""
+    ck = src.labelled
+    if ck is not None and requested not in CONVENTIONS + ("auto",):
+        raise UsageError(f"{src.path}: a GPTQ checkpoint, not --from {requested}")
+    if jobs > 1 and (ck is None or to not in CONVENTIONS):
+        raise UsageError("--jobs applies between gptq and gptq_v2; between formats the "
+                         "shards are written one at a time, each tensor's re-layout on "
+                         "every CPU already")
+    det = None
+    if ck is None:
+        _check_exact_target(src, requested, to)
+        refuse_invalid(src, None, allow_lossy)
+        from_, notes = src.format, []
+        plans = [ModulePlan(m.name, m.bits, m.groups * m.out_features, 0, 0, 0, [])
+                 for m in src.modules]
+        findings: list[Finding] = []
+    else:
+        det = detect_checkpoint(ck, full=False)
+        refuse_invalid(src, det, allow_lossy)
+        notes = []
+        from_ = resolve_from(requested, ck, det, notes)
+        plans, findings = plan_zeros(ck, det, from_, to if to in CONVENTIONS else GPTQ_V2,
+                                     allow_lossy)
+        src = src.read_as(from_, allow_lossy)
+    found = notes + findings
+    derived = None
+    if from_ in CONVENTIONS and to in CONVENTIONS:
+        if ck is not None and not declaring_configs(src.root):  # the output must say what it is
+            derived, about = derive_config(ck, from_, to)
+            found += about
+    else:
+        writer = WRITERS[to]
+        found += no_form(src, writer) + name_clashes(src, writer)
+    refusals = [f for f in found if f.severity == ERROR]
+    if refusals:
+        raise FindingError(*refusals)
+    return Plan(src, from_, to, plans, det, found, derived)
+
+
+def _check_exact_target(src: Source, requested: str, to: str) -> None:
+    """The --from and --to a source that stores Z itself takes (UsageError otherwise)."""
+    if requested not in ("auto", src.format):
+        raise UsageError(f"{src.path}: a {src.format} checkpoint "
+                         f"({src.declared_by or 'from its tensors'}), not --from {requested}")
+    if to == src.format:
+        raise UsageError(f"{src.path} is already {src.format}")
+    if to not in WRITERS:
+        raise UsageError(f"{src.format} converts to gptq_v2 (--to gptq_v2), where every zero "
+                         "point is stored exactly; convert that to gptq afterwards if you "
+                         "need v1 (it reports what v1 cannot hold)")
 
 
 def resolve_from(requested: str, ckpt: Checkpoint, det: Detection,
                  findings: list[Finding] | None = None) -> str:
-    declared = effective_declared(ckpt)
+    declared = ckpt.label
     if requested != "auto":
         if det.verdict not in (AMBIGUOUS, requested) and findings is not None:
             findings.append(Finding(
@@ -56,8 +137,8 @@ def resolve_from(requested: str, ckpt: Checkpoint, det: Detection,
     return declared
 
 
-def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
-         allow_lossy: bool) -> tuple[list[ModulePlan], list[Finding]]:
+def plan_zeros(ckpt: Checkpoint, det: Detection, src: str, dst: str,
+               allow_lossy: bool) -> tuple[list[ModulePlan], list[Finding]]:
     """Count what changes per module; refusal findings where the target cannot hold a field."""
     verdicts = {v.name: v for v in det.modules}
     plans, findings = [], []
@@ -72,7 +153,7 @@ def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
             if c.ambiguous or c.lossy else None
         # a stored maxq read as 2^bits moves a weight by 2^bits scale steps; a Z of 0 written
         # as 1, by one
-        change = 0.0 if not (c.ambiguous or c.lossy) else \
+        change = 0.0 if lossy_at is None else \
             (1 << m.bits if c.ambiguous else 1) * _max_scale(ckpt, m, lossy_at)
         plans.append(ModulePlan(m.name, m.bits, c.fields, c.changed, c.ambiguous, lossy, sigs,
                                 change))
@@ -84,12 +165,12 @@ def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
             findings.append(Finding(
                 "GQ411" if allow_lossy else "GQ409",
                 f"{c.ambiguous} of {c.fields} fields store {code_max(m.bits)}: "
-                + runtimes.maxq_readings(m.bits)
+                + maxq_readings(m.bits)
                 + (". Written as Z = 0 (the wrap reading)" if allow_lossy else "")
                 + f".{unrecoverable}", file=file, tensor=qz,
                 hint=None if allow_lossy else "--allow-lossy writes Z = 0 for them",
                 details={"fields": c.ambiguous, "signatures": sigs}))
-        if c.lossy:
+        if c.lossy and lossy_at is not None:
             findings.append(Finding(
                 "GQ411" if allow_lossy else "GQ410",
                 f"{c.lossy} of {c.fields} zero points are 0 "
@@ -101,40 +182,25 @@ def plan(ckpt: Checkpoint, det: Detection, src: str, dst: str,
     return plans, findings
 
 
-def _max_scale(ckpt: Checkpoint, m, mask: np.ndarray) -> float:
+def _max_scale(ckpt: Checkpoint, m: Module, mask: np.ndarray) -> float:
     return float(np.abs(ckpt.float32(m.tensors["scales"])[mask]).max(initial=0.0))
 
 
-def refuse_invalid(ckpt: Checkpoint, det: Detection, allow_lossy: bool) -> None:
+def refuse_invalid(src: Source, det: Detection | None, allow_lossy: bool) -> None:
     """Raise FindingError for input that verify would reject on its cheap checks: container,
-    index, config and shape errors, then scales, zero points and writer corruption (the last
-    allowed with --allow-lossy)."""
-    blocking = [f for f in ckpt.findings if f.severity == ERROR
+    index, config and shape errors, then every module's (scales, zero points and writer
+    corruption; the last allowed with --allow-lossy)."""
+    blocking = [f for f in src.findings if f.severity == ERROR
                 and f.code not in RESOLVED_BY_CONVERT]
     if blocking:
         raise FindingError(*blocking)
-    verdicts = {v.name: v for v in det.modules}
-    for m in ckpt.modules:
-        if m.name in verdicts:
-            blocking += [f for f in module_findings(ckpt, m, verdicts[m.name])
-                         if f.severity == ERROR and not (allow_lossy and f.code == "GQ405")]
-            ckpt.store.release(m.tensors.values())
+    verdicts = {v.name: v for v in det.modules} if det is not None else None
+    for m in src.modules:
+        if verdicts is not None and m.name not in verdicts:
+            continue
+        verdict = None if verdicts is None else verdicts[m.name]
+        blocking += [f for f in module_findings(src, m, verdict)
+                     if f.severity == ERROR and not (allow_lossy and f.code == "GQ405")]
+        src.store.release(m.tensors.values())
     if blocking:
         raise FindingError(*blocking)
-
-
-def open_and_plan(path, requested: str, to: str, allow_lossy: bool):
-    """A GPTQ source opened, checked (refuse_invalid), its convention resolved and its zero
-    points planned into convention `to`: (checkpoint, detection, convention, plans, findings)
-    with the --from notes first. Shared by convert between conventions and between formats."""
-    ckpt = open_checkpoint(path)
-    try:
-        det = detect_checkpoint(ckpt, full=False)
-        refuse_invalid(ckpt, det, allow_lossy)
-        notes: list[Finding] = []
-        from_conv = resolve_from(requested, ckpt, det, notes)
-        plans, findings = plan(ckpt, det, from_conv, to, allow_lossy)
-    except BaseException:
-        ckpt.close()
-        raise
-    return ckpt, det, from_conv, plans, notes + findings

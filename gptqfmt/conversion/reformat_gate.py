@@ -9,68 +9,51 @@ readers and the kernel arithmetic on top.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
-from .. import faults, formats
-from ..conventions import GPTQ_V2, ZeroRule
+from .. import faults
+from ..bits.conventions import ZeroRule
+from ..bits.packing import unpack, unsigned
+from ..checks.modules import module_findings
 from ..errors import FindingError
 from ..findings import ERROR
-from ..formats import COMPRESSED_TENSORS, module_tensors
-from ..formats.checks import module_findings
-from ..formats.gptq import GptqSource, reference_zeros
-from ..gptq.checkpoint import open_checkpoint
+from ..formats import WRITERS, QuantModule, Source, module_tensors, open_source
+from ..formats.model import F32
 from ..formats.relayout import BLOCK, blocks, transposed
-from ..gptq.packing import unpack, unsigned
-from ..numerics import get_backend
+from ..numerics import Backend, get_backend
+from ..numerics.backend import sample_columns
 from ..numerics.cpu import dequant_fields
-from ..numerics.operands import F32, sample_columns
 from ..safetensors_io.dtypes import to_float32
-from .reformat import TGI_SCALARS
 from .gate import GEMM_ROWS, GateResult, ModuleCheck, check_labels
 
 GEMM_COLUMNS = 16      # output columns per module in Y = X @ W
 CMP_CHUNK = 4 << 20    # elements per comparison of a re-laid-out tensor
 
 
-def open_output(tmp: Path, to: str):
-    """The staged output in the target format, and what verify would fail it for."""
-    if to == COMPRESSED_TENSORS:
-        try:
-            out = formats.open_source(tmp)
-        except FindingError as e:
-            return None, [f.one_line() for f in e.findings]
-        errors = [f for f in out.findings if f.severity == ERROR]
-        for m in out.modules:   # verify's checks of the format, as for a source
-            errors += [f for f in module_findings(out, m) if f.severity == ERROR]
-        return out, [f"the output would fail verify: {f.one_line()}" for f in errors]
-    msgs = check_labels(tmp, GPTQ_V2)
+def open_output(tmp: Path, to: str) -> tuple[Source | None, list[str]]:
+    """The staged output in the target format, and what verify would fail it for: a labelled
+    output the labels its configs declare, as verify reads them (check_labels: its convention
+    is the target's, so the data are not read again); another format's opening findings and
+    every module's checks, as for a source."""
     try:
-        return GptqSource(open_checkpoint(tmp), GPTQ_V2), msgs
+        out = open_source(tmp)
     except FindingError as e:
-        return None, msgs or [f"the output cannot be opened: {f.one_line()}" for f in e.findings]
+        return None, [f"the output cannot be opened: {f.one_line()}" for f in e.findings]
+    if out.labelled is not None:
+        return out.read_as(to), check_labels(tmp, to)
+    errors = [f for f in out.findings if f.severity == ERROR]
+    for m in out.modules:
+        errors += [f for f in module_findings(out, m) if f.severity == ERROR]
+    return out, [f"the output would fail verify: {f.one_line()}" for f in errors]
 
 
-def zeros_of(src, m) -> tuple[np.ndarray, np.ndarray]:
-    """(Z per cell as SRC means it, cells the target cannot hold)."""
-    if isinstance(src, GptqSource):
-        return reference_zeros(src, m)
-    z = unpack(src.qzeros(m), m.bits, axis=1).astype(np.int32)
-    return z, np.zeros(z.shape, dtype=bool)
-
-
-def stored_codes(src, m) -> tuple[np.ndarray, bool]:
-    """The words the codes are read from, and whether the one model's qweight is their
-    transpose (compressed-tensors): compared as they are, no transposed copy is made."""
-    stored = getattr(src, "stored_qweight", None)
-    return stored(m) if stored else (src.qweight(m), False)
-
-
-def codes_equal(src, m, out, mo) -> bool:
+def codes_equal(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> bool:
     """qweight of both sides equal word for word, in blocks of BLOCK output channels (memory:
     one block; a transposed side is read row-contiguously)."""
-    a, at = stored_codes(src, m)
-    b, bt = stored_codes(out, mo)
+    a, at = src.stored_qweight(m)
+    b, bt = out.stored_qweight(mo)
     a, b = unsigned(np.asarray(a)), unsigned(np.asarray(b))
     if at == bt:  # the same layout
         return a.shape == b.shape and all(blocks(
@@ -81,20 +64,23 @@ def codes_equal(src, m, out, mo) -> bool:
         lambda n: np.array_equal(a[:, n:n + BLOCK], b[n:n + BLOCK].T), a.shape[1], a.nbytes))
 
 
-def qweight_columns(src, m, cols: np.ndarray) -> np.ndarray:
+def qweight_columns(src: Source, m: QuantModule, cols: np.ndarray) -> np.ndarray:
     """qweight[:, cols] of the one model, reading only those columns' words."""
-    words, t = stored_codes(src, m)
+    words, t = src.stored_qweight(m)
     return transposed(np.asarray(words)[cols]) if t else np.asarray(words)[:, cols]
 
 
-def dequant_columns(src, m, zeros: np.ndarray, cols: np.ndarray) -> np.ndarray:
+def dequant_columns(src: Source, m: QuantModule, zeros: np.ndarray, cols: np.ndarray
+                    ) -> np.ndarray:
     """W[:, cols] in fp32: scale * (q - Z) with the given effective zeros [G, N]."""
     q = unpack(np.ascontiguousarray(qweight_columns(src, m, cols)), m.bits, axis=0)
     s = to_float32(np.asarray(src.scales(m))[:, cols], m.scale_dtype)
     return dequant_fields(q, zeros[:, cols], s, src.g_idx(m))
 
 
-def check_module(src, out, m, mo, rng, backends) -> tuple[ModuleCheck, list[str]]:
+def check_module(src: Source, out: Source, m: QuantModule, mo: QuantModule,
+                 rng: np.random.Generator, backends: list[Backend]
+                 ) -> tuple[ModuleCheck, list[str]]:
     why = []
     if (m.bits, m.in_features, m.out_features, m.groups) != \
             (mo.bits, mo.in_features, mo.out_features, mo.groups):
@@ -107,7 +93,7 @@ def check_module(src, out, m, mo, rng, backends) -> tuple[ModuleCheck, list[str]
         why.append("scales differ")
     if not np.array_equal(src.g_idx(m), out.g_idx(mo)):
         why.append("g_idx differs")
-    truth, lossy = zeros_of(src, m)
+    truth, lossy = src.zeros(m)
     written = unpack(out.qzeros(mo), m.bits, axis=1).astype(np.int32)
     differ = truth != written
     zeros_equal = bool(np.array_equal(differ, lossy))
@@ -134,11 +120,12 @@ def check_module(src, out, m, mo, rng, backends) -> tuple[ModuleCheck, list[str]
                        max_err, rel), why
 
 
-def compare_passthrough(src, out, result: GateResult) -> None:
-    """Every tensor outside the modules: the same dtype, shape and bytes."""
+def compare_passthrough(src: Source, out: Source, to: str, result: GateResult) -> None:
+    """Every tensor outside the modules that the target keeps: the same dtype, shape and
+    bytes."""
     for t in src.passthrough:
         if t not in out.store.locations:
-            if t not in TGI_SCALARS:   # GPTQ-only, left out on purpose
+            if WRITERS[to].keeps(t):   # else left out on purpose
                 result.failures.append(f"{t}: missing in the output")
             continue
         a, b = src.store.info(t), out.store.info(t)
@@ -157,8 +144,8 @@ def compare_passthrough(src, out, result: GateResult) -> None:
         out.store.release([t])
 
 
-def run_format_gate(src, tmp: Path, to: str, backend: str = "cpu",
-                    on_module=None) -> GateResult:
+def run_format_gate(src: Source, tmp: Path, to: str, backend: str = "cpu",
+                    on_module: Callable[[int, int], Any] | None = None) -> GateResult:
     backends = [get_backend("cpu")] + ([get_backend("cupy")] if backend == "cupy" else [])
     result = GateResult(method=(
         "exact, in the one model: codes, effective zero points, scales and g_idx of every "
@@ -189,7 +176,7 @@ def run_format_gate(src, tmp: Path, to: str, backend: str = "cpu",
                                            f"what the source computed ({'; '.join(why)})")
             on_module and on_module(1, len(src.modules))
             faults.point("gate-module", i)
-        compare_passthrough(src, out, result)
+        compare_passthrough(src, out, to, result)
     finally:
         out.close()
     return result

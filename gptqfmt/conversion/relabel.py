@@ -26,18 +26,20 @@ from pathlib import Path
 from typing import Any
 
 from .. import faults
-from ..conventions import CONVENTIONS
+from ..bits.conventions import CONVENTIONS
+from ..detection.decide import AMBIGUOUS
+from ..detection.pool import Detection
+from ..detection.read import detect_checkpoint
 from ..errors import OutputError, UsageError
 from ..findings import Finding
-from ..gptq.checkpoint import open_checkpoint
-from ..gptq.detect import AMBIGUOUS, Detection
-from ..gptq.evidence import detect_checkpoint
-from ..reports import tool_json
-from ..validation import Report, validate
+from ..formats.configs import CONFIG_FILES, CONFIG_JSON
+from ..formats.open import open_labelled
+from ..ops.reports import tool_json
+from ..ops.verify import Report, validate
+from ..safetensors_io.journal import fsync_path
 from ..version import __version__
-from .configs import CONFIG_FILES, dumps, relabelled
-from ..journal import fsync_path
 from .atomic import TMP_TAG, alive
+from .configs import dumps, quant_config, relabelled
 
 DETECTED = "detected"
 TARGETS = (DETECTED,) + CONVENTIONS
@@ -78,9 +80,12 @@ def plan_relabel(path: str | os.PathLike, to: str = DETECTED) -> RelabelPlan:
     UsageError where it cannot relabel at all (see the module docstring)."""
     if to not in TARGETS:
         raise UsageError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
-    with open_checkpoint(path) as ckpt:
-        root = ckpt.store.root
+    src, ckpt = open_labelled(path)
+    try:
+        root = src.root
         det = detect_checkpoint(ckpt, full=False)
+    finally:
+        src.close()
     files = [n for n in CONFIG_FILES if (root / n).exists() or (root / n).is_symlink()]
     linked = [n for n in files if (root / n).is_symlink()]
     if linked:
@@ -90,7 +95,7 @@ def plan_relabel(path: str | os.PathLike, to: str = DETECTED) -> RelabelPlan:
             "rewrite it. Copy the snapshot first (`cp -rL SNAPSHOT DIR`, or download with "
             "local_dir=DIR) and fix the copy")
     docs = {n: _read(root / n) for n in files}
-    declaring = [n for n in files if _quant_config(n, docs[n]) is not None]
+    declaring = [n for n in files if quant_config(n, docs[n]) is not None]
     if not declaring:
         raise UsageError(f"{root}: no config file holds a quantization config, so there is no "
                          "label to fix; `gptqfmt convert` writes a quantize_config.json "
@@ -119,7 +124,8 @@ def plan_relabel(path: str | os.PathLike, to: str = DETECTED) -> RelabelPlan:
             return RelabelPlan(Path(path), root, None, det, [], findings, docs)
     changes = []
     for name in declaring:
-        q = _quant_config(name, docs[name])
+        q = quant_config(name, docs[name])
+        assert q is not None
         for key in ("checkpoint_format", "format"):
             old = q.get(key)
             if old != target:
@@ -149,7 +155,7 @@ def apply_relabel(plan: RelabelPlan) -> list[str]:
             faults.point("relabel-staged", len(staged) - 1)
         # config.json last: vLLM, transformers and SGLang read it first, so until the last
         # rename they still see one consistent (old) label
-        for i, (tmp, dst) in enumerate(sorted(staged, key=lambda t: t[1].name == "config.json")):
+        for i, (tmp, dst) in enumerate(sorted(staged, key=lambda t: t[1].name == CONFIG_JSON)):
             os.replace(tmp, dst)
             faults.point("relabel-renamed", i)
         fsync_path(root)
@@ -193,13 +199,6 @@ def _read(p: Path):
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise UsageError(f"{p}: cannot read it as JSON ({e}); fix the file first "
                          "(`gptqfmt verify` reports it)") from e
-
-
-def _quant_config(name: str, doc) -> dict | None:
-    if name == "config.json":
-        q = doc.get("quantization_config") if isinstance(doc, dict) else None
-        return q if isinstance(q, dict) else None
-    return doc if isinstance(doc, dict) else None
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..conventions import CONVENTIONS
+from ..bits.conventions import CONVENTIONS
+from ..detection.pool import Detection
 from ..findings import Finding
-from ..gptq.detect import Detection
-from ..reports import tool_json
+from ..ops.reports import tool_json
 from .gate import GateResult
-from .plan import ModulePlan
+from .plan import ModulePlan, Plan
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,13 @@ class ConvertReport:
     written: bool = False
     backend: str = "cpu"
     in_place: bool = False            # convert --in-place: SRC itself rewritten
+
+    @classmethod
+    def of(cls, plan: Plan, src: str, dst: str, dry_run: bool, backend: str,
+           in_place: bool = False) -> ConvertReport:
+        """The report of a plan, before anything is written."""
+        return cls(src, dst, plan.from_, plan.to, dry_run, plan.modules, plan.detection,
+                   plan.findings, backend=backend, in_place=in_place)
 
     @property
     def between_formats(self) -> bool:

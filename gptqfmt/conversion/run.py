@@ -1,35 +1,43 @@
-"""convert: plan (plan.py) -> per-field rewrite -> streaming write -> verify gate -> atomic
-commit."""
+"""convert: open (the one open) -> plan and refuse (plan.py) -> write (write.py between gptq
+and gptq_v2, reformat.py between formats) -> verify gate -> atomic commit; --in-place rewrites
+SRC itself (inplace.py) from the same plan."""
 from __future__ import annotations
 
 import multiprocessing
-from contextlib import contextmanager
 import os
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from .. import faults, runtimes
-from ..formats import FORMATS, GPTQ, TARGETS, Sniffed, sniff
-from ..safetensors_io.index import open_store
-from ..conventions import CONVENTIONS
+from .. import faults
 from ..errors import FindingError, OutputError, UsageError
-from ..findings import ERROR, Finding
-from ..journal import fsync_path
-from ..gptq.checkpoint import Checkpoint, open_checkpoint
+from ..findings import Finding
+from ..formats import FORMATS, TARGETS, WRITERS, open_source
+from ..formats.configs import CONFIG_FILES
+from ..formats.gptq.checkpoint import Checkpoint, open_checkpoint
+from ..runtimes.groups import groups as runtime_groups
+from ..safetensors_io.journal import fsync_path
 from . import atomic, reformat
-from .reformat_gate import run_format_gate
-from .configs import CONFIG_FILES, declaring_configs, derive_config, provenance, rewrite_configs
+from .configs import provenance, rewrite_configs
 from .gate import GateResult, check_labels, run_gate
 from .inplace import convert_in_place
-from .plan import open_and_plan
+from .plan import Plan, plan_conversion
+from .reformat_gate import run_format_gate
 from .report import ConvertReport
-from .write import QzerosJob, check_unchanged, copy_other_files, snapshot, write_shard
+from .write import QzerosJob, ShardWritten, check_unchanged, copy_other_files, snapshot, \
+    write_shard
 
-def convert(src: str | os.PathLike, dst: str | os.PathLike | None, to: str = "gptq_v2",
-            src_convention: str = "auto", allow_lossy: bool = False, dry_run: bool = False,
-            force: bool = False, jobs: int = 1, backend: str = "auto",
-            progress=None, on_module=None, in_place: bool = False) -> ConvertReport:
+Progress = Callable[[int, int], Any]
+
+
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None,
+            to: str = "gptq_v2", src_convention: str = "auto", allow_lossy: bool = False,
+            dry_run: bool = False, force: bool = False, jobs: int = 1, backend: str = "auto",
+            progress: Progress | None = None, on_module: Progress | None = None,
+            in_place: bool = False) -> ConvertReport:
     """Convert the checkpoint directory `src` into `dst` (see the module docstring); with
     `in_place` (and no `dst`), rewrite `src` itself (inplace.py).
 
@@ -63,37 +71,25 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike | None, to: str = "gp
     if not src_path.is_dir():
         raise UsageError(f"{src}: no such directory")
     atomic.check_destination(dst_path, force, src_path)
-    sniffed = _sniff(src_path)
-    if sniffed.format == GPTQ and src_convention not in CONVENTIONS + ("auto",):
-        raise UsageError(f"{src}: a GPTQ checkpoint, not --from {src_convention}")
-    if sniffed.format != GPTQ or to not in CONVENTIONS:
-        if jobs > 1:
-            raise UsageError("--jobs applies between gptq and gptq_v2; between formats the "
-                             "shards are written one at a time, each tensor's re-layout on "
-                             "every CPU already")
-        return _convert_format(src_path, dst_path, sniffed, to, src_convention, allow_lossy,
-                               dry_run, force, backend, progress, on_module)
-    ckpt, det, from_conv, plans, findings = open_and_plan(src_path, src_convention, to,
-                                                          allow_lossy)
-    derived = None
-    if not declaring_configs(ckpt.store.root):  # the output must say what it holds
-        derived, about = derive_config(ckpt, from_conv, to)
-        findings += about
-    refusals = [f for f in findings if f.severity == ERROR]
-    if refusals:
-        raise FindingError(*refusals)
-    report = ConvertReport(str(src), str(dst), from_conv, to, dry_run, plans, det, findings,
-                           backend=backend)
-    if dry_run:
-        return report
-    job = Job(ckpt, dst_path, from_conv, to, allow_lossy, force, jobs, derived)
-    with _output_errors(dst_path):
-        gate = _write_verify_commit(job, report, progress, on_module)
-    return replace(report, written=True, gate=gate)
+    source = open_source(src_path)
+    try:
+        plan = plan_conversion(source, src_convention, to, allow_lossy, jobs)
+        report = ConvertReport.of(plan, str(src), str(dst), dry_run, backend)
+        if dry_run:
+            return report
+        with _output_errors(dst_path):
+            if plan.relayout:
+                gate = _write_format(plan, report, dst_path, force, progress, on_module)
+            else:
+                gate = _write_verify_commit(Job.of(plan, dst_path, allow_lossy, force, jobs),
+                                            report, progress, on_module)
+        return replace(report, written=True, gate=gate)
+    finally:
+        source.close()
 
 
 @contextmanager
-def _output_errors(dst: Path):
+def _output_errors(dst: Path) -> Iterator[None]:
     """An OSError while writing, as the one-line OutputError the CLI reports (exit 1)."""
     try:
         yield
@@ -105,46 +101,17 @@ def _output_errors(dst: Path):
                           f"{e.strerror or e}; nothing was written") from None
 
 
-def _sniff(path: Path) -> Sniffed:
-    store = open_store(path)
-    try:
-        return sniff(store)
-    finally:
-        store.close()
-
-
-def _convert_format(src_path: Path, dst_path: Path, sniffed: Sniffed, to: str, requested: str,
-                    allow_lossy: bool, dry_run: bool, force: bool, backend: str, progress,
-                    on_module) -> ConvertReport:
-    """Between formats (conversion/reformat.py): plan, write, gate, commit."""
-    opened = reformat.open_for_convert(src_path, sniffed, requested, to, allow_lossy)
-    src = opened.source
-    try:
-        refusals = [f for f in opened.findings if f.severity == ERROR]
-        if refusals:
-            raise FindingError(*refusals)
-        report = ConvertReport(str(src_path), str(dst_path), opened.from_, to, dry_run,
-                               opened.plans, opened.detection, opened.findings, backend=backend)
-        if dry_run:
-            return report
-        with _output_errors(dst_path):
-            gate = _write_format(src, opened, report, dst_path, force, progress, on_module)
-        return replace(report, written=True, gate=gate)
-    finally:
-        src.close()
-
-
-def _write_format(src, opened, report: ConvertReport, dst: Path, force: bool, progress,
-                  on_module) -> GateResult:
+def _write_format(plan: Plan, report: ConvertReport, dst: Path, force: bool,
+                  progress: Progress | None, on_module: Progress | None) -> GateResult:
+    """Between formats (conversion/reformat.py): write, gate, commit."""
+    src, writer = plan.source, WRITERS[plan.to]
     before = snapshot(src.root)
     with atomic.staging(dst, force, src.root) as tmp, ThreadPoolExecutor(1) as flusher:
         flushes = []
-        reformat.write_all(src, report.dst_convention, tmp,
-                           reformat.prov(opened.from_, report.dst_convention, opened.plans),
-                           progress, lambda p: flushes.append(flusher.submit(fsync_path,
-                                                                             p)))
+        reformat.write_all(src, writer, tmp, reformat.prov(plan.from_, plan.to, plan.modules),
+                           progress, lambda p: flushes.append(flusher.submit(fsync_path, p)))
         faults.point("before-gate")
-        gate = run_format_gate(src, tmp, report.dst_convention, report.backend, on_module)
+        gate = run_format_gate(src, tmp, plan.to, report.backend, on_module)
         for f in flushes:
             f.result()
         if not gate.ok:
@@ -156,7 +123,7 @@ def _write_format(src, opened, report: ConvertReport, dst: Path, force: bool, pr
 
 @dataclass(frozen=True)
 class Job:
-    """What a conversion writes, decided before anything is written."""
+    """What a conversion between gptq and gptq_v2 writes, decided before anything is written."""
     ckpt: Checkpoint
     dst: Path
     src_conv: str
@@ -164,19 +131,27 @@ class Job:
     allow_lossy: bool
     force: bool
     jobs: int
-    derived_config: dict | None = None  # quantize_config.json for a source without configs
+    derived_config: dict[str, Any] | None = None  # quantize_config.json where SRC has none
 
-    def shard_args(self, tmp: Path) -> list[tuple]:
+    @classmethod
+    def of(cls, plan: Plan, dst: Path, allow_lossy: bool, force: bool, jobs: int) -> Job:
+        ck = plan.source.labelled
+        assert ck is not None   # a plan between conventions reads a labelled source
+        return cls(ck, dst, plan.from_, plan.to, allow_lossy, force, jobs, plan.derived)
+
+    def shard_args(self, tmp: Path) -> list[tuple[Any, ...]]:
         """write_shard's arguments for every shard, with the qzeros each one holds."""
         store = self.ckpt.store
-        qz = {s: [] for s in store.files}
+        qz: dict[str, list[QzerosJob]] = {s: [] for s in store.files}
         for m in self.ckpt.modules:
+            assert m.bits is not None
             qz[store.file_of(m.tensors["qzeros"])].append(QzerosJob(m.tensors["qzeros"], m.bits))
         return [(store.root / s, tmp / s, qz[s], self.src_conv, self.dst_conv, self.allow_lossy,
                  i) for i, s in enumerate(sorted(store.files))]
 
 
-def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -> GateResult:
+def _write_verify_commit(job: Job, report: ConvertReport, progress: Progress | None,
+                         on_module: Progress | None) -> GateResult:
     """Write, verify and commit the planned `report`; the gate's result once DST is in
     place."""
     before = snapshot(job.ckpt.store.root)
@@ -186,14 +161,16 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress, on_module) -
         args = job.shard_args(tmp)
         flushes = []
         total = sum(a[0].stat().st_size for a in args)
-        progress = (lambda n, p=progress: p(n, total)) if progress else None
-        progress and progress(0)
-        written = []
+        bar = (lambda n, p=progress: p(n, total)) if progress else None
+        if bar:
+            bar(0)
+        written: list[ShardWritten] = []
         with _shard_writers(job.jobs, len(args)) as mapper:
             for a, w in zip(args, mapper(_write_shard_args, args)):
                 flushes.append(flusher.submit(fsync_path, a[1]))
                 written.append(w)
-                progress and progress(w.size)
+                if bar:
+                    bar(w.size)
         faults.point("shards-written")
         root = job.ckpt.store.root
         copy_other_files(root, tmp, set(job.ckpt.store.files) | set(CONFIG_FILES))
@@ -224,7 +201,6 @@ def gpu_gate(job: Job, tmp: Path, report: ConvertReport, gate: GateResult) -> Ga
     bit on the device by the fused kernel (gptq_count_differences: nothing stored, mismatches
     counted per column). Modules with lossy cells are what the report measures, not checked."""
     from ..numerics import get_backend
-    from ..numerics.operands import module_tensors
     be = get_backend("cupy")
     lossy = {m.name for m in report.modules if m.lossy}
     out = open_checkpoint(tmp)
@@ -233,8 +209,8 @@ def gpu_gate(job: Job, tmp: Path, report: ConvertReport, gate: GateResult) -> Ga
         for m in job.ckpt.modules:
             if m.name in lossy or not m.valid:
                 continue
-            ta, tb = module_tensors(job.ckpt, m), module_tensors(out, m)
-            differ = [g.name for g in runtimes.groups()
+            ta, tb = job.ckpt.module_tensors(m), out.module_tensors(out.module(m.name))
+            differ = [g.name for g in runtime_groups()
                       if be.count_differences(ta, g.rule(job.src_conv), tb,
                                               g.rule(job.dst_conv)).any()]
             job.ckpt.store.release(m.tensors.values())
@@ -249,7 +225,7 @@ def gpu_gate(job: Job, tmp: Path, report: ConvertReport, gate: GateResult) -> Ga
 
 
 @contextmanager
-def _shard_writers(jobs: int, shards: int):
+def _shard_writers(jobs: int, shards: int) -> Iterator[Callable[..., Iterator[Any]]]:
     """A map over shards: `jobs` worker processes where there is more than one shard for them,
     else this process (results in order, each as soon as it is written)."""
     if jobs <= 1 or shards <= 1:
@@ -261,7 +237,7 @@ def _shard_writers(jobs: int, shards: int):
         yield pool.map
 
 
-def _write_shard_args(a):
+def _write_shard_args(a: tuple[Any, ...]) -> ShardWritten:
     return write_shard(*a)
 
 
@@ -280,3 +256,4 @@ def _backend(requested: str) -> str:
         return "cpu"
     from ..numerics import get_backend
     return get_backend(requested).name
+

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import faults
-from ..conventions import convert_words
+from ..bits.conventions import convert_words
 from ..errors import FindingError
 from ..findings import Finding
 from ..safetensors_io.reader import SafetensorsFile

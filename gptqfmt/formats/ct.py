@@ -23,11 +23,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..bits.layout import trivial_g_idx
+from ..bits.packing import SUPPORTED_BITS, constant_words, unpack
 from ..findings import Finding
-from ..gptq.layout import trivial_g_idx
-from ..gptq.packing import SUPPORTED_BITS, constant_words, unpack
 from ..safetensors_io.index import TensorStore
+from .configs import CONFIG_JSON
+from .gptq.checkpoint import TGI_SCALARS
 from .model import COMPRESSED_TENSORS, QuantModule, discover
+from .source import ExactSource, Source
 from .relayout import padding_clean, stream_words, transposed
 from .targets import any_match, kind, matches, patterns
 
@@ -152,15 +155,19 @@ def parse_config(label: str, doc: dict) -> CtConfig:
     return cfg
 
 
-class CtSource:
+class CtSource(ExactSource):
     """A compressed-tensors checkpoint, read module by module into the one model."""
     format = COMPRESSED_TENSORS
+    scale_axes = ("column", "group")        # weight_scale is [N, G]
 
     def __init__(self, store: TensorStore, config: CtConfig, config_files: list[str]):
         self.store, self.root, self.config = store, store.root, config
+        self.path = store.root   # open_source sets the file where one was opened
         self.config_files = config_files
+        self.declared_by: str | None = config.label
         self.findings: list[Finding] = list(store.findings) + list(config.findings)
         self.modules, self.passthrough, found = discover(store, SUFFIXES, self._module)
+        self.other_tensors = self.passthrough
         if not found:
             self.findings.append(Finding("GQ314", "no tensor named *.weight_packed: nothing is "
                                          "stored pack-quantized", file=config.label))
@@ -273,8 +280,15 @@ class CtSource:
             return np.asarray(self.store.view(m.tensors["g_idx"]), dtype=np.int32)
         return trivial_g_idx(m.in_features, m.group_size).astype(np.int32)
 
-    def close(self) -> None:
-        self.store.close()
+    # -- what inspect and verify say of it -----------------------------------------------
+    def data_findings(self, m: QuantModule, full: bool) -> list[Finding]:
+        return module_checks(self, m, full)
+
+    def describe(self) -> str:
+        cfg = self.config
+        return (f"compressed-tensors {cfg.format or PACKED} (config version "
+                f"{cfg.version or 'not given'}; {cfg.label})")
+
 
 
 CLAMP_ROWS = 256      # output rows of weight_packed that inspect reads for the clamp check
@@ -347,50 +361,81 @@ def signed_clamp(low: int, top: int, total: int, bits: int) -> str | None:
 
 
 # -- writing ---------------------------------------------------------------------------------
-def entries(m: QuantModule) -> list[tuple[str, str, tuple[int, ...], str]]:
-    """(tensor name, dtype, shape, role) of module `m` as compressed-tensors stores it."""
-    p, n, k, b = m.name, m.out_features, m.in_features, m.bits
-    out = [(f"{p}.weight_packed", "I32", (n, k * b // 32), "qweight"),
-           (f"{p}.weight_scale", m.scale_dtype, (n, m.groups), "scales"),
-           (f"{p}.weight_shape", "I64", (2,), "shape")]
-    if not m.sym:
-        out.append((f"{p}.weight_zero_point", "I32", (n * b // 32, m.groups), "qzeros"))
-    return out
+class CtWriter:
+    """compressed-tensors pack-quantized as a written format (conversion/reformat.py)."""
+    format = COMPRESSED_TENSORS
+    # config.json only: GPTQModel reads quantize_config.json first, so none is written
+    config_files = ((CONFIG_JSON, True),)
+    hint = ("keep this checkpoint in GPTQ: gptq_v2 keeps its g_idx and loads in GPTQModel "
+            "and transformers (vLLM: 4/8-bit symmetric through Marlin)")
 
+    def no_form(self, m: QuantModule) -> str | None:
+        """Why module `m` has no lossless pack-quantized form (None: it has one)."""
+        if m.act_order:
+            return ("act-order (a non-trivial g_idx): vLLM 0.30 and later refuse compressed-"
+                    "tensors' actorder 'group' (compressed_tensors.py: 'activation ordering ... "
+                    "is no longer supported') and compressed-tensors 0.19 and later no longer "
+                    "parse it (quant_args.py, 'removed 2026/08/27'); only vLLM 0.29 and older "
+                    "loaded weight_g_idx. Without it pack-quantized groups are contiguous runs "
+                    "of input channels, and dropping the g_idx would change the weights")
+        if m.group_size != -1 and m.in_features % m.group_size:
+            return (f"in_features {m.in_features} is not a multiple of group_size "
+                    f"{m.group_size}: compressed-tensors' group strategy has no partial last "
+                    "group (forward_helpers._process_group: 'tensor column shape must be "
+                    "divisible by the given group_size')")
+        return None
 
-def tensor(role: str, src, m: QuantModule) -> np.ndarray:
-    """One output tensor of module `m`, from `src` in the one model."""
-    if role == "qweight":
-        return transposed(src.qweight(m))
-    if role == "scales":
-        return np.ascontiguousarray(src.scales(m).T)
-    if role == "qzeros":
-        return transposed(src.qzeros(m))
-    if role == "shape":
-        return np.array([m.out_features, m.in_features], dtype=np.int64)
-    raise ValueError(role)
+    def keeps(self, tensor: str) -> bool:
+        """TGI's GPTQ-only scalar tensors are not carried over."""
+        return tensor not in TGI_SCALARS
 
+    def metadata(self, meta: dict[str, str] | None) -> dict[str, str] | None:
+        """A shard's __metadata__ without AutoGPTQ's gptq_* keys."""
+        return None if meta is None else {k: v for k, v in meta.items()
+                                          if not k.startswith("gptq_")}
 
-def config(modules: list[QuantModule], universe: list[str], unquantized: list[str],
-           provenance: dict) -> dict:
-    """The quantization_config compressed-tensors writes for these modules: one config group
-    per (bits, group_size, sym) with `targets` naming its modules (layer numbers generalised
-    where that names no other module), `ignore` listing every unquantized weight."""
-    by_scheme: dict[tuple, list[str]] = {}
-    for m in modules:
-        by_scheme.setdefault((m.bits, m.group_size, m.sym), []).append(m.name)
-    groups = {}
-    for i, ((bits, gs, sym), names) in enumerate(sorted(by_scheme.items(),
-                                                         key=lambda kv: -len(kv[1]))):
-        groups[f"group_{i}"] = {
-            "targets": patterns(names, universe),
-            "weights": {"num_bits": bits, "type": "int", "symmetric": sym,
-                        "group_size": None if gs == -1 else gs,
-                        "strategy": "channel" if gs == -1 else "group", "dynamic": False},
-            "input_activations": None, "output_activations": None, "format": None}
-    return {"version": CT_VERSION, "quant_method": METHOD, "sparsity_config": {},
-            "transform_config": {}, "config_groups": groups, "kv_cache_scheme": None,
-            "format": PACKED, "quantization_status": "compressed",
-            "global_compression_ratio": None, "ignore": sorted(unquantized),
-            "moe_sparsity_config": None, "gptqfmt": provenance}
+    def entries(self, m: QuantModule) -> list[tuple[str, str, tuple[int, ...], str]]:
+        """(tensor name, dtype, shape, role) of module `m` as compressed-tensors stores it."""
+        p, n, k, b = m.name, m.out_features, m.in_features, m.bits
+        out = [(f"{p}.weight_packed", "I32", (n, k * b // 32), "qweight"),
+               (f"{p}.weight_scale", m.scale_dtype, (n, m.groups), "scales"),
+               (f"{p}.weight_shape", "I64", (2,), "shape")]
+        if not m.sym:
+            out.append((f"{p}.weight_zero_point", "I32", (n * b // 32, m.groups), "qzeros"))
+        return out
+
+    def tensor(self, role: str, src: Source, m: QuantModule) -> np.ndarray:
+        """One output tensor of module `m`, from `src` in the one model."""
+        if role == "qweight":
+            return transposed(src.qweight(m))
+        if role == "scales":
+            return np.ascontiguousarray(src.scales(m).T)
+        if role == "qzeros":
+            return transposed(src.qzeros(m))
+        if role == "shape":
+            return np.array([m.out_features, m.in_features], dtype=np.int64)
+        raise ValueError(role)
+
+    def config(self, modules: list[QuantModule], universe: list[str], unquantized: list[str],
+               provenance: dict) -> dict:
+        """The quantization_config compressed-tensors writes for these modules: one config group
+        per (bits, group_size, sym) with `targets` naming its modules (layer numbers generalised
+        where that names no other module), `ignore` listing every unquantized weight."""
+        by_scheme: dict[tuple, list[str]] = {}
+        for m in modules:
+            by_scheme.setdefault((m.bits, m.group_size, m.sym), []).append(m.name)
+        groups = {}
+        for i, ((bits, gs, sym), names) in enumerate(sorted(by_scheme.items(),
+                                                             key=lambda kv: -len(kv[1]))):
+            groups[f"group_{i}"] = {
+                "targets": patterns(names, universe),
+                "weights": {"num_bits": bits, "type": "int", "symmetric": sym,
+                            "group_size": None if gs == -1 else gs,
+                            "strategy": "channel" if gs == -1 else "group", "dynamic": False},
+                "input_activations": None, "output_activations": None, "format": None}
+        return {"version": CT_VERSION, "quant_method": METHOD, "sparsity_config": {},
+                "transform_config": {}, "config_groups": groups, "kv_cache_scheme": None,
+                "format": PACKED, "quantization_status": "compressed",
+                "global_compression_ratio": None, "ignore": sorted(unquantized),
+                "moe_sparsity_config": None, "gptqfmt": provenance}
 

@@ -1,28 +1,54 @@
-"""The one module model every format is read into and written from.
+"""The one module model every format is read into and written from (source.py has the Source
+protocol every format's reader implements, and the Writer protocol of the written ones).
 
 A quantized linear, whatever its file format, is: codes q [K, N] and per group g and output
 channel n a zero point Z and a scale s, with `w[k, n] = s[g_idx[k], n] * (q[k, n] - Z[g, n])`.
-Readers hand it over as numerics.operands.ModuleTensors in gptq_v2 layout (qweight words packed
-along K, qzeros packed along N storing Z itself, scales [G, N], g_idx [K]): the form the CPU twin
-and the CUDA kernel already compute on, so proving two checkpoints equal across formats is the
-same comparison as within GPTQ. Writers take the same form apart into their own tensors.
+Readers hand it over as ModuleTensors in gptq_v2 layout (qweight words packed along K, qzeros
+packed along N storing Z itself, scales [G, N], g_idx [K]): the form the CPU twin and the CUDA
+kernel compute on, so proving two checkpoints equal across formats is the same comparison as
+within GPTQ. Writers take the same form apart into their own tensors.
+
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from enum import IntEnum
+from typing import Any, Callable
 
-import numpy as np
+import numpy.typing as npt
 
-from ..findings import Finding
-from ..gptq.layout import n_groups
-from ..numerics.operands import DTYPE_KIND, ModuleTensors
+from ..bits.conventions import GPTQ, GPTQ_V2
+from ..bits.layout import n_groups
 from ..safetensors_io.index import TensorStore
 
-GPTQ, GPTQ_V2, COMPRESSED_TENSORS, AWQ = "gptq", "gptq_v2", "compressed-tensors", "awq"
+Array = npt.NDArray[Any]
+
+COMPRESSED_TENSORS, AWQ = "compressed-tensors", "awq"
 FORMATS = (GPTQ, GPTQ_V2, COMPRESSED_TENSORS, AWQ)   # gptq and gptq_v2: GPTQ's two conventions
-TARGETS = (GPTQ, GPTQ_V2, COMPRESSED_TENSORS)        # what convert writes
+
+
+class Kind(IntEnum):
+    """Element kinds of activations and scales, numbered as the kernel numbers them
+    (GQ_F32, GQ_F16, GQ_BF16 in kernels/gptq_dequant.h)."""
+    F32 = 0
+    F16 = 1   # fp16 bits in uint16 (or float16)
+    BF16 = 2  # bf16 bits in uint16
+
+
+F32, F16, BF16 = Kind.F32, Kind.F16, Kind.BF16
+DTYPE_KIND = {"F32": F32, "F16": F16, "BF16": BF16}  # safetensors dtype -> kind
+
+
+@dataclass(frozen=True)
+class ModuleTensors:
+    """One quantized linear as the backends read it: packed qweight [K*bits/W, N], packed
+    qzeros [G, N*bits/W], scales [G, N] of `scale_kind`, g_idx [K] (int32)."""
+    qweight: Array
+    qzeros: Array
+    scales: Array
+    scale_kind: Kind
+    g_idx: Array
+    bits: int
 
 
 @dataclass(frozen=True)
@@ -39,43 +65,47 @@ class QuantModule:
     # role -> the tensor's name in its format; the roles are GPTQ's in every format (qweight,
     # qzeros, scales, g_idx; compressed-tensors adds shape): weight_packed is the "qweight"
     tensors: dict[str, str] = field(default_factory=dict)
+    # False: quantized, but the config leaves it unquantized (a GPTQ `dynamic` "-:" rule): no
+    # config of a target can describe it
+    listed: bool = True
 
     @property
     def groups(self) -> int:
         return n_groups(self.in_features, self.group_size)
 
     @property
-    def scheme(self) -> tuple:
+    def scheme(self) -> tuple[int, int, bool, bool]:
         """What a config must say of this module: (bits, group_size, sym, act_order)."""
         return (self.bits, self.group_size, self.sym, self.act_order)
 
 
-class Source(Protocol):
-    """A checkpoint opened in its own format, read one module at a time."""
-    format: str
-    root: Path
-    store: TensorStore
-    modules: list[QuantModule]
-    passthrough: list[str]          # tensors outside the quantized modules, copied as they are
-    findings: list[Finding]
-    config_files: list[str]         # the config files that declare its quantization
+@dataclass(frozen=True)
+class ModuleRecord:
+    """A module as inspect lists it, whatever its format (valid or not: None where its tensors
+    do not tell)."""
+    name: str
+    bits: int | None
+    group_size: int | None
+    desc_act: bool | None
+    sym: bool | None
+    in_features: int | None
+    out_features: int | None
+    pack_dtype: str | None
+    groups: int | None
+    scale_dtype: str | None
+    has_g_idx: bool
+    has_bias: bool
+    excluded_by_config: bool
+    valid: bool
+    files: list[str]
 
-    def qweight(self, m: QuantModule) -> np.ndarray:
-        """Codes as GPTQ int32 words [K*bits/32, N]."""
-
-    def qzeros(self, m: QuantModule) -> np.ndarray:
-        """Z itself (gptq_v2 semantics) as int32 words [G, N*bits/32]."""
-
-    def scales(self, m: QuantModule) -> np.ndarray:
-        """Scales [G, N] as stored (F16/F32 values, BF16 as its uint16 bits)."""
-
-    def g_idx(self, m: QuantModule) -> np.ndarray:
-        """The group of each input channel, int32 [K]."""
-
-    def close(self) -> None: ...
+    def to_json(self, zero_point: dict[str, Any] | None) -> dict[str, Any]:
+        return {**self.__dict__, "zero_point": zero_point}
 
 
-def discover(store: TensorStore, suffixes: dict[str, str], build) -> tuple[list, list, bool]:
+def discover(store: TensorStore, suffixes: dict[str, str],
+             build: Callable[[str, dict[str, str]], QuantModule | None]
+             ) -> tuple[list[QuantModule], list[str], bool]:
     """The modules of a store, found by the tensor suffix of their codes (`suffixes["qweight"]`):
     `build(prefix, {role: tensor name})` models each (None when it cannot), every tensor of a
     module is claimed, and the rest is passthrough. Returns (modules, passthrough, any found)."""
@@ -99,9 +129,3 @@ def outside_words(m: QuantModule) -> str | None:
         return (f"{m.in_features} x {m.out_features} at {m.bits} bits: GPTQ packs "
                 f"in_features*bits and out_features*bits into whole 32-bit words")
     return None
-
-
-def module_tensors(src: Source, m: QuantModule) -> ModuleTensors:
-    """Module `m` of `src` in the one model (see the module docstring)."""
-    return ModuleTensors(src.qweight(m), src.qzeros(m), src.scales(m),
-                         DTYPE_KIND[m.scale_dtype], src.g_idx(m), m.bits)

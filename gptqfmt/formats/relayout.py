@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..bits.packing import unpack
 from ..parallel import cpus
-from ..gptq.packing import pack, unpack
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)               # nibble i holds channel AWQ_ORDER[i]
 AWQ_INVERSE = tuple(AWQ_ORDER.index(j) for j in range(8))  # channel j sits in nibble (0,4,1,...)
@@ -72,14 +72,6 @@ def awq_fields(words: np.ndarray) -> np.ndarray:
     r, n = nibbles.shape
     return np.ascontiguousarray(
         nibbles.reshape(r, n // 8, 8)[:, :, list(AWQ_INVERSE)].reshape(r, n))
-
-
-def awq_words(fields: np.ndarray) -> np.ndarray:
-    """Codes [R, 8C] in channel order -> AutoAWQ words [R, C] (int32): awq_fields' inverse."""
-    f = np.asarray(fields, dtype=np.uint8)
-    r, n = f.shape
-    nibbles = f.reshape(r, n // 8, 8)[:, :, list(AWQ_ORDER)].reshape(r, n)
-    return pack(nibbles, AWQ_BITS, 32, axis=1)
 
 
 def stream_words(values: int, bits: int) -> int:

@@ -7,10 +7,9 @@ without it.
 from __future__ import annotations
 
 from ..errors import UsageError
-from .operands import BF16, DTYPE_KIND, F16, F32, Backend, Kind, ModuleTensors, module_tensors
+from .backend import Backend
 
-__all__ = ["BF16", "DTYPE_KIND", "F16", "F32", "Backend", "Kind", "ModuleTensors", "get_backend",
-           "module_tensors"]
+__all__ = ["Backend", "get_backend"]
 
 
 def get_backend(name: str = "auto") -> Backend:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..conventions import ZeroRule, effective_zeros
-from ..gptq.packing import unpack
+from ..bits.conventions import ZeroRule, effective_zeros
+from ..bits.packing import unpack
+from ..formats.model import BF16, F16, Kind, ModuleTensors
 from ..resources import kernel_constant
 from ..safetensors_io.dtypes import bf16_to_f32
-from .operands import BF16, F16, Kind, ModuleTensors
 
 TILE_K = kernel_constant("GQ_TILE_K")  # input channels per tile of the kernels' sums
 COMPARE_COLUMNS = 256                  # columns of W per step of count_differences

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..resources import data_dir, kernel_constant
-from .operands import BF16, F16, F32, ModuleTensors
+from ..formats.model import BF16, F16, F32, ModuleTensors
 
 THREADS = 128
 MAX_M = kernel_constant("GQ_MAX_M")  # rows of X per call
@@ -34,7 +34,7 @@ def _words32(a, bits: int, axis: int) -> "cp.ndarray":
     if a.dtype.kind not in "iu":
         raise UsageError(f"packed words must be integers; got {a.dtype}")
     if a.dtype.itemsize != 4:
-        from ..gptq.packing import pack, unpack
+        from ..bits.packing import pack, unpack
         a = pack(unpack(a, bits, axis=axis), bits, 32, axis=axis)
     return cp.asarray(a.view(np.uint32))
 
@@ -57,7 +57,7 @@ class CupyBackend:
         _kernels().get_function("gptq_gemm_tiles")  # compile now: a failure means "unusable"
 
     def _args(self, t: ModuleTensors, cols):
-        from ..gptq.packing import pack, unpack
+        from ..bits.packing import pack, unpack
         qweight, qzeros, scales, g_idx, bits = t.qweight, t.qzeros, t.scales, t.g_idx, t.bits
         cols = np.arange(qweight.shape[1]) if cols is None else np.asarray(cols)
         if bits not in (2, 3, 4, 8):

@@ -17,10 +17,10 @@ import numpy as np
 
 from ..errors import FindingError, UsageError
 from ..findings import Finding
-from .. import journal
-from ..hub import cache_root_hint, cache_root_note
 from ..resources import validator
+from . import journal
 from .header import TensorInfo
+from .hub import cache_root_hint, cache_root_note
 from .reader import SafetensorsFile
 
 INDEX_NAME = "model.safetensors.index.json"

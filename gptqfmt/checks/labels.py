@@ -1,23 +1,19 @@
 """Declared convention against detected: the findings both inspect and verify report."""
 from __future__ import annotations
 
-from ..conventions import GPTQ, GPTQ_V2
+from ..bits.conventions import GPTQ, GPTQ_V2
+from ..detection.decide import AMBIGUOUS
+from ..detection.pool import Detection
 from ..findings import Finding
-from .checkpoint import Checkpoint
-from .detect import AMBIGUOUS, Detection
-
-
-def effective_declared(ckpt: Checkpoint) -> str:
-    """What vLLM, transformers and ExLlamaV2 read: checkpoint_format exactly; missing means
-    gptq (GPTQModel's fallback to `format` is reported by GQ209)."""
-    return ckpt.config.runtime_convention if ckpt.config else GPTQ
+from ..formats.gptq.checkpoint import Checkpoint
 
 
 def convention_findings(ckpt: Checkpoint, det: Detection) -> list[Finding]:
+    """GQ401, GQ402, GQ404: the label the runtimes read against what the data are."""
     cfg = ckpt.config
     where = cfg.declared_in[0].file if cfg and cfg.declared_in else (
         cfg.sources[0] if cfg and cfg.sources else None)
-    declared = effective_declared(ckpt)
+    declared = ckpt.label
     out = []
     if not det.modules:
         return out  # nothing to detect from (GQ314 or geometry findings say why)

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .packing import UNSIGNED, block, maxq, unpack
-
-CHUNK_WORDS = 1 << 17  # words per chunk (512 KiB of int32: temporaries stay in cache)
+from ..bits.packing import UNSIGNED, block, maxq, unpack
+from ..bits.swar import CHUNK
 
 
 def word_field_sums(words: np.ndarray, bits: int) -> np.ndarray:
@@ -188,7 +187,7 @@ def read_cell_sums(qweight: np.ndarray, bits: int, g_idx: np.ndarray, groups: in
             qweight.dtype.isnative and len(g_idx) == qweight.shape[0] * vpb // wpb:
         counts = np.bincount(g_idx, minlength=groups).astype(np.int64)
         return np.arange(groups), channel_sorted_sums(qweight, bits, g_idx, groups), counts
-    step = max(1, CHUNK_WORDS // max(1, n * wpb))
+    step = max(1, CHUNK // max(1, n * wpb))
     if trivial_rpg and row_blocks is None and trivial_rpg % wpb == 0:
         per = trivial_rpg // wpb  # whole groups per chunk, so group_sums takes them
         step = max(per, step // per * per)

@@ -138,19 +138,3 @@ def constant_words(value: int, bits: int, word_bits: int = 32) -> np.ndarray:
 def unsigned(words: np.ndarray) -> np.ndarray:
     """The unsigned view of signed words (bit containers)."""
     return words.view(UNSIGNED[words.dtype.itemsize * 8])
-
-
-def superwords(u: np.ndarray) -> np.ndarray:
-    """Unsigned words [G, n] as 64-bit superwords where the rows allow: one operation then
-    handles 64/W words (SWAR code that never carries across a word boundary)."""
-    w = u.dtype.itemsize * 8
-    return u.view(np.uint64) if w < 64 and u.ndim == 2 and (u.shape[1] * w) % 64 == 0 else u
-
-
-@lru_cache(maxsize=64)
-def field_masks(bits: int, ut) -> tuple:
-    """(low bits, 1, top bit) of every `bits`-wide field of an unsigned integer of type `ut`
-    (4-bit uint32: 0x77777777, 0x11111111, 0x88888888)."""
-    def every(value: int):
-        return ut(sum(value << j for j in range(0, np.dtype(ut).itemsize * 8, bits)))
-    return every((1 << (bits - 1)) - 1), every(1), every(1 << (bits - 1))

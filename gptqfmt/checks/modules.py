@@ -1,36 +1,54 @@
-"""The per-module rules of verify, each once: what a module's verdict, its stored zero points,
-its scales and its declared config say (findings are data). verify (validation.py) runs them
-all; inspect the ones its bounded reads can feed; convert refuses on them before writing."""
+"""The per-module rules of verify, each once, and the one entry that runs them on any source
+(module_findings): the format's own data checks, the scales, and for a labelled source (GPTQ)
+what the module's verdict, its stored zero points and its declared config say. verify runs
+them all; inspect the ones its bounded reads can feed; convert refuses on them before writing.
+Findings are data."""
 from __future__ import annotations
 
 import numpy as np
 
-from .. import runtimes
-from ..conventions import GPTQ, GPTQ_V2, effective_zeros
+from ..bits.conventions import GPTQ, GPTQ_V2, effective_zeros, reference_rule
+from ..bits.layout import stored_fields
+from ..bits.packing import maxq as code_max
+from ..detection.decide import AMBIGUOUS, ModuleVerdict, corruption_signatures
 from ..findings import Finding
-from ..safetensors_io.dtypes import FP16_MAX, positive_finite_max
-from .checkpoint import Checkpoint, Module
-from .detect import AMBIGUOUS, ModuleVerdict, corruption_signatures, stored_fields
-from .labels import effective_declared
-from .packing import maxq as code_max
+from ..formats.gptq.checkpoint import Checkpoint, Module
+from ..formats.model import QuantModule
+from ..formats.source import Source
+from ..runtimes.groups import maxq_readings
+from ..safetensors_io.dtypes import FP16_MAX, positive_finite_max, to_float32
 
 ROUTER_SUFFIXES = (".mlp.gate", ".router", ".block_sparse_moe.gate", ".mlp.router")
 
 
-def module_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Finding]:
-    """Every per-module finding of verify, from the module's verdict `v`."""
-    return zero_point_findings(ckpt, m, v) + scale_findings(ckpt, m, v) + \
-        declared_findings(ckpt, m)
+def module_findings(src: Source, m: QuantModule, verdict: ModuleVerdict | None = None,
+                    full: bool = True) -> list[Finding]:
+    """Every per-module finding of module `m` of `src`: verify's (full reads), or inspect's
+    (`full` False: bounded reads, and of a sampled verdict only what qzeros alone decide).
+
+    A labelled source's module is judged with its `verdict` (detection's, required there): its
+    zero points, its scales up to float16's range under the verdict's convention, its declared
+    config; another format's with its own data checks and its scales."""
+    ck = src.labelled
+    if ck is None:
+        return src.data_findings(m, full) + (scale_findings(src, m) if full else [])
+    if verdict is None:
+        raise ValueError(f"{m.name}: a labelled source's module is checked with its verdict")
+    mod = ck.module(m.name)
+    out = zero_point_findings(ck, mod, verdict, settled_only=not full)
+    if full:
+        out += scale_findings(src, m, lambda: _effective_zeros(ck, mod, verdict.verdict))
+    return out + declared_findings(ck, mod)
 
 
 def zero_point_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict,
                         settled_only: bool = False) -> list[Finding]:
-    """GQ403, GQ405, GQ406, GQ407, GQ412: what the verdict and its evidence say about the
-    stored zero points (qzeros is the only tensor read here; `v` carries the codes' evidence).
+    """GQ403, GQ405, GQ406, GQ407, GQ412, GQ414: what the verdict and its evidence say about
+    the stored zero points (qzeros is the only tensor read here; `v` carries the codes'
+    evidence).
 
     `settled_only` (inspect): when `v` rests on a sample of the codes (`v.complete` false), give
-    only the findings that qzeros alone decide, which reading every row cannot take back. Without
-    it, a sampled verdict is used as it is (convert refuses on it before writing)."""
+    only the findings that qzeros alone decide, which reading every row cannot take back."""
     qz_name = m.tensors["qzeros"]
     file_qz = ckpt.store.file_of(qz_name)
     out: list[Finding] = []
@@ -67,7 +85,7 @@ def zero_point_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict,
     if st is not None and v.verdict in (GPTQ, AMBIGUOUS) and st.stored_maxq and not pattern_sym:
         out.append(Finding(
             "GQ406", f"{st.stored_maxq} fields store {maxq}: "
-            f"{runtimes.maxq_readings(m.bits, sep=', ')} ({st.wrapped} of them have codes "
+            f"{maxq_readings(m.bits, sep=', ')} ({st.wrapped} of them have codes "
             "that say Z = 0)", file=file_qz, tensor=qz_name,
             details={"fields": st.stored_maxq, "wrapped": st.wrapped}))
     if st is not None and v.verdict == GPTQ_V2 and st.stored_zero:
@@ -77,30 +95,33 @@ def zero_point_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict,
     return out
 
 
-def scale_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict) -> list[Finding]:
-    """GQ501, GQ502: scales not finite and positive, or dequantized weights beyond float16
-    (reads every scale; verify only)."""
-    sc_name = m.tensors["scales"]
-    file_sc = ckpt.store.file_of(sc_name)
-    out: list[Finding] = []
-    maxq = code_max(m.bits)
-    top = positive_finite_max(ckpt.view(sc_name), ckpt.store.info(sc_name).dtype)
-    if top is not None and top * (1 << m.bits) <= FP16_MAX:
-        return out  # every Z and maxq - Z is at most 2^bits: no weight can pass float16's max
-    scales = ckpt.float32(sc_name)
-    bad = bad_scales(scales, file_sc, sc_name, ("group", "column"))
-    if bad:
-        out.append(bad)
-    else:
-        zeros = _effective_zeros(ckpt, m, v.verdict)
-        reach = scales * np.maximum(zeros, maxq - zeros)
-        over = reach > FP16_MAX
-        if over.any():
-            g, n = np.unravel_index(int(np.argmax(reach)), reach.shape)
-            out.append(Finding("GQ502", f"{int(over.sum())} groups can dequantize beyond "
-                               f"float16's {FP16_MAX:g}; worst {float(reach[g, n]):.4g} at group "
-                               f"{g}, column {n}", file=file_sc, tensor=sc_name))
-    return out
+def scale_findings(src: Source, m: QuantModule, zeros=None) -> list[Finding]:
+    """GQ501: every scale finite and positive; GQ502 (where `zeros()` gives Z per cell, in
+    the stored scales' layout): no dequantized weight beyond float16's range. Reads every
+    scale once, as integers first: positive finite scales whose largest times 2^bits stays in
+    range need nothing more (every Z and maxq - Z is at most 2^bits)."""
+    t = m.tensors["scales"]
+    raw = src.store.view(t)
+    try:
+        top = positive_finite_max(raw, m.scale_dtype)
+        if top is not None and (zeros is None or top * (1 << m.bits) <= FP16_MAX):
+            return []
+        scales = to_float32(raw, m.scale_dtype)
+    finally:
+        src.store.release([t])
+    file = src.store.file_of(t)
+    bad = bad_scales(scales, file, t, src.scale_axes)
+    if bad or zeros is None:
+        return [bad] if bad else []
+    z = zeros()
+    reach = scales * np.maximum(z, code_max(m.bits) - z)
+    over = reach > FP16_MAX
+    if not over.any():
+        return []
+    g, n = np.unravel_index(int(np.argmax(reach)), reach.shape)
+    return [Finding("GQ502", f"{int(over.sum())} groups can dequantize beyond float16's "
+                    f"{FP16_MAX:g}; worst {float(reach[g, n]):.4g} at group {g}, column {n}",
+                    file=file, tensor=t)]
 
 
 def bad_scales(scales: np.ndarray, file: str, tensor: str, axes: tuple[str, str]):
@@ -134,6 +155,6 @@ def declared_findings(ckpt: Checkpoint, m: Module) -> list[Finding]:
 def _effective_zeros(ckpt: Checkpoint, m: Module, convention: str) -> np.ndarray:
     """Z per cell as vLLM reads it; the declared convention decides when the data do not."""
     if convention == AMBIGUOUS:
-        convention = effective_declared(ckpt)
+        convention = ckpt.label
     return effective_zeros(stored_fields(ckpt.view(m.tensors["qzeros"]), m.bits), m.bits,
-                           runtimes.REFERENCE.rule(convention))
+                           reference_rule(convention))

@@ -13,14 +13,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ..findings import Finding
-from ..safetensors_io.dtypes import PACK_DTYPE_NAMES, WORD_DTYPES, to_float32
-from ..safetensors_io.index import TensorStore, open_store
-from . import layout
-from .packing import block
+from ...bits import layout
+from ...bits.conventions import GPTQ
+from ...bits.packing import block
+from ...findings import Finding
+from ...safetensors_io.dtypes import PACK_DTYPE_NAMES, WORD_DTYPES, to_float32
+from ...safetensors_io.index import TensorStore, open_store
+from ..model import DTYPE_KIND, ModuleTensors
 from .config import ModuleConfig, QuantConfig, load_config
 
 ROLES = ("qweight", "qzeros", "scales", "g_idx", "bias")
+# TGI's scalar tensors beside GPTQ's modules (its loader reads bits, group size and sym there)
+TGI_SCALARS = ("gptq_bits", "gptq_groupsize", "gptq_sym")
 REQUIRED = ("qweight", "qzeros", "scales")
 SCALE_DTYPES = ("F16", "BF16", "F32")
 
@@ -54,8 +58,46 @@ class Checkpoint:
     other_tensors: list[str]
     findings: list[Finding] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self._by_name = {m.name: m for m in self.modules}
+
+    @property
+    def label(self) -> str:
+        """The convention runtimes read from its configs: checkpoint_format exactly, as vLLM,
+        transformers and ExLlamaV2 read it; missing means gptq (GPTQModel's fallback to
+        `format` is reported by GQ209)."""
+        return self.config.runtime_convention if self.config else GPTQ
+
     def view(self, tensor: str) -> np.ndarray:
         return self.store.view(tensor)
+
+    def module(self, name: str) -> Module:
+        """The module of that name."""
+        return self._by_name[name]
+
+    def g_idx(self, m: Module) -> np.ndarray:
+        """Module `m`'s g_idx (int64), k // group_size where the file has none."""
+        if "g_idx" in m.tensors:
+            return np.asarray(self.view(m.tensors["g_idx"]), dtype=np.int64)
+        return layout.trivial_g_idx(m.in_features, m.group_size)
+
+    def module_tensors(self, m: Module) -> ModuleTensors:
+        """Module `m` as the backends compute on it: the file's own tensors, mapped (not
+        read), whatever their word size."""
+        sc = m.tensors["scales"]
+        return ModuleTensors(self.view(m.tensors["qweight"]), self.view(m.tensors["qzeros"]),
+                             self.view(sc), DTYPE_KIND[self.store.info(sc).dtype],
+                             self.g_idx(m).astype(np.int32), m.bits)
+
+    @property
+    def quantizer(self) -> str | None:
+        """The quantizer that wrote it, as its config's meta.quantizer names it (GPTQModel's
+        entry where it lists several)."""
+        q = (self.config.meta or {}).get("quantizer") if self.config else None
+        items = [q] if isinstance(q, str) else (q if isinstance(q, list) else [])
+        return next((i for i in items if isinstance(i, str) and
+                     i.lower().startswith("gptqmodel:")),
+                    items[0] if items and isinstance(items[0], str) else None)
 
     def float32(self, tensor: str) -> np.ndarray:
         """A float tensor (scales, bias) widened to float32 whatever its dtype."""

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 
-from ..conventions import CONVENTIONS
-from ..errors import FindingError
-from ..findings import Finding
-from ..resources import validator
+from ...bits.conventions import CONVENTIONS
+from ...errors import FindingError
+from ...findings import Finding
+from ...resources import validator
+from ..configs import config_documents
 
 # checkpoint_format / format values that are not GPTQ's own packing.
 NOT_GPTQ_FORMATS = {"marlin", "bitblas", "gptq_p", "gemm", "gemv", "gemv_fast", "llm-awq", "qqq",
@@ -25,8 +26,6 @@ NOT_GPTQ_FORMATS = {"marlin", "bitblas", "gptq_p", "gemm", "gemv", "gemv_fast", 
 SYNONYMS = {"w_bit": "bits", "wbits": "bits", "q_group_size": "group_size"}
 COMPARED_KEYS = ("bits", "group_size", "sym", "desc_act", "pack_dtype")
 OVERRIDE_KEYS = ("bits", "group_size", "sym", "desc_act", "pack_dtype")
-FILES = (("config.json", "quantization_config"), ("quantize_config.json", None),
-         ("quant_config.json", None))
 
 
 @dataclass(frozen=True)
@@ -109,50 +108,6 @@ def load_config(root: Path, st_metadata: dict[str, str] | None = None
     return cfg, findings
 
 
-def config_documents(root: Path) -> tuple[list[tuple[str, dict]], list[Finding]]:
-    """The quantization configs under `root` as (label, parsed object), in precedence order
-    (config.json's quantization_config labelled `config.json:quantization_config`), with the
-    findings of files that cannot be read or are not JSON objects. Every format reads its
-    configs through here (formats/detect.py decides which format they describe)."""
-    findings: list[Finding] = []
-    sources: list[tuple[str, dict]] = []
-    for fname, subkey in FILES:
-        doc = _read_json(root / fname, fname, findings)
-        if doc is None:
-            continue
-        label = f"{fname}:{subkey}" if subkey else fname
-        if subkey:
-            if not isinstance(doc, dict):
-                findings.append(Finding("GQ202", f"expected a JSON object; got "
-                                        f"{type(doc).__name__}", file=fname))
-                continue
-            doc = doc.get(subkey)
-            if doc is None:
-                continue
-        if not isinstance(doc, dict):
-            findings.append(Finding("GQ202", f"expected a JSON object; got {type(doc).__name__}",
-                                    file=label))
-            continue
-        sources.append((label, doc))
-    return sources, findings
-
-
-def _read_json(path: Path, label: str, findings: list[Finding]):
-    if not path.exists():
-        return None
-    if not path.is_file():
-        findings.append(Finding("GQ201", "is not a regular file", file=label))
-        return None
-    try:
-        return json.loads(path.read_bytes().decode("utf-8"))
-    except OSError as e:
-        findings.append(Finding("GQ118", f"cannot read: {e.strerror or e}", file=label))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        findings.append(Finding("GQ201", f"not valid JSON: {reason}", file=label))
-    return None
-
-
 def _normalise(doc: dict) -> dict:
     """Apply key synonyms (w_bit, q_group_size, zero_point). Keys and values keep their case:
     vLLM compares checkpoint_format == "gptq_v2" exactly, so "GPTQ_V2" must stay visible."""
@@ -195,6 +150,13 @@ def _from_st_metadata(md: dict[str, str]) -> dict:
 
 
 def _refuse_non_gptq(label: str, doc: dict) -> None:
+    found = refusal(label, doc)
+    if found is not None:
+        raise FindingError(found)
+
+
+def refusal(label: str, doc: dict) -> Finding | None:
+    """GQ203 when config `doc` (normalised) describes another packing than GPTQ's, else None."""
     method = doc.get("quant_method")
     method = method.lower() if isinstance(method, str) else method
     fmt = next((doc[k] for k in ("checkpoint_format", "format")
@@ -212,17 +174,31 @@ def _refuse_non_gptq(label: str, doc: dict) -> None:
         why = f"bits is {doc['bits']} (planar gptq_p packing)"
     if why and (method in ("compressed-tensors", "awq") or "AutoAWQ" in why):
         # a format gptqfmt reads (formats/): only the GPTQ-only commands end up here
-        raise FindingError(Finding("GQ203", f"{why}: not GPTQ's packing, but the checkpoint "
-                                   "is read as GPTQ here (another config names gptq first, or "
-                                   "this command reads only GPTQ; inspect, verify and convert "
-                                   "read that format too)", file=label,
-                                   hint="remove a stray config; for a checkpoint in that "
+        return Finding("GQ203", f"{why}: not GPTQ's packing, but the checkpoint is read as "
+                       "GPTQ here (another config names gptq first, or this command reads "
+                       "only GPTQ; inspect, verify and convert read that format too)",
+                       file=label, hint="remove a stray config; for a checkpoint in that "
                                         "format, `gptqfmt convert SRC DST --to gptq_v2` writes "
-                                        "its GPTQ form"))
+                                        "its GPTQ form")
     if why:
-        raise FindingError(Finding("GQ203", f"{why}: not GPTQ's packing; gptqfmt reads only "
-                                   "gptq and gptq_v2 checkpoints", file=label,
-                                   hint="convert it to GPTQ with the tool that produced it"))
+        return Finding("GQ203", f"{why}: not GPTQ's packing; gptqfmt reads only gptq and "
+                       "gptq_v2 checkpoints", file=label,
+                       hint="convert it to GPTQ with the tool that produced it")
+    return None
+
+
+def not_gptq(root: Path, fmt: str) -> Finding:
+    """GQ203 for a checkpoint in format `fmt` that a command reading only GPTQ was given: the
+    first config that says so, as load_config refuses it, else the format its tensors show."""
+    docs, _ = config_documents(root)
+    for label, doc in docs:
+        found = refusal(label, _normalise(doc))
+        if found is not None:
+            return found
+    return Finding("GQ203", f"the tensors are stored as {fmt} (no config says so): not GPTQ's "
+                   "packing, and this command reads only GPTQ; inspect, verify and convert "
+                   "read that format too", hint="for a checkpoint in that format, `gptqfmt "
+                   "convert SRC DST --to gptq_v2` writes its GPTQ form")
 
 
 def _reconcile(sources, usable, findings) -> QuantConfig:

@@ -30,9 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UsageError
-from .findings import Finding
-from .parallel import cpus
+from ..errors import UsageError
+from ..findings import Finding
+from ..parallel import cpus
 
 #: a repo id as the Hub spells one, with an optional @revision (a branch, tag, commit or
 #: refs/pr/N); a name with no slash is never read as one, so `model.safetensors` stays a path

@@ -1,13 +1,35 @@
-"""JSON blocks that more than one report carries, built in one place (the schemas in schemas/
-are the contract for their shape)."""
+"""What inspect and verify both report (Result), and the JSON blocks more than one report
+carries, built in one place (the schemas in schemas/ are the contract for their shape)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from .findings import ERROR, WARNING, Finding
-from .gptq.config import QuantConfig
-from .gptq.detect import Detection
-from .version import __version__
+from ..detection.pool import Detection
+from ..findings import ERROR, WARNING, Finding
+from ..formats.gptq.checkpoint import Checkpoint
+from ..formats.gptq.config import QuantConfig
+from ..formats.source import Source
+from ..runtimes.verdicts import RuntimeVerdict
+from ..safetensors_io.index import TensorStore
+from ..version import __version__
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a command that reads a checkpoint found. `detection` and `runtimes` are None for a
+    checkpoint whose zero points are stored exactly (compressed-tensors, AWQ): nothing to
+    detect, and the runtime table describes GPTQ's kernels."""
+    path: str
+    source: Source
+    detection: Detection | None
+    findings: list[Finding]
+    runtimes: list[RuntimeVerdict] | None
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The GPTQ model of a labelled checkpoint (formats/gptq/checkpoint.py)."""
+        return self.source.labelled
 
 
 def tool_json() -> dict[str, str]:
@@ -33,7 +55,7 @@ def failed(findings: list[Finding], strict: bool = False) -> bool:
     return any(f.severity in bad for f in findings)
 
 
-def files_json(store) -> list[dict[str, Any]]:
+def files_json(store: TensorStore) -> list[dict[str, Any]]:
     """inspect's `files`: each safetensors file with its size and tensor count."""
     return [{"name": n, "size": f.size, "tensors": len(f.tensors)}
             for n, f in sorted(store.files.items())]

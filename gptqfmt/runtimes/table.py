@@ -2,256 +2,23 @@
 kernel paths it may take and when, what each path requires of a module, which config key it
 reads the convention from, and how it reads the stored zero points. Every rule cites the code
 it comes from (repository, file, commit or release). Adding a runtime is one entry in RUNTIMES
-plus a fixture that triggers each of its rules; reports, `verify --runtime` and the numerical
-comparisons read everything from here (verdicts.py applies it to a checkpoint).
-
-A runtime's path is chosen from the checkpoint's base config (and the device: the default is a
-current NVIDIA GPU, compute capability 8.0 or later); a module the chosen path cannot take
-makes the whole model fail to load, as in the runtimes, which build every layer before serving.
+plus a fixture that triggers each of its rules (a new way of reading zero points is one entry
+in readings.py); reports, `verify --runtime` and the numerical comparisons read everything from
+here (verdicts.py applies it to a checkpoint).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
-
-from .conventions import GPTQ, GPTQ_V2, STORED_OFFSET, Reading, ZeroRule, check
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where a rule is written: repository, file, commit (or release tag), function."""
-    repo: str
-    path: str
-    ref: str
-    where: str = ""
-
-    def __str__(self) -> str:
-        at = self.ref[:12] if len(self.ref) == 40 else self.ref
-        return f"{self.repo}@{at}:{self.path}" + (f" ({self.where})" if self.where else "")
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What a rule looks at: a module (after `dynamic`), or the checkpoint's base config
-    (`name` None; shapes None). `sym` and `desc_act` are as declared (None: not set); the rest
-    as declared, else as the tensors show."""
-    name: str | None
-    bits: int | None
-    group_size: int | None
-    sym: bool | None
-    desc_act: bool | None
-    act_order: bool | None
-    pack_dtype: str | None
-    in_features: int | None = None
-    out_features: int | None = None
-    has_g_idx: bool | None = None
-    scale_dtype: str | None = None
-    sources: tuple[str, ...] = ()               # config sources present (config.py labels)
-    labels: tuple[tuple[str, str, str], ...] = ()   # (source, key, value) of label keys
-    quantizer: str | None = None                # meta.quantizer, as written
-    lm_head_declared: bool | None = None        # the config's lm_head key
-    # a shard whose config (after `dynamic`) differs from its fused layer's (FUSED), as
-    # "name: ... vs ...": what a runtime that resolves `dynamic` on fused names builds wrongly
-    fused_conflict: str | None = None
-    capability: int = 80                        # the GPU's compute capability, as 10 * major
-    rows: int = 1                               # rows (tokens) per forward: 1 when decoding
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One condition a runtime or one of its paths puts on a checkpoint. `test` returns None
-    when the condition holds, else what was found instead ("bits is 3"); `text` is the
-    condition for tables ("bits in {4, 8}"). `scope`: "config" rules read the base config
-    (they choose the path, or refuse the model), "module" rules every quantized module,
-    "setup" rules the GPU and how the runtime is run (they choose between paths only)."""
-    id: str
-    text: str
-    test: Callable[[Facts], str | None] = field(compare=False)
-    source: Source
-    scope: str = "module"
-    hint: str = field(default="", compare=False)   # the next step when it fails
-
-    def with_hint(self, hint: str) -> "Rule":
-        return Rule(self.id, self.text, self.test, self.source, self.scope, hint)
-
-
-@dataclass(frozen=True)
-class Path:
-    """One kernel path of a runtime: chosen when every `when` rule holds; then every module
-    must meet `requires`. `readings` says how it reads qzeros under the convention it reads
-    (no entry: it does not read qzeros)."""
-    kernel: str
-    label: str                       # as reports group readers: "vLLM gptq_gemm"
-    when: tuple[Rule, ...]
-    requires: tuple[Rule, ...]
-    readings: dict[str, Reading]
-    source: Source
-    otherwise: str = ""              # when it is taken although an earlier path's `when` holds
-
-    @property
-    def reads_qzeros(self) -> bool:
-        return Reading.SYMMETRIC not in self.readings.values()
-
-
-@dataclass(frozen=True)
-class Runtime:
-    id: str
-    name: str
-    versions: str
-    config_files: tuple[str, ...]  # config sources it reads, first present wins
-    needs_config: bool             # False: it finds GPTQ layers by their tensors alone
-    label_keys: tuple[str, ...]  # keys read for the convention, first found wins; () = none
-    paths: tuple[Path, ...]
-    requires: tuple[Rule, ...]   # on the base config, whichever path
-    label_source: Source
-    # None: reads `dynamic` (per-module overrides and `-:` exclusions); else the source that
-    # shows it builds every layer from the base config
-    ignores_dynamic: Source | None = None
-    next_step: str = ""          # what to do when it refuses the checkpoint
-    config_note: str = ""        # said when it finds no config it reads
-
-    def config_file(self, facts: Facts) -> str | None:
-        """The config source this runtime reads: the first of its files that is present."""
-        return next((f for f in self.config_files if f in facts.sources), None)
-
-    def convention_read(self, facts: Facts) -> str:
-        """The convention this runtime reads: in the file it reads, the first of its keys
-        that is set decides, compared exactly with "gptq_v2"; anything else (or nothing) is
-        gptq."""
-        source = self.config_file(facts)
-        values = {k: v for src, k, v in facts.labels if src == source}
-        for key in self.label_keys:
-            if key in values:
-                return GPTQ_V2 if values[key] == GPTQ_V2 else GPTQ
-        return GPTQ
-
-
-def _as_set(values) -> str:
-    return "{" + ", ".join(str(v) for v in sorted(values)) + "}"
-
-
-# ---------------------------------------------------------------- the vocabulary of rules
-
-def bits_in(allowed, source: Source, scope: str = "module", rid: str = "bits") -> Rule:
-    return Rule(rid, f"bits in {_as_set(allowed)}",
-                lambda f: None if f.bits is None or f.bits in allowed else f"bits is {f.bits}",
-                source, scope)
-
-
-def group_size_in(allowed, source: Source, scope: str = "module") -> Rule:
-    return Rule("group_size", f"group_size in {_as_set(allowed)}",
-                lambda f: None if f.group_size is None or f.group_size in allowed
-                else f"group_size is {f.group_size}", source, scope)
-
-
-def sym_true(source: Source, missing: str, scope: str = "config", rid: str = "sym") -> Rule:
-    """sym must be true; `missing` says what a missing key does: "true" (assumed true),
-    "false" (assumed false: the rule fails), "refuse" (the rule fails: the key is required)."""
-    def test(f: Facts):
-        if f.sym is None:
-            return None if missing == "true" else (
-                "sym is not set (read as false)" if missing == "false" else
-                "sym is not set (required)")
-        return None if f.sym else "sym is false"
-    return Rule(rid, "sym true" + {"true": " (missing: true)", "false": " (missing: false)",
-                                   "refuse": " (required)"}[missing], test, source, scope)
-
-
-def key_set(key: str, source: Source) -> Rule:
-    return Rule(f"{key}_set", f"{key} set",
-                lambda f: None if getattr(f, key) is not None else f"{key} is not set",
-                source, "config")
-
-
-def no_act_order(source: Source) -> Rule:
-    return Rule("act_order", "no act-order (g_idx trivial)",
-                lambda f: "act-order g_idx" if f.act_order else None, source)
-
-
-def divisible(dim: str, by: int, source: Source, why: str) -> Rule:
-    return Rule(f"{dim}_multiple_{by}", f"{dim} multiple of {by} ({why})",
-                lambda f: None if getattr(f, dim) is None or getattr(f, dim) % by == 0
-                else f"{dim} is {getattr(f, dim)}, not a multiple of {by} ({why})",
-                source)
-
-
-def in_features_per_group(source: Source) -> Rule:
-    return Rule("group_divides", "in_features a multiple of group_size",
-                lambda f: None if f.in_features is None or f.group_size in (None, -1) or
-                f.in_features % f.group_size == 0
-                else f"in_features {f.in_features} is not a multiple of group_size "
-                     f"{f.group_size}", source)
-
-
-def pack_dtype_in(allowed, source: Source) -> Rule:
-    return Rule("pack_dtype", f"pack_dtype in {_as_set(allowed)}",
-                lambda f: None if f.pack_dtype is None or f.pack_dtype in allowed
-                else f"pack_dtype is {f.pack_dtype}", source)
-
-
-def not_lm_head(source: Source) -> Rule:
-    return Rule("lm_head", "lm_head not quantized",
-                lambda f: "a quantized lm_head" if f.name and f.name.split(".")[-1] == "lm_head"
-                else None, source)
-
-
-# How vLLM's model files fuse checkpoint layers (packed_modules_mapping, e.g. LlamaForCausalLM:
-# {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}):
-# `dynamic` is matched against the fused name, so the shards take the fused layer's config.
-FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
-         "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
-
-
-def fused_dynamic(source: Source) -> Rule:
-    return Rule("fused_dynamic", "`dynamic` giving every shard of a fused layer (q/k/v_proj, "
-                "gate/up_proj) its fused name's config",
-                lambda f: f.fused_conflict and f"{f.fused_conflict}: the fused layer is built "
-                "with the latter (a load error, or weights decoded with the wrong config)",
-                source, "config").with_hint(
-        "next step: give the shards of each fused layer the same `dynamic` overrides, with "
-        "patterns that match the fused name too (e.g. `.*\\.(gate|up|gate_up)_proj`)")
-
-
-def capability_at_least(major_minor: int, source: Source) -> Rule:
-    return Rule(f"capability_{major_minor}", f"GPU compute capability >= "
-                f"{major_minor // 10}.{major_minor % 10}",
-                lambda f: None if f.capability >= major_minor else
-                f"compute capability {f.capability // 10}.{f.capability % 10}", source, "setup")
-
-
-def asym_needs_gptqmodel_quantizer(source: Source) -> Rule:
-    """GPTQModel refuses sym=false in format gptq unless meta.quantizer names gptqmodel >=
-    0.9.0 (AutoGPTQ's asymmetric packer lost the zero points of 0)."""
-    def test(f: Facts):
-        keys = {k: v for _, k, v in reversed(f.labels)}  # the first file's value wins
-        if f.sym is not False or keys.get("format", keys.get("checkpoint_format", GPTQ)) != GPTQ:
-            return None
-        q = f.quantizer or ""
-        name, _, ver = q.partition(":")
-        if name.strip().lower() == "gptqmodel" and _version(ver) >= (0, 9, 0):
-            return None
-        return ("sym is false in format gptq and meta.quantizer is "
-                + (repr(q) if q else "not set") + " (needs gptqmodel:0.9.0 or later)")
-    return Rule("asym_v1_quantizer", "sym false in format gptq only from gptqmodel >= 0.9.0",
-                test, source, "config")
-
-
-def _version(text: str) -> tuple[int, ...]:
-    out = []
-    for part in text.strip().split("."):
-        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out) or (0,)
-
-
+from ..bits.conventions import GPTQ, GPTQ_V2
+from ..formats.configs import CONFIG_JSON_LABEL as CONFIG_JSON
+from ..formats.configs import QUANT_CONFIG, QUANTIZE_CONFIG
+from .readings import Reading
+from .rules import (Citation, Path, Rule, Runtime, asym_needs_gptqmodel_quantizer, bits_in,
+                    capability_at_least, divisible, fused_dynamic, group_size_in,
+                    in_features_per_group, key_set, lm_head_declared, not_lm_head, pack_dtype_in,
+                    scales_fp16, sym_true)
 
 # ---------------------------------------------------------------- the table
-#
-# Config sources by the labels config.py gives them.
-CONFIG_JSON, QUANTIZE_CONFIG, QUANT_CONFIG = (
-    "config.json:quantization_config", "quantize_config.json", "quant_config.json")
+
 MARLIN_GROUPS = (-1, 32, 64, 128)
 ZERO_V1 = {GPTQ: Reading.V1_NOWRAP, GPTQ_V2: Reading.V2}        # label-aware, s + 1 on gptq
 ZERO_V1_ONLY = {GPTQ: Reading.V1_NOWRAP, GPTQ_V2: Reading.V1_NOWRAP}   # label ignored
@@ -262,21 +29,21 @@ NO_QZEROS = {GPTQ: Reading.SYMMETRIC, GPTQ_V2: Reading.SYMMETRIC}
 # db931fcf (2026-01-08) differs from v3.3.7 (dfb3fbe7) only in a CI workflow.
 _TGI = "huggingface/text-generation-inference"
 _TGI_REF = "db931fcf42da018a3657580c64bf2720f167f9ab"
-_TGI_MARLIN = Source(_TGI, "server/text_generation_server/layers/marlin/gptq.py", _TGI_REF,
-                     "can_use_gptq_marlin L39-52")
-_TGI_GPTQ = Source(_TGI, "server/text_generation_server/layers/gptq/__init__.py", _TGI_REF,
-                   "GPTQWeightsLoader.get_weights L120-126, HAS_EXLLAMA L455-476")
-_TGI_CONFIG = Source(_TGI, "server/text_generation_server/utils/quantization.py", _TGI_REF,
-                     "_get_quantizer_config L47-121 (sym defaults to False; checkpoint_format "
-                     "only for marlin_24)")
-_TGI_TRITON = Source(_TGI, "server/text_generation_server/layers/gptq/triton.py", _TGI_REF,
-                     "matmul_248_kernel L184-185 (zeros + 1) & maxq; QuantLinear L263-264")
-_TGI_EXL2 = Source("turboderp/exllamav2", "exllamav2/exllamav2_ext/cuda/q_gemm_kernel_gptq.cuh",
-                   "509f9aaca9dd7f553169fb00ba4eb6d64d457616",
-                   "v0.1.8 as TGI's CUDA image builds it (server/Makefile-exllamav2): "
-                   "zeros[i] + 1, no mask")
-_TGI_HEAD = Source(_TGI, "server/text_generation_server/layers/tensor_parallel.py", _TGI_REF,
-                   "TensorParallelHead.load L45-73 reads lm_head.weight only")
+_TGI_MARLIN = Citation(_TGI, "server/text_generation_server/layers/marlin/gptq.py", _TGI_REF,
+                       "can_use_gptq_marlin L39-52")
+_TGI_GPTQ = Citation(_TGI, "server/text_generation_server/layers/gptq/__init__.py", _TGI_REF,
+                     "GPTQWeightsLoader.get_weights L120-126, HAS_EXLLAMA L455-476")
+_TGI_CONFIG = Citation(_TGI, "server/text_generation_server/utils/quantization.py", _TGI_REF,
+                       "_get_quantizer_config L47-121 (sym defaults to False; checkpoint_format "
+                       "only for marlin_24)")
+_TGI_TRITON = Citation(_TGI, "server/text_generation_server/layers/gptq/triton.py", _TGI_REF,
+                       "matmul_248_kernel L184-185 (zeros + 1) & maxq; QuantLinear L263-264")
+_TGI_EXL2 = Citation("turboderp/exllamav2", "exllamav2/exllamav2_ext/cuda/q_gemm_kernel_gptq.cuh",
+                     "509f9aaca9dd7f553169fb00ba4eb6d64d457616",
+                     "v0.1.8 as TGI's CUDA image builds it (server/Makefile-exllamav2): "
+                     "zeros[i] + 1, no mask")
+_TGI_HEAD = Citation(_TGI, "server/text_generation_server/layers/tensor_parallel.py", _TGI_REF,
+                     "TensorParallelHead.load L45-73 reads lm_head.weight only")
 TGI = Runtime(
     "tgi", "TGI", "3.3.x (read: db931fcf = v3.3.7)",
     config_files=(CONFIG_JSON, QUANTIZE_CONFIG, QUANT_CONFIG), needs_config=True,
@@ -291,8 +58,8 @@ TGI = Runtime(
                             (f.in_features % 128 == 0 and f.out_features % 64 == 0) or
                             (f.in_features % 64 == 0 and f.out_features % 128 == 0) else
                             f"in_features {f.in_features}, out_features {f.out_features}",
-                            Source(_TGI, "server/text_generation_server/layers/marlin/gptq.py",
-                                   _TGI_REF, "_check_valid_shape L474-481")),
+                            Citation(_TGI, "server/text_generation_server/layers/marlin/gptq.py",
+                                     _TGI_REF, "_check_valid_shape L474-481")),
                        in_features_per_group(_TGI_MARLIN), not_lm_head(_TGI_HEAD)),
              readings=NO_QZEROS, source=_TGI_MARLIN),
         Path("exllamav2", "TGI exllamav2",
@@ -320,19 +87,11 @@ _SGL_OLD = "v0.5.19 (wheel sha256 425e87377e725d03)"
 
 
 def _sgl(ref: str, where: str, path: str = "python/sglang/srt/layers/quantization/gptq/gptq.py"
-         ) -> Source:
-    return Source(_SGL, path, ref, where)
+         ) -> Citation:
+    return Citation(_SGL, path, ref, where)
 
 
 _SGL_LM = "lm_head quantized only with `lm_head: true` (utils.py get_linear_quant_method)"
-
-
-def lm_head_declared(source: Source) -> Rule:
-    """A quantized lm_head loads only where the config says `lm_head: true`."""
-    return Rule("lm_head_declared", "a quantized lm_head needs lm_head: true",
-                lambda f: "a quantized lm_head without lm_head: true in the config"
-                if f.name and f.name.split(".")[-1] == "lm_head" and not f.lm_head_declared
-                else None, source)
 
 
 def _sglang_marlin(ref: str) -> Path:
@@ -373,9 +132,9 @@ SGLANG_GPTQ_GEMM = Runtime(
                 requires=(lm_head_declared(_sgl(_SGL_OLD, _SGL_LM)),),
                 readings=ZERO_V1_ONLY,
                 otherwise="when gptq_marlin's conditions fail, or with --quantization gptq",
-                source=Source(_SGL, "sgl-kernel/csrc/gemm/gptq/gptq_kernel.cu",
-                              "033190958f171730e5850f8843ea99add9d1db78",
-                              "zeros[i] + 1, no use_v2_format argument"))),
+                source=Citation(_SGL, "sgl-kernel/csrc/gemm/gptq/gptq_kernel.cu",
+                                "033190958f171730e5850f8843ea99add9d1db78",
+                                "zeros[i] + 1, no use_v2_format argument"))),
     requires=(key_set("desc_act", _sgl(_SGL_OLD, "GPTQConfig.from_config L151-153")),),
     label_source=_sgl(_SGL_OLD, "gptq_kernels.py L117-125: the 7-argument gptq_gemm",
                       "python/sglang/srt/hardware_backend/gpu/quantization/gptq_kernels.py"))
@@ -383,15 +142,15 @@ SGLANG_GPTQ_GEMM = Runtime(
 # ---- ExLlamaV2: turboderp/exllamav2 b9c025b4 (v0.2.7+4); the GPTQ path is the same in 0.3.2.
 _EXL = "turboderp/exllamav2"
 _EXL_REF = "b9c025b4b1ee78c0d34e700f2e474a02dfb13c90"
-_EXL_SHAPES = Source(_EXL, "exllamav2/exllamav2_ext/ext_qmatrix.cpp", _EXL_REF,
-                     "make_q_matrix L66-69: height = qweight rows * 8, qzeros columns = out / 8")
+_EXL_SHAPES = Citation(_EXL, "exllamav2/exllamav2_ext/ext_qmatrix.cpp", _EXL_REF,
+                       "make_q_matrix L66-69: height = qweight rows * 8, qzeros columns = out / 8")
 EXLLAMAV2 = Runtime(
     "exllamav2", "ExLlamaV2", "0.1.8-0.3.2 (read: b9c025b4)",
     config_files=(CONFIG_JSON,), needs_config=False,
     label_keys=("checkpoint_format",),
     paths=(Path("exllamav2", "ExLlamaV2", when=(),
                 requires=(bits_in((4,), _EXL_SHAPES),
-                          pack_dtype_in(("int32",), Source(
+                          pack_dtype_in(("int32",), Citation(
                               _EXL, "exllamav2/exllamav2_ext/ext_qmatrix.cpp", _EXL_REF,
                               "L38-48: qweight, qzeros, g_idx int32")),
                           Rule("group_size_pow2", "group_size a power of two (it is inferred as "
@@ -399,25 +158,25 @@ EXLLAMAV2 = Runtime(
                                lambda f: None if f.group_size in (None, -1) or
                                f.group_size & (f.group_size - 1) == 0 else
                                f"group_size is {f.group_size}",
-                               Source(_EXL, "exllamav2/exllamav2_ext/cuda/q_matrix.cu", _EXL_REF,
-                                      "QMatrix L103-104"))),
+                               Citation(_EXL, "exllamav2/exllamav2_ext/cuda/q_matrix.cu", _EXL_REF,
+                                        "QMatrix L103-104"))),
                 readings={GPTQ: Reading.V1_NOWRAP, GPTQ_V2: Reading.V2_BORROW},
-                source=Source(_EXL, "exllamav2/exllamav2_ext/cuda/q_gemm_kernel_gptq.cuh",
-                              _EXL_REF, "L169 zeros[i] + 1; ext.py L366-367 subtracts "
-                              "0x11111111 from gptq_v2 qzeros words")),),
-    requires=(), label_source=Source(_EXL, "exllamav2/config.py", _EXL_REF,
-                                     "L394-395 quantization_config->checkpoint_format"),
-    ignores_dynamic=Source(_EXL, "exllamav2/config.py", _EXL_REF,
-                           "GPTQ layers found by .qweight; no quantization key but "
-                           "checkpoint_format is read"))
+                source=Citation(_EXL, "exllamav2/exllamav2_ext/cuda/q_gemm_kernel_gptq.cuh",
+                                _EXL_REF, "L169 zeros[i] + 1; ext.py L366-367 subtracts "
+                                "0x11111111 from gptq_v2 qzeros words")),),
+    requires=(), label_source=Citation(_EXL, "exllamav2/config.py", _EXL_REF,
+                                       "L394-395 quantization_config->checkpoint_format"),
+    ignores_dynamic=Citation(_EXL, "exllamav2/config.py", _EXL_REF,
+                             "GPTQ layers found by .qweight; no quantization key but "
+                             "checkpoint_format is read"))
 
 # ---- GPTQModel: ModelCloud/GPTQModel f4c327a1 (v7.3.4+1), its own loader.
 _GQM = "ModelCloud/GPTQModel"
 _GQM_REF = "f4c327a17eb3e24524d5a97a3d682e3696ae6a28"
 
 
-def _gqm(path: str, where: str) -> Source:
-    return Source(_GQM, path, _GQM_REF, where)
+def _gqm(path: str, where: str) -> Citation:
+    return Citation(_GQM, path, _GQM_REF, where)
 
 
 _GQM_CONVERT = _gqm("gptqmodel/utils/model.py", "convert_gptq_v1_to_v2_format L750-845: "
@@ -481,23 +240,23 @@ TRANSFORMERS = Runtime(
     label_keys=("checkpoint_format", "format"),
     paths=tuple(
         Path(p.kernel, p.label.replace("GPTQModel", "transformers"), p.when,
-             p.requires + (not_lm_head(Source(
+             p.requires + (not_lm_head(Citation(
                  "huggingface/optimum", "optimum/gptq/quantizer.py",
                  "83c88b8fc51e791f263a954e3568e1d2a02aa003",
                  "convert_model L253-279: only the blocks' layers are replaced")),),
              p.readings, p.source)
         for p in _gptqmodel_paths("GPTQModel")),
-    requires=(), label_source=Source(_HF, "src/transformers/utils/quantization_config.py",
-                                     _HF_REF, "GPTQConfig.__init__ L718: checkpoint_format "
-                                     "overrides format"))
+    requires=(), label_source=Citation(_HF, "src/transformers/utils/quantization_config.py",
+                                       _HF_REF, "GPTQConfig.__init__ L718: checkpoint_format "
+                                       "overrides format"))
 
 # ---- AutoGPTQ 0.7.1 (from_quantized defaults: exllamav2 for 4-bit, else cuda_old / cuda)
 _AG = "AutoGPTQ/AutoGPTQ"
 _AG_REF = "b8b41270f3dd5d657aee049d7b64538ab5dd244e"
 
 
-def _ag(path: str, where: str) -> Source:
-    return Source(_AG, path, _AG_REF, where)
+def _ag(path: str, where: str) -> Citation:
+    return Citation(_AG, path, _AG_REF, where)
 
 
 _AG_NOT_EXLLAMA = "for 4-bit only with the exllama kernels disabled or unavailable"
@@ -559,8 +318,8 @@ AUTOGPTQ = Runtime(
     ignores_dynamic=_ag("auto_gptq/modeling/_base.py", "BaseQuantizeConfig L81-95: no dynamic"))
 
 # ---- llama.cpp convert_hf_to_gguf.py: dequantizes GPTQ to float, then writes GGUF
-_LCPP = Source("ggml-org/llama.cpp", "convert_hf_to_gguf.py",
-               "0024aa7417efd50a7c2a79e049dfbbbceb0beaaf", "ModelBase.dequant_model.dequant_gptq")
+_LCPP = Citation("ggml-org/llama.cpp", "convert_hf_to_gguf.py",
+                 "0024aa7417efd50a7c2a79e049dfbbbceb0beaaf", "ModelBase.dequant_model.dequant_gptq")
 LLAMA_CPP = Runtime(
     "llama.cpp", "llama.cpp convert_hf_to_gguf.py", "read: 0024aa74",
     config_files=(CONFIG_JSON,), needs_config=True,
@@ -573,7 +332,7 @@ LLAMA_CPP = Runtime(
                                 lambda f: "no g_idx tensor" if f.has_g_idx is False else None,
                                 _LCPP)),
                 readings=ZERO_V1, source=_LCPP),),
-    requires=(), label_source=Source(
+    requires=(), label_source=Citation(
         "ggml-org/llama.cpp", "convert_hf_to_gguf.py", "0024aa7417efd50a7c2a79e049dfbbbceb0beaaf",
         "dequant_gptq: zeros += 1 only if checkpoint_format (default gptq) == \"gptq\""),
     ignores_dynamic=None)
@@ -588,14 +347,8 @@ _V33 = "v0.33.0 (4ba787ec9)"
 _Q = "vllm/model_executor/layers/quantization/"
 
 
-def _vl(ref: str, path: str, where: str) -> Source:
-    return Source(_VLLM, _Q + path, ref, where)
-
-
-def scales_fp16(source: Source) -> Rule:
-    return Rule("fp16", "float16 model (gptq_gemm supports torch.half only; scales' dtype as "
-                "the model's)", lambda f: None if f.scale_dtype in (None, "F16") else
-                f"scales are {f.scale_dtype}", source)
+def _vl(ref: str, path: str, where: str) -> Citation:
+    return Citation(_VLLM, _Q + path, ref, where)
 
 
 def _vllm_marlin(ref: str, capability: int) -> Path:
@@ -645,8 +398,8 @@ def _vllm_gptq_gemm(ref: str, readings: dict, where: str) -> Path:
                   "or with --quantization gptq")
 
 
-_VLLM_DESC_ACT = key_set("desc_act", Source(_VLLM, _Q + "gptq.py", _V21,
-                                            "from_config: \"Cannot find any of ['desc_act']\""))
+_VLLM_DESC_ACT = key_set("desc_act", Citation(_VLLM, _Q + "gptq.py", _V21,
+                                              "from_config: \"Cannot find any of ['desc_act']\""))
 
 
 def _vllm_fused(ref: str) -> Rule:
@@ -731,54 +484,3 @@ VLLM_LEGACY = Runtime(
 RUNTIMES = (VLLM, VLLM_GPTQ_GEMM, VLLM_LEGACY, SGLANG, SGLANG_GPTQ_GEMM, EXLLAMAV2, TGI,
             TRANSFORMERS, GPTQMODEL, AUTOGPTQ, LLAMA_CPP)
 BY_ID = {r.id: r for r in RUNTIMES}
-
-
-# ---------------------------------------------------------------- readers of gptq fields
-# --against and the reference comparison read a file the way its label means it: gptq_v2 fields
-# as Z, gptq fields by one of the field rules the label-aware gptq_gemm-style kernels and the
-# label-ignoring ones apply. Which runtimes ignore the label is the verdicts' business.
-
-
-@dataclass(frozen=True)
-class RuntimeGroup:
-    """The kernel paths that read a gptq field the same way (one numerical comparison covers
-    them): `labels` name them, `gptq` is their rule."""
-    labels: tuple[str, ...]
-    gptq: ZeroRule
-
-    @property
-    def name(self) -> str:
-        """The first path and how many more ("vLLM gptq_gemm and 5 other kernels"); the
-        runtimes section of inspect and verify says which."""
-        more = len(self.labels) - 1
-        return self.labels[0] + (f" and {more} other kernel{'s' if more > 1 else ''}"
-                                 if more else "")
-
-    def rule(self, convention: str) -> ZeroRule:
-        return ZeroRule.V2 if STORED_OFFSET[check(convention)] == 0 else self.gptq
-
-
-def groups() -> list[RuntimeGroup]:
-    """Every field rule some path applies to a gptq file, with the paths that apply it, in
-    order of first appearance in RUNTIMES."""
-    seen: dict[ZeroRule, list[str]] = {}
-    for r in RUNTIMES:
-        for p in r.paths:
-            rule = p.readings[GPTQ].rule
-            if rule is not None and rule != ZeroRule.V2:
-                labels = seen.setdefault(rule, [])
-                if p.label not in labels:
-                    labels.append(p.label)
-    return [RuntimeGroup(tuple(labels), rule) for rule, labels in seen.items()]
-
-
-# what checks and conversions read when they need one reading: vLLM's gptq_gemm
-REFERENCE = next(g for g in groups() if g.gptq == ZeroRule.V1_NOWRAP)
-
-
-def maxq_readings(bits: int, sep: str = "; ") -> str:
-    """What the kernel paths read a stored maxq of a gptq file as, in a sentence: "vLLM
-    gptq_gemm and 5 other kernels read Z = 16; TGI triton and 2 other kernels read Z = 0" at 4
-    bits (which ones: the runtimes section of inspect and verify)."""
-    z = {ZeroRule.V1_NOWRAP: 1 << bits, ZeroRule.V1_WRAP: 0}
-    return sep.join(f"{g.name} read Z = {z[g.gptq]}" for g in groups())

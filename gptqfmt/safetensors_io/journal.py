@@ -50,9 +50,9 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import faults
-from .errors import FindingError
-from .findings import Finding
+from .. import faults
+from ..errors import FindingError
+from ..findings import Finding
 
 #: roots this process is changing in place right now: its own reads of them (the label check
 #: before the journal is marked complete) must not recover the journal from under it

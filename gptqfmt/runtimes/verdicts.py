@@ -1,13 +1,11 @@
-"""What each runtime makes of a checkpoint (the rules in runtimes.py applied to it): whether it
+"""What each runtime makes of a checkpoint (the rules of table.py applied to it): whether it
 loads it, with which kernel, which convention it reads, and whether the weights it computes are
-the ones the data mean.
+the ones the data mean (readings.py: what each reading makes of the stored fields).
 
-"What the data mean" is the detected convention: Z = s for gptq_v2 data; Z = s + 1 for gptq
-data, where a stored maxq means Z = 0 (the only Z a clean gptq writer stores there) unless the
-codes of that cell say Z = 2^bits (ZeroStats.consistent_at). A runtime decodes a module right
-when its reading gives that Z in every cell; where it does not, the report says how many cells
-differ and by how much a weight moves (scale x the change of Z; verify only, as inspect does not
-read scales). Nothing is decided when the data's convention is not.
+A runtime decodes a module right when its reading gives the data's Z in every cell; where it
+does not, the report says how many cells differ and by how much a weight moves (scale x the
+change of Z; verify only, as inspect does not read scales). Nothing is decided when the data's
+convention is not.
 """
 from __future__ import annotations
 
@@ -17,25 +15,23 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import runtimes as rt
-from .conventions import (GPTQ, GPTQ_V2, Reading, ZeroRule, carried_fields, count_marked,
-                          effective_zeros, marked, read_zeros, sym_field)
-from .findings import Finding
-from .gptq.checkpoint import Checkpoint, Module
-from .gptq.detect import AMBIGUOUS, Detection, ModuleVerdict
-from .gptq.evidence import quantizer
-from .parallel import cpus
-from .gptq.packing import unpack
-from .safetensors_io.dtypes import to_float32
+from ..bits.conventions import GPTQ_V2, effective_zeros
+from ..bits.packing import unpack
+from ..bits.swar import CHUNK
+from ..detection.decide import AMBIGUOUS, ModuleVerdict
+from ..detection.pool import Detection
+from ..findings import CATALOGUE, Finding
+from ..formats.gptq.checkpoint import Checkpoint, Module
+from ..parallel import cpus
+from ..safetensors_io.dtypes import to_float32
+from . import rules as rt
+from .readings import (Reading, agrees_without_reading, canonical, cause_of,
+                       cause_text, count_misread, differs_everywhere, modelled, read_zeros,
+                       truth_zeros)
+from .table import RUNTIMES
 
 # the device verdicts assume unless told: a current NVIDIA GPU (Ampere or later)
 DEFAULT_CAPABILITY = 80
-
-# why a runtime computes other weights than the data mean: the finding code of each cause
-CAUSE_LABEL = "GQ602"       # it reads the other convention (the config's label)
-CAUSE_IGNORES = "GQ603"     # it ignores qzeros, which are not the symmetric constant
-CAUSE_MAXQ = "GQ604"        # it reads stored maxq fields as another Z than the data mean
-CAUSE_WORDS = "GQ605"       # its arithmetic corrupts fields: word carries, borrows, a 4-bit mask
 
 
 @dataclass(frozen=True)
@@ -76,7 +72,7 @@ def config_facts(ckpt: Checkpoint, capability: int) -> rt.Facts:
         sym=base.sym if base else None, desc_act=base.desc_act if base else None,
         act_order=any(m.act_order for m in mods),
         pack_dtype=pick(base and base.pack_dtype, "pack_dtype"),
-        sources=_sources(ckpt), labels=_labels(ckpt), quantizer=quantizer(ckpt),
+        sources=_sources(ckpt), labels=_labels(ckpt), quantizer=ckpt.quantizer,
         capability=capability, lm_head_declared=ckpt.config.lm_head if ckpt.config else None,
         fused_conflict=_fused_conflict(ckpt))
 
@@ -113,76 +109,12 @@ def _sources(ckpt: Checkpoint) -> tuple[str, ...]:
     return tuple(ckpt.config.sources) if ckpt.config else ()
 
 
-# ---------------------------------------------------------------- zero points
-
-
-def truth_zeros(stored: np.ndarray, bits: int, convention: str,
-                consistent_at: Iterable[int] = ()) -> np.ndarray:
-    """Z per cell [G, N] (int32) as the data mean it, from the stored fields [G, N] (see the
-    module docstring): s for gptq_v2; s + 1 for gptq, a stored maxq 0 unless its codes say
-    2^bits (consistent_at: flat indices)."""
-    if convention == GPTQ_V2:
-        return effective_zeros(stored, bits, ZeroRule.V2)
-    z = effective_zeros(stored, bits, ZeroRule.V1_WRAP)
-    at = np.fromiter(consistent_at, dtype=np.int64)
-    if at.size:
-        z.reshape(-1)[at] = 1 << bits
-    return z
-
-
-def canonical(reading: Reading, bits: int) -> Reading:
-    """The field rule a reading amounts to at `bits`, where it is one: AutoGPTQ's 4-bit mask
-    wraps at 4 bits and cannot wrap below (((s & maxq) + 1) <= 8 < 16). bits=0: unchanged."""
-    if reading is Reading.V1_NIBBLE and 0 < bits < 8:
-        return Reading.V1_WRAP if bits == 4 else Reading.V1_NOWRAP
-    return reading
-
-
-def _differs_everywhere(reading: Reading, truth: str) -> bool:
-    """Readings that move every field whatever it holds: the other convention's offset."""
-    if truth == GPTQ_V2:
-        return reading in (Reading.V1_NOWRAP, Reading.V1_WRAP, Reading.V1_CARRY)
-    return reading in (Reading.V2, Reading.V2_BORROW)
-
-
-def _agrees_without_reading(reading: Reading, truth: str, v: ModuleVerdict) -> bool:
-    """Readings that give the data's Z in every cell, known without reading qzeros."""
-    st = v.stats
-    if reading is Reading.SYMMETRIC:
-        return v.pattern == truth
-    if truth == GPTQ_V2:
-        # borrows start only at a stored 0
-        return reading is Reading.V2 or (reading is Reading.V2_BORROW and (
-            v.pattern is not None or (st is not None and st.stored_zero == 0)))
-    if reading is Reading.V1_WRAP:
-        return st is None or not st.consistent_at  # a stored maxq means Z = 0
-    if reading is Reading.V1_NOWRAP:
-        return v.pattern is not None or (st is not None and st.stored_maxq == 0)
-    if reading is Reading.V1_CARRY:  # carries start only at a stored maxq
-        return v.pattern is not None or (st is not None and st.stored_maxq == 0)
-    return False
-
-
-def cause_of(reading: Reading, label_right: bool, bits: int) -> str:
-    if reading is Reading.SYMMETRIC:
-        return CAUSE_IGNORES
-    if not label_right:
-        return CAUSE_LABEL
-    if reading in (Reading.V1_CARRY, Reading.V2_BORROW) or (
-            reading is Reading.V1_NIBBLE and bits > 4):
-        return CAUSE_WORDS
-    return CAUSE_MAXQ
-
-
 def misread(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str, reading: Reading,
             label_right: bool, scales: bool) -> Misread:
     """How `reading` of module `m` differs from the Z the data mean (`truth`: the detected
     convention). With `scales`, the largest weight change too (reads the module's scales and
     compares every field); without, the cells are counted on the packed words (inspect)."""
     return misreads(ckpt, m, v, truth, [(reading, label_right)], scales)[(reading, label_right)]
-
-
-ROWS_CHUNK = 1 << 16   # cells per chunk of the field-by-field comparison (kept in cache)
 
 
 def misreads(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
@@ -213,28 +145,25 @@ def misreads(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
     return {(reading, right): out[(canonical(reading, m.bits), right)] for reading, right in keys}
 
 
-def _effective_reading(reading: Reading, bits: int) -> Reading:
-    """The runtimes that add packed constants (GPTQModel, ExLlamaV2) do so per word, and 3-bit
-    fields straddle words: modelled field by field, the carry within a word only would be a
-    guess; the label's offset is what every cell shows."""
-    if bits == 3 and reading in (Reading.V1_CARRY, Reading.V2_BORROW):
-        return Reading.V1_WRAP if reading is Reading.V1_CARRY else Reading.V2
-    return reading
+def _high(v: ModuleVerdict) -> np.ndarray:
+    """The flat cells whose stored maxq the codes say is Z = 2^bits (readings.truth_zeros)."""
+    return np.fromiter(v.stats.consistent_at if v.stats else (), dtype=np.int64)
 
 
 def _misread_closed(ckpt, m, v, truth, reading, label_right, scales, scale_max):
     """The Misread where it follows without comparing fields, else its cause (a str)."""
-    if _agrees_without_reading(reading, truth, v):
+    if agrees_without_reading(reading, truth, v):
         return Misread(0, 0.0 if scales else None)
     cause = cause_of(reading, label_right, m.bits)
-    reading = _effective_reading(reading, m.bits)
+    reading = modelled(reading, m.bits)
     if truth == GPTQ_V2 and reading is Reading.V1_NOWRAP:
         # s + 1 against s: every Z one higher, so every weight moves by its scale
         return Misread(m.groups * m.out_features, scale_max() if scales else None, cause)
     if not scales:
-        if _differs_everywhere(reading, truth):
+        if differs_everywhere(reading, truth):
             return Misread(m.groups * m.out_features, None, cause)
-        cells = _count_misread(ckpt, m, v, truth, reading)
+        cells = count_misread(ckpt.view(m.tensors["qzeros"]), m.bits, m.out_features,
+                              m.groups * m.out_features, _high(v), truth, reading)
         if cells is not None:
             return Misread(cells, None, cause) if cells else Misread(0, None)
     return cause
@@ -254,9 +183,9 @@ def _compare_fields(ckpt, m, v, truth, todo: dict, scales: bool) -> dict:
     qz = ckpt.view(m.tensors["qzeros"])
     sc = ckpt.view(m.tensors["scales"]) if scales else None
     sc_dtype = ckpt.store.info(m.tensors["scales"]).dtype
-    high = np.fromiter(v.stats.consistent_at if v.stats else (), dtype=np.int64)
+    high = _high(v)
     n = m.out_features
-    rows = max(1, ROWS_CHUNK // max(1, n))
+    rows = max(1, CHUNK // max(1, n))
     cells = dict.fromkeys(todo, 0)
     worst = dict.fromkeys(todo, 0.0)
     for r0 in range(0, qz.shape[0], rows):
@@ -266,7 +195,7 @@ def _compare_fields(ckpt, m, v, truth, todo: dict, scales: bool) -> dict:
         want = truth_zeros(stored, m.bits, truth, at)
         s32 = to_float32(sc[r0:r0 + rows], sc_dtype) if scales else None
         for key in todo:
-            reading = _effective_reading(key[0], m.bits)
+            reading = modelled(key[0], m.bits)
             got = (effective_zeros(stored, m.bits, reading.rule) if reading.rule is not None
                    else read_zeros(part, m.bits, reading))
             got -= want                      # the change of Z per cell (int32, in place)
@@ -279,37 +208,6 @@ def _compare_fields(ckpt, m, v, truth, todo: dict, scales: bool) -> dict:
     return {key: Misread(cells[key], worst[key] if scales else None,
                          todo[key] if cells[key] else None) if cells[key] else
             Misread(0, 0.0 if scales else None) for key in todo}
-
-
-def _count_misread(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
-                   reading: Reading) -> int | None:
-    """The cells `reading` misreads, counted on the packed words (a few integer operations per
-    word, no unpacking: inspect reads every module's qzeros); None where it needs the fields."""
-    if m.bits == 3 or reading is Reading.V1_NIBBLE:
-        return None
-    qz = ckpt.view(m.tensors["qzeros"])
-    high = np.fromiter(v.stats.consistent_at if v.stats else (), dtype=np.int64)
-    if truth == GPTQ:
-        if reading is Reading.V1_WRAP:      # wrong exactly where the codes say 2^bits
-            return int(high.size)
-        if reading is Reading.V1_NOWRAP:    # wrong at every stored maxq the codes say is 0
-            return count_marked(qz, m.bits, value=(1 << m.bits) - 1) - int(high.size)
-        if reading is Reading.V1_CARRY:     # where a carry lands, and the 2^bits cells
-            if not high.size:
-                return count_marked(qz, m.bits, reading)
-            rows = np.unique(high // m.out_features)   # the few rows those cells are in
-            at = np.searchsorted(rows, high // m.out_features) * m.out_features + \
-                high % m.out_features
-            reached = marked(carried_fields(qz[rows], m.bits, reading), m.bits, at,
-                             m.out_features)
-            return count_marked(qz, m.bits, reading) + int(np.count_nonzero(~reached))
-    if truth == GPTQ_V2 and reading is Reading.V2_BORROW:  # where a borrow lands, and the 0s
-        return count_marked(qz, m.bits, reading) + count_marked(
-            qz, m.bits, reading, value=0, unless_carried=True)
-    if reading is Reading.SYMMETRIC:        # every field other than the constant's
-        const = sym_field(m.bits, truth)
-        return m.groups * m.out_features - count_marked(qz, m.bits, value=const)
-    return None
 
 
 # ---------------------------------------------------------------- verdicts
@@ -427,7 +325,7 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
             cache[key] = misread(ckpt, m, by_name[m.name], truth, reading, label_right, scales)
         return cache[key]
 
-    chosen = list(runtimes if runtimes is not None else rt.RUNTIMES)
+    chosen = list(runtimes if runtimes is not None else RUNTIMES)
     dynamic = _dynamic_changes(ckpt, mods)
     refused_by: dict[int, dict[str, list]] = {}   # id(path) -> module -> failed rules
 
@@ -560,8 +458,8 @@ def _path_verdict(runtime, path, mods, failures, cfg, truth, misread_of) -> Path
     pv.decodes_correctly = pv.cells_affected == 0
     pv.max_weight_change = max(changes) if changes else (0.0 if pv.decodes_correctly else None)
     for cause, names in pv.causes.items():
-        pv.reasons.append(f"{_modules(names)}: " + _cause_text(cause, reading, label, truth,
-                                                                path))
+        pv.reasons.append(f"{_modules(names)}: "
+                          + cause_text(cause, reading, label, truth, path.kernel))
     if pv.decodes_correctly:
         pv.reasons.append("ignores qzeros; every zero point is the symmetric constant it "
                           "assumes" if reading is Reading.SYMMETRIC else
@@ -577,27 +475,6 @@ def _next_steps(runtime: rt.Runtime, failed: list[tuple[rt.Rule, str]]) -> list[
 
 def _modules(names: list[str]) -> str:
     return f"{len(names)} module{'s' if len(names) != 1 else ''} (e.g. {names[0]})"
-
-
-def _cause_text(cause: str, reading: Reading, label: str, truth: str, path: rt.Path) -> str:
-    if cause == CAUSE_IGNORES:
-        return (f"{path.kernel} ignores qzeros and decodes with Z = 2^(bits-1), but the zero "
-                "points are not that constant")
-    if cause == CAUSE_LABEL:
-        return f"reads the zero points as {label}, but the data are {truth}"
-    if cause == CAUSE_WORDS:
-        return {Reading.V1_CARRY: "adds 1 to each field by adding a packed constant to the "
-                                  "word, so a stored maxq carries into the next field",
-                Reading.V2_BORROW: "subtracts a packed constant from the word, so a zero point "
-                                   "of 0 borrows from the next field",
-                Reading.V1_NIBBLE: "masks each zero point to 4 bits (((s & maxq) + 1) & 15), "
-                                   "so it reads Z mod 16"}[reading]
-    if reading is Reading.V1_NOWRAP:
-        return "reads a stored maxq as Z = 2^bits where the codes say Z = 0"
-    if reading is Reading.V1_WRAP:
-        return "reads a stored maxq as Z = 0 where the codes say Z = 2^bits"
-    return ("reads stored maxq fields as another Z than their codes say (2^bits against 0 "
-            "or the reverse)")
 
 
 # ---------------------------------------------------------------- findings for --runtime
@@ -625,14 +502,14 @@ def runtime_findings(verdicts: Iterable[RuntimeVerdict], where: str | None) -> l
             for cause, names in t.causes.items():
                 out.append(Finding(
                     cause, f"{head} ({t.path.kernel}) would compute other weights than the data "
-                    f"mean: {_modules(names)}: " + _cause_text(
+                    f"mean: {_modules(names)}: " + cause_text(
                         cause, t.path.readings[t.convention_read or 'gptq'],
-                        t.convention_read or "gptq", "", t.path).replace(", but the data are ",
-                                                                          "")
+                        t.convention_read or "gptq", "", t.path.kernel
+                    ).replace(", but the data are ", "")
                     + f"; {t.cells_affected} zero-point cells in {t.modules_affected} modules"
                     + (f", weights move by up to {t.max_weight_change:.6g}"
                        if t.max_weight_change else ""),
-                    file=where, hint=_hint(cause),
+                    file=where, hint=CATALOGUE[cause].hint,
                     details={**details, "kernel": t.path.kernel, "modules": len(names),
                              "zero_cells_affected": t.cells_affected,
                              "max_weight_change": _rounded(t.max_weight_change)}))
@@ -647,10 +524,3 @@ def runtime_findings(verdicts: Iterable[RuntimeVerdict], where: str | None) -> l
                                    details={**details, "kernel": alt.path.kernel}))
     return out
 
-
-def _hint(cause: str) -> str:
-    return {CAUSE_LABEL: "run `gptqfmt fix-label PATH` to set the label the data have",
-            CAUSE_IGNORES: "set sym=false so that no runtime takes Marlin, or re-export",
-            CAUSE_MAXQ: "convert to gptq_v2 (`gptqfmt convert`), which stores Z = 0 exactly",
-            CAUSE_WORDS: "convert to gptq_v2 (`gptqfmt convert`): this runtime then reads the "
-                         "fields as they are"}[cause]

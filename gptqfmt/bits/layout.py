@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .packing import SUPPORTED_BITS
+from .packing import SUPPORTED_BITS, unpack
 
 
 def n_groups(in_features: int, group_size: int) -> int:
@@ -56,3 +56,8 @@ def group_size_from_g_idx(g_idx: np.ndarray, groups: int) -> tuple[int | None, s
 def _sample(a: np.ndarray, n: int = 6) -> str:
     items = ", ".join(str(int(x)) for x in a[:n])
     return f"[{items}{', ...' if len(a) > n else ''}]"
+
+
+def stored_fields(qzeros: np.ndarray, bits: int) -> np.ndarray:
+    """The stored zero-point fields [G, N] (uint8) of a qzeros tensor [G, N*bits/W]."""
+    return unpack(qzeros, bits, axis=1)

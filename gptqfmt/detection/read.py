@@ -1,4 +1,5 @@
-"""Gather detection evidence from a checkpoint: the I/O around the pure functions of detect.py.
+"""Gather detection evidence from a GPTQ checkpoint: the I/O around the pure functions of
+stats.py, decide.py and pool.py.
 
 inspect reads bounded amounts (every qzeros, a sample of qweight rows); verify reads all of qweight,
 one chunk of rows at a time.
@@ -16,15 +17,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .. import faults
+from ..bits.layout import stored_fields
+from ..bits.packing import block
 from ..errors import GptqfmtError
+from ..formats.gptq.checkpoint import Checkpoint, Module
 from ..parallel import cpus
 from . import codestats
-from .checkpoint import Checkpoint, Module
-from .detect import AMBIGUOUS, Detection, FieldCounts, ModuleVerdict, combine, decide, \
-    field_counts, runs_chance_missing, stored_fields, symmetric_pattern, with_runs_chance, \
-    zero_stats
-from .layout import trivial_g_idx
-from .packing import block
+from .decide import AMBIGUOUS, ModuleVerdict, decide
+from .pool import Detection, combine, runs_chance_missing, with_runs_chance
+from .stats import FieldCounts, field_counts, symmetric_pattern, zero_stats
 
 SAMPLE_BYTES = 64 * 1024  # qweight bytes read per module in inspect's first pass
 # inspect reads more while the checkpoint stays undecided: each round reads 4x the sample of
@@ -32,19 +33,6 @@ SAMPLE_BYTES = 64 * 1024  # qweight bytes read per module in inspect's first pas
 # bytes of qweight have been read (a byte budget, not a time budget, so that inspect's answer
 # does not depend on the machine's load).
 EXTRA_BYTES = 256 * 1024 * 1024
-
-
-def quantizer(ckpt: Checkpoint) -> str | None:
-    q = (ckpt.config.meta or {}).get("quantizer") if ckpt.config else None
-    items = [q] if isinstance(q, str) else (q if isinstance(q, list) else [])
-    return next((i for i in items if isinstance(i, str) and i.lower().startswith("gptqmodel:")),
-                items[0] if items and isinstance(items[0], str) else None)
-
-
-def module_g_idx(ckpt: Checkpoint, m: Module) -> np.ndarray:
-    if "g_idx" in m.tensors:
-        return np.asarray(ckpt.view(m.tensors["g_idx"]), dtype=np.int64)
-    return trivial_g_idx(m.in_features, m.group_size)
 
 
 def sampled_blocks(m: Module, qw: np.ndarray, full: bool,
@@ -73,7 +61,7 @@ def module_verdict(ckpt: Checkpoint, m: Module, full: bool, sample: int = SAMPLE
     if full or pattern is None:
         qw = ckpt.view(m.tensors["qweight"])
         rows = sampled_blocks(m, qw, full, sample)
-        read, sums, counts = codestats.read_cell_sums(qw, m.bits, module_g_idx(ckpt, m),
+        read, sums, counts = codestats.read_cell_sums(qw, m.bits, ckpt.g_idx(m),
                                                       m.groups, rows)
         complete = rows is None
         if fields is None or (complete and fields.stored_maxq is None):
@@ -85,7 +73,7 @@ def module_verdict(ckpt: Checkpoint, m: Module, full: bool, sample: int = SAMPLE
         # come from the packed words (fields)
         st = zero_stats(stored_fields(qz[read], m.bits), sums, counts, m.bits, m.word_bits,
                         fields, row_index=np.arange(len(qz))[read])
-    return replace(decide(m.name, m.bits, pattern, st, quantizer(ckpt)), complete=complete)
+    return replace(decide(m.name, m.bits, pattern, st, ckpt.quantizer), complete=complete)
 
 
 # Reading a module is many small numpy steps, and Python runs those one thread at a time (the
@@ -202,23 +190,6 @@ class ModuleReads:
             assert fields is not None
             self.known[i] = (pattern, replace(fields, top_runs_expected=e))
         return out
-
-
-class PerModule:
-    """Module reads from plain functions, one module at a time: `read(i, sample_bytes)` gives
-    module i's verdict, `chance(i)` its runs by chance (for tests and the calibration script,
-    which keep the data in memory)."""
-
-    def __init__(self, read, chance=None):
-        self.read, self.chance = read, chance
-
-    def verdicts(self, indices: list[int], sample: int) -> list[ModuleVerdict]:
-        return [self.read(i, sample) for i in indices]
-
-    def chances(self, indices: list[int]) -> list[float | None]:
-        if self.chance is None:
-            raise ValueError("the pooled runs test needs each module's runs by chance")
-        return [self.chance(i) for i in indices]
 
 
 def detect_sequential(reads, sizes: list[int], full: bool) -> Detection:

@@ -1,0 +1,83 @@
+"""`inspect`: what a checkpoint holds, as one result object for the text and JSON reporters.
+
+Its findings come from verify's own rules (checks/) fed with what inspect reads: every header,
+config, g_idx and qzeros, and a sample of qweight rows. Whatever it finds, verify finds with
+the same code and severity; verify may find more (scales, and evidence from the unsampled
+rows)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..checks.labels import convention_findings
+from ..checks.modules import module_findings
+from ..detection.read import detect_checkpoint
+from ..findings import Finding
+from ..formats import open_source
+from ..runtimes.verdicts import assess
+from .reports import (Result, checkpoint_format_json, failed, files_json, summary_counts,
+                      tool_json)
+
+
+@dataclass(frozen=True)
+class InspectResult(Result):
+    """What inspect found (reports.Result)."""
+
+    @property
+    def ok(self) -> bool:
+        return not failed(self.findings)
+
+    def to_json(self) -> dict[str, Any]:
+        src, det = self.source, self.detection
+        st = src.store
+        ck = src.labelled
+        verdicts = {v.name: v for v in det.modules} if det else {}
+        records = src.records()
+        doc: dict[str, Any] = {"tool": tool_json(), "path": self.path,
+                               "status": "ok" if self.ok else "fail"}
+        if det is None:
+            doc["format"] = src.format
+        doc.update({"files": files_json(st), "sharded": st.index_name is not None,
+                    "config_sources": src.config_files})
+        if det is not None:
+            doc["checkpoint_format"] = checkpoint_format_json(ck.config if ck else None, det)
+        doc.update({
+            "quantization": src.quantization(),
+            "modules": [r.to_json(_zero_point(verdicts.get(r.name))) for r in records],
+            "other_tensors": {"count": len(src.other_tensors),
+                              "bytes": sum(st.info(t).nbytes for t in src.other_tensors),
+                              "names": src.other_tensors}})
+        if self.runtimes is not None:
+            doc["runtimes"] = [v.to_json() for v in self.runtimes]
+        doc.update({"findings": [f.to_json() for f in self.findings],
+                    "summary": summary_counts(self.findings, len(records))})
+        return doc
+
+
+def _zero_point(v) -> dict[str, Any] | None:
+    return None if v is None else {"verdict": v.verdict, "confidence": v.confidence,
+                                   "evidence": v.evidence, "signatures": v.signatures}
+
+
+def inspect_checkpoint(path: str | os.PathLike[str]) -> InspectResult:
+    """Model the checkpoint at `path`, check what bounded reads allow and, where its zero points
+    follow a label, detect their convention (every qzeros, a sample of qweight rows) and what
+    each runtime makes of it."""
+    src = open_source(path)
+    ck = src.labelled
+    findings = list(src.findings)
+    det = runtimes = None
+    if ck is not None:
+        det = detect_checkpoint(ck, full=False)
+        findings += convention_findings(ck, det)
+    verdicts = {v.name: v for v in det.modules} if det else {}
+    for m in src.modules:
+        findings += module_findings(src, m, verdicts.get(m.name), full=False)
+        src.store.release(m.tensors.values())
+    if ck is not None and det is not None:
+        # what each runtime makes of it: counts from qzeros only (no scales: inspect's reads
+        # stay bounded, so the largest weight change is verify's)
+        runtimes = assess(ck, det, scales=False)
+    return InspectResult(str(src.path), src, det, sorted(findings, key=Finding.sort_key),
+                         runtimes)
