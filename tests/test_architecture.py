@@ -2,6 +2,7 @@
 the plan, no import up a floor and no import cycle (lazy imports inside functions count too), no
 module reaching into another's private names, and no code outside the format readers and
 writers asking which format a checkpoint is in."""
+import re
 from pathlib import Path
 
 from tests.support import ROOT, load_script
@@ -28,6 +29,15 @@ def test_no_module_takes_a_private_name_of_another():
 
 def test_only_the_formats_ask_which_format_a_checkpoint_is():
     assert FLOORS.format_forks(ROOT) == []
+
+
+def test_no_code_speaks_of_the_projects_history():
+    """No code, comment or message of the package names an issue of its own tracker (upstream
+    trackers are cited with their repository: vllm-project/vllm#54809)."""
+    history = re.compile(r"(?<![\w/#-])issues? #?\d+", re.IGNORECASE)
+    bad = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "gptqfmt").rglob("*.py"))
+           for i, line in enumerate(p.read_text().splitlines(), 1) if history.search(line)]
+    assert bad == []
 
 
 def write_package(root: Path, files: dict[str, str]) -> None:

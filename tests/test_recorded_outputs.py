@@ -4,6 +4,7 @@ that means to change an output rewrites the record (`python3 scripts/record_outp
 tests/golden/outputs.json`) and shows the diff in review; a refactoring leaves it alone."""
 import importlib.util
 import json
+import re
 
 from tests.support import ROOT
 
@@ -19,3 +20,14 @@ def test_outputs_match_the_record():
     differ = [k for k in sorted(want) if got[k] != want[k]]
     assert not differ, f"{len(differ)} outputs changed, first: {differ[0]}\n" \
         f"want {want[differ[0]]}\ngot  {got[differ[0]]}"
+
+
+def test_no_output_speaks_of_the_projects_history():
+    """What the tool prints is about the user's checkpoint: no issue numbers of its own
+    tracker, no "will write" of features to come."""
+    record = json.loads((ROOT / "tests" / "golden" / "outputs.json").read_text())
+    bad = [k for k, v in record.items() if HISTORY.search(v["stdout"])]
+    assert bad == []
+
+
+HISTORY = re.compile(r"\bissues? #?\d+\b|\bwill write\b", re.IGNORECASE)

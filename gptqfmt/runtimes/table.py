@@ -417,7 +417,7 @@ _VLLM_CONFIG_NOTE = ("vLLM detects the method from config.json's quantization_co
 
 _VLLM_NEXT = ("next step: vLLM >= 0.22 loads GPTQ only as 4/8-bit symmetric; asymmetric and "
               "2/3-bit weights need compressed-tensors (pack-quantized with zero points), which "
-              "`gptqfmt convert` will write (issue 13), or vLLM <= 0.21")
+              "`gptqfmt convert SRC DST --to compressed-tensors` writes, or vLLM <= 0.21")
 _VLLM_SET_KEY = ("next step: set the missing key in config.json's quantization_config (the "
                  "value the data show: gptqfmt inspect)")
 
