@@ -17,7 +17,7 @@ if ! python3 -c "import jsonschema, referencing" 2>/dev/null; then
 fi
 export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python3 -c "import gptqfmt, jsonschema; print('gptqfmt', gptqfmt.__version__, 'from', gptqfmt.__file__)" || exit 2
-python3 -m pytest -q -p no:cacheprovider -o addopts=--strict-markers -m gpu tests/test_gpu.py tests/test_kernel_host.py
+python3 -m pytest -q -p no:cacheprovider -o addopts=--strict-markers -m gpu tests/unit/test_cupy_backend_gpu.py tests/unit/test_gptq_dequant.py
 rc=$?
 python3 bench/kernel_bench.py || rc=1
 exit $rc

@@ -14,7 +14,7 @@ directory (<ROOT>) and the tool's version.
     python3 scripts/record_outputs.py --write OUT.json    # record
     python3 scripts/record_outputs.py --check OUT.json    # exit 1 and name what differs
 
-tests/test_recorded_outputs.py checks the record committed in tests/golden/.
+tests/cli/test_recorded_outputs.py checks the record committed in tests/golden/.
 """
 from __future__ import annotations
 

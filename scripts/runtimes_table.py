@@ -1,6 +1,6 @@
 """Print the README's runtime tables from the rules table (gptqfmt/runtimes.py), so that the
 README never says other than the code: `python3 scripts/runtimes_table.py` prints the block
-between the README's runtimes-table markers; tests/test_runtimes.py checks they agree."""
+between the README's runtimes-table markers; tests/unit/test_table.py checks they agree."""
 from __future__ import annotations
 
 import sys

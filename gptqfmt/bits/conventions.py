@@ -44,7 +44,7 @@ class ZeroRule(IntEnum):
 
 # The reading that checks and conversions apply when they need one: vLLM's gptq_gemm, which
 # reads a gptq field as s + 1 without a wrap (a stored maxq is 2^bits) and a gptq_v2 field as
-# s. The runtime table holds it as one of its readings (tests/unit/test_runtimes_table.py).
+# s. The runtime table holds it as one of its readings (tests/unit/test_groups.py).
 REFERENCE = ZeroRule.V1_NOWRAP
 
 

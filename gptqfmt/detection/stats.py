@@ -107,7 +107,7 @@ def field_counts(qzeros: np.ndarray, bits: int, chance: bool | None = None,
     """FieldCounts of packed qzeros [G, N*bits/W], straight from the words (2/4/8 bits: fields
     never straddle a word): a few in-place integer operations per 64 bits of qzeros instead of
     unpacking every field, a chunk of rows at a time. Same answer as `zero_stats` computes from
-    the unpacked fields (tests/test_field_counts.py holds the two against each other).
+    the unpacked fields (tests/unit/test_stats.py holds the two against each other).
 
     The maxq and 0 tests are bits/swar.py's (its docstring works the word 0xF0F00FF7: 4 fields
     at maxq, 3 at 0). Its top four fields are 0, F, 0, F (top 16 bits 0xF0F0, not 0xFFFF): not
@@ -306,7 +306,7 @@ def _word_signatures(st, s, sums, counts, wrapped_rows, wrapped_cols, bits, word
     # A genuine Z = 0 above a wrapped one (two one-signed groups in a word) also sits at maxq
     # with codes off both ends now and then, so the signature needs a third of the fields above
     # wrapped zeros to be impossible: clean writers gave 0 to 0.15 of them, AutoGPTQ 0.7.1
-    # 0.41 to 0.82 (tests/test_inspect_verify_agree.py).
+    # 0.41 to 0.82 (tests/cli/test_inspect_verify_agree.py).
     base = wrapped & top_run
     over = np.zeros_like(base)
     over[:, 1:] = np.logical_or.accumulate(base, axis=1)[:, :-1]

@@ -1,0 +1,216 @@
+"""`gptqfmt fix-label`: only the label keys change, atomically, each refusal writes nothing, and
+interruptions (driven through the GPTQFMT_FAULT hook, never a timer) leave every config whole."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from gptqfmt.resources import validator
+from tests.support import CKPT, FIXTURES, ROOT, TMP_TAG, digest
+
+MISLABELLED = CKPT / "mislabelled-b4-sym-v2-as-gptq"   # gptq_v2 data labelled gptq
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ENV.pop("GPTQFMT_FAULT", None)
+
+
+def copy(src, tmp_path, name="ckpt"):
+    dst = tmp_path / name
+    shutil.copytree(src, dst)
+    return dst
+
+
+def tensors_digest(d):
+    return {p.name: p.read_bytes() for p in sorted(d.glob("*.safetensors"))}
+
+
+def gptqfmt(*args, fault=None):
+    env = ENV if fault is None else {**ENV, "GPTQFMT_FAULT": fault}
+    return subprocess.run([sys.executable, "-m", "gptqfmt", *map(str, args)], env=env,
+                          capture_output=True, text=True)
+
+
+def test_relabels_only_the_label_keys_and_verifies(run_cli, tmp_path):
+    d = copy(MISLABELLED, tmp_path)
+    before_cfg = json.loads((d / "config.json").read_text())
+    before_q = json.loads((d / "quantize_config.json").read_text())
+    tensors = tensors_digest(d)
+    r = run_cli("fix-label", "--format", "json", "--quiet", d)
+    doc = json.loads(r.stdout)
+    validator("fix_label").validate(doc)
+    assert r.exit_code == 0 and doc["status"] == "ok" and doc["to"] == "gptq_v2"
+    assert sorted(doc["written"]) == ["config.json", "quantize_config.json"]
+    assert {(c["file"], c["key"], c["old"], c["new"]) for c in doc["changes"]} == {
+        (f, k, "gptq", "gptq_v2") for f in ("config.json", "quantize_config.json")
+        for k in ("checkpoint_format", "format")}
+    assert doc["verify"]["status"] == "ok" and not [
+        f for f in doc["verify"]["findings"] if f["code"] == "GQ401"]
+    assert tensors_digest(d) == tensors  # no tensor touched
+    after_q = json.loads((d / "quantize_config.json").read_text())
+    assert list(after_q) == list(before_q)  # key order kept (meta was last already)
+    for k, v in before_q.items():
+        if k in ("checkpoint_format", "format"):
+            assert after_q[k] == "gptq_v2"
+        elif k == "meta":
+            assert {**v, "gptqfmt": after_q["meta"]["gptqfmt"]} == after_q["meta"]
+        else:
+            assert after_q[k] == v
+    assert after_q["meta"]["gptqfmt"] == {
+        "tool": "gptqfmt", "version": after_q["meta"]["gptqfmt"]["version"],
+        "command": "fix-label", "from": {"checkpoint_format": "gptq", "format": "gptq"},
+        "to": "gptq_v2"}
+    after_cfg = json.loads((d / "config.json").read_text())
+    assert {k: v for k, v in after_cfg.items() if k != "quantization_config"} == \
+        {k: v for k, v in before_cfg.items() if k != "quantization_config"}
+    assert after_cfg["quantization_config"]["checkpoint_format"] == "gptq_v2"
+    assert not list(d.glob(f".*{TMP_TAG}*"))
+    # and verify agrees on its own
+    assert run_cli("verify", "--quiet", d).exit_code == 0
+
+
+def test_dry_run_writes_nothing(run_cli, tmp_path):
+    d = copy(MISLABELLED, tmp_path)
+    before = digest(d)
+    r = run_cli("fix-label", "--dry-run", d)
+    assert r.exit_code == 0 and digest(d) == before
+    assert "quantize_config.json: would set checkpoint_format 'gptq' -> 'gptq_v2'" in r.stdout
+    assert "nothing written (--dry-run)" in r.stdout
+
+
+def test_a_right_label_is_left_alone(run_cli, tmp_path):
+    d = copy(CKPT / "b4-asym-noact-gptq_v2-single", tmp_path)
+    before = digest(d)
+    r = run_cli("fix-label", "--quiet", "--format", "json", d)
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["changes"] == [] and doc["written"] == []
+    assert digest(d) == before
+
+
+def test_a_format_only_label_gets_checkpoint_format(run_cli, tmp_path):
+    """format says gptq_v2 but checkpoint_format is missing (GQ209: vLLM reads gptq)."""
+    d = copy(CKPT / "formatonly-b4-asym-gptq_v2", tmp_path)
+    r = run_cli("fix-label", "--quiet", "--format", "json", d)
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0
+    assert {(c["key"], c["old"]) for c in doc["changes"]} == {("checkpoint_format", None)}
+    assert json.loads((d / "quantize_config.json").read_text())["checkpoint_format"] == "gptq_v2"
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_to_that_the_data_contradict_is_refused(run_cli, tmp_path, fmt):
+    d = copy(MISLABELLED, tmp_path)
+    before = digest(d)
+    r = run_cli("fix-label", "--to", "gptq", "--format", fmt, d)
+    assert r.exit_code == 1 and digest(d) == before
+    if fmt == "json":
+        doc = json.loads(r.stdout)
+        validator("fix_label").validate(doc)
+        assert [f["code"] for f in doc["findings"]] == ["GQ417"] and doc["to"] is None
+        assert doc["verify"] is None and doc["status"] == "fail"
+    else:
+        assert "GQ417 --to gptq, but the data are gptq_v2" in r.stdout
+        assert "(hint: run with --to gptq_v2" in r.stdout and "FAIL: nothing written" in r.stdout
+
+
+def test_undecidable_data_are_refused_unless_named(run_cli, tmp_path):
+    d = copy(FIXTURES / "invalid" / "modules-disagree", tmp_path)
+    before = digest(d)
+    r = run_cli("fix-label", "--format", "json", d)
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and [f["code"] for f in doc["findings"]] == ["GQ416"]
+    assert "--to gptq" in doc["findings"][0]["hint"] and digest(d) == before
+    # named: written (the data cannot contradict), then verify still fails on the mixture
+    r = run_cli("fix-label", "--to", "gptq", "--quiet", "--format", "json", d)
+    doc = json.loads(r.stdout)
+    validator("fix_label").validate(doc)
+    assert doc["written"] and r.exit_code == 1 and doc["verify"]["status"] == "fail"
+
+
+def test_hugging_face_cache_snapshot_is_refused(run_cli, tmp_path):
+    """snapshots/<rev>/ holds links into blobs/, shared by every revision."""
+    repo = tmp_path / "models--org--name"
+    blobs, snap = repo / "blobs", repo / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for p in sorted(MISLABELLED.iterdir()):
+        blob = blobs / f"sha-{p.name}"
+        shutil.copyfile(p, blob)
+        (snap / p.name).symlink_to(os.path.relpath(blob, snap))
+    before = digest(blobs)
+    for fmt in ("text", "json"):
+        r = run_cli("fix-label", "--format", fmt, snap)
+        assert r.exit_code == 2 and digest(blobs) == before
+        text = json.loads(r.stdout)["error"] if fmt == "json" else r.stderr
+        assert "symbolic link" in text and "cp -rL" in text and "shared" in text
+    assert all(p.is_symlink() for p in snap.iterdir())
+
+
+def test_no_config_file_is_a_usage_error(run_cli, tmp_path):
+    d = copy(FIXTURES / "invalid" / "no-config-at-all", tmp_path)
+    r = run_cli("fix-label", "--format", "json", d)
+    doc = json.loads(r.stdout)
+    validator("fix_label").validate(doc)
+    assert r.exit_code == 2 and "no config file holds a quantization config" in doc["error"]
+
+
+def test_missing_path_is_a_usage_error(run_cli, tmp_path):
+    r = run_cli("fix-label", tmp_path / "nope")
+    assert r.exit_code == 2 and r.stdout == ""
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_unwritable_directory_is_an_output_error(run_cli, tmp_path):
+    d = copy(MISLABELLED, tmp_path)
+    before = digest(d)
+    d.chmod(0o555)
+    try:
+        r = run_cli("fix-label", "--format", "json", d)
+    finally:
+        d.chmod(0o755)
+    assert r.exit_code == 2 and "cannot rewrite the configs" in json.loads(r.stdout)["error"]
+    assert digest(d) == before
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_staging_leaves_every_config_as_it_was(tmp_path, sig):
+    d = copy(MISLABELLED, tmp_path)
+    before = digest(d)
+    r = gptqfmt("fix-label", "--quiet", d, fault=f"relabel-staged:1:{sig.name}")
+    assert r.returncode == 128 + sig, r.stderr
+    assert digest(d) == before and not list(d.glob(f".*{TMP_TAG}*"))
+
+
+@pytest.mark.faults
+def test_a_kill_while_staging_leaves_the_configs_and_the_next_run_cleans_up(tmp_path):
+    d = copy(MISLABELLED, tmp_path)
+    r = gptqfmt("fix-label", "--quiet", d, fault="relabel-staged:0")
+    assert r.returncode == -signal.SIGKILL
+    stale = list(d.glob(f".*{TMP_TAG}*"))
+    assert len(stale) == 1
+    assert {p.name: b for p, b in ((p, p.read_bytes()) for p in sorted(d.iterdir()))
+            if p not in stale} == {p.name: (MISLABELLED / p.name).read_bytes()
+                                   for p in sorted(MISLABELLED.iterdir())}
+    r = gptqfmt("fix-label", "--quiet", d)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not list(d.glob(f".*{TMP_TAG}*"))
+
+
+@pytest.mark.faults
+def test_a_signal_between_renames_keeps_config_json_old_until_the_end(tmp_path):
+    """config.json (what vLLM, transformers and SGLang read) is renamed last: stopped after the
+    first rename, runtimes still see one consistent old label there, and a rerun finishes."""
+    d = copy(MISLABELLED, tmp_path)
+    old_cfg = (d / "config.json").read_bytes()
+    r = gptqfmt("fix-label", "--quiet", d, fault="relabel-renamed:0:SIGTERM")
+    assert r.returncode == 143
+    assert (d / "config.json").read_bytes() == old_cfg
+    assert json.loads((d / "quantize_config.json").read_text())["checkpoint_format"] == "gptq_v2"
+    assert not list(d.glob(f".*{TMP_TAG}*"))
+    r = gptqfmt("fix-label", "--quiet", d)
+    assert r.returncode == 0
+    assert json.loads((d / "config.json").read_text())["quantization_config"][
+        "checkpoint_format"] == "gptq_v2"

@@ -1,0 +1,142 @@
+"""verify --against and --reference fp32 on the CPU backend (the GPU runs the same in test_gpu)."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from gptqfmt.bits.packing import pack, unpack
+from gptqfmt.conversion import convert
+from gptqfmt.ops.equivalence import compare
+from gptqfmt.resources import validator
+from gptqfmt.safetensors_io import SafetensorsFile, save_file
+from tests.support import CKPT, MANIFEST
+
+LOSSLESS = [("b4-sym-act-gptq-sharded", "gptq_v2"), ("b3-sym-noact-gptq_v2-single", "gptq"),
+            ("int64-b2-sym-gptq", "gptq_v2"), ("bf16-b4-asym-gptq_v2", "gptq_v2"),
+            ("gsm1-b4-sym-gptq", "gptq_v2"), ("b8-sym-act-gptq_v2-sharded", "gptq")]
+
+
+def rewrite(path, fn):
+    f = SafetensorsFile(path)
+    t = {k: (i.dtype, np.array(f.view(k))) if i.dtype == "BF16" else np.array(f.view(k))
+         for k, i in f.tensors.items()}
+    fn(t)
+    save_file(t, path, f.metadata)
+
+
+@pytest.mark.parametrize(("name", "to"), LOSSLESS)
+def test_lossless_pairs_are_bitwise_equal(tmp_path, run_cli, name, to):
+    convert(CKPT / name, tmp_path / "o", to=to)
+    r = run_cli("verify", CKPT / name, "--against", tmp_path / "o", "--backend", "cpu",
+                "--format", "json")
+    doc = json.loads(r.stdout)
+    validator("equivalence").validate(doc)
+    assert r.exit_code == 0 and doc["status"] == "ok" and doc["backend"] == "cpu"
+    assert doc["summary"]["equal"] == len(MANIFEST[name]["modules"])
+
+
+def test_one_changed_zero_point_field_fails(tmp_path, run_cli):
+    name = "b4-sym-act-gptq-sharded"
+    convert(CKPT / name, tmp_path / "o")
+    mod = "model.layers.0.self_attn.k_proj"
+    shard = json.loads((tmp_path / "o" / "model.safetensors.index.json").read_text())[
+        "weight_map"][f"{mod}.qzeros"]
+
+    def bump(t):
+        z = unpack(t[f"{mod}.qzeros"], 4, axis=1)
+        z[1, 5] = (z[1, 5] + 1) % 16  # one field of one group
+        t[f"{mod}.qzeros"] = pack(z, 4, 32, axis=1)
+    rewrite(tmp_path / "o" / shard, bump)
+    rep = compare(CKPT / name, tmp_path / "o", backend="cpu")
+    bad = [m for m in rep.modules if not m.equal]
+    assert [m.name for m in bad] == [mod]
+    assert all(n == 1 for n in bad[0].cells_differ.values())
+    r = run_cli("verify", CKPT / name, "--against", tmp_path / "o", "--backend", "cpu")
+    assert r.exit_code == 1 and f"{mod}: DIFFERS" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["b4-asym-noact-gptq_v2-single", "b8-asym-act-gptq_v2-sharded"])
+def test_lossy_pairs_give_the_right_counts(tmp_path, name):
+    convert(CKPT / name, tmp_path / "o", to="gptq", allow_lossy=True)
+    rep = compare(CKPT / name, tmp_path / "o", backend="cpu")
+    truth = MANIFEST[name]["modules"]
+    for m in rep.modules:
+        want = truth[m.name]["zero_fields"]  # Z = 0 became Z = 1 for every runtime
+        assert set(m.cells_differ.values()) == {want}
+        assert m.equal is (want == 0)
+
+
+def test_reference_tells_a_wrong_label_from_corruption(tmp_path, run_cli):
+    r = run_cli("verify", CKPT / "mislabelled-b4-sym-v2-as-gptq", "--reference", "fp32",
+                "--backend", "cpu", "--format", "json")
+    doc = json.loads(r.stdout)
+    validator("equivalence").validate(doc)
+    assert r.exit_code == 1 and {m["verdict"] for m in doc["modules"]} == {
+        "one-step zero offset"}
+    r = run_cli("verify", CKPT / "b4-asym-act-gptq_v2-sharded", "--reference", "fp32",
+                "--backend", "cpu")
+    assert r.exit_code == 0 and r.stdout.splitlines()[-1].startswith("OK: 7 of 7")
+    shutil.copytree(CKPT / "b4-sym-noact-gptq_v2-single", tmp_path / "c")
+    rng = np.random.default_rng(0)
+    key = "model.layers.0.mlp.up_proj.qzeros"
+
+    def scramble(t):
+        z = unpack(t[key], 4, axis=1).astype(np.int64)
+        t[key] = pack((z + rng.integers(2, 6, z.shape)) % 16, 4, 32, axis=1)
+    rewrite(tmp_path / "c" / "model.safetensors", scramble)
+    r = run_cli("verify", tmp_path / "c", "--reference", "fp32", "--backend", "cpu")
+    assert "model.layers.0.mlp.up_proj: random corruption" in r.stdout
+
+
+def test_reference_flags_fp16_overflow(tmp_path, run_cli):
+    shutil.copytree(CKPT / "b4-sym-noact-gptq_v2-single", tmp_path / "c")
+    key = "model.layers.0.self_attn.q_proj.scales"
+    rewrite(tmp_path / "c" / "model.safetensors",
+            lambda t: t.__setitem__(key, np.full_like(t[key], 60000)))
+    r = run_cli("verify", tmp_path / "c", "--reference", "fp32", "--backend", "cpu")
+    assert "model.layers.0.self_attn.q_proj: inf/nan" in r.stdout and r.exit_code == 1
+
+
+def test_backend_choice(run_cli, monkeypatch):
+    from gptqfmt.numerics import get_backend
+    assert get_backend("cpu").name == "cpu"
+    r = run_cli("verify", CKPT / "b4-sym-act-gptq-sharded", "--against", CKPT /
+                "b4-sym-act-gptq-sharded", "--backend", "cupy")
+    import importlib.util
+    has_cupy = importlib.util.find_spec("cupy") is not None
+    if not has_cupy:
+        assert r.exit_code == 2 and "backend cupy is unavailable" in r.stderr
+    assert get_backend("auto").name in ("cpu", "cupy")
+
+
+def test_against_and_reference_are_exclusive(run_cli):
+    r = run_cli("verify", CKPT / "b4-sym-act-gptq-sharded", "--against", CKPT /
+                "b4-sym-act-gptq-sharded", "--reference", "fp32")
+    assert r.exit_code == 2
+
+
+def test_against_reads_labels_like_runtimes(tmp_path):
+    """A DST whose data are right but whose label is wrong computes garbage in runtimes."""
+    name = "b4-sym-act-gptq-sharded"
+    convert(CKPT / name, tmp_path / "o")
+    for cfg in ("quantize_config.json", "config.json"):
+        p = tmp_path / "o" / cfg
+        doc = json.loads(p.read_text())
+        q = doc.get("quantization_config", doc)
+        q["checkpoint_format"] = q["format"] = "gptq"
+        p.write_text(json.dumps(doc))
+    rep = compare(CKPT / name, tmp_path / "o", backend="cpu")
+    assert not rep.equivalent and rep.dst_convention == "gptq"
+
+
+def test_reference_json_with_inf_is_valid_json(tmp_path, run_cli):
+    shutil.copytree(CKPT / "b4-sym-noact-gptq_v2-single", tmp_path / "c")
+    key = "model.layers.0.self_attn.q_proj.scales"
+    rewrite(tmp_path / "c" / "model.safetensors",
+            lambda t: t.__setitem__(key, np.full_like(t[key], 60000)))
+    r = run_cli("verify", tmp_path / "c", "--reference", "fp32", "--backend", "cpu",
+                "--format", "json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and any(m["verdict"] == "inf/nan" and m["max_abs"] is None
+                                    for m in doc["modules"])

@@ -1,0 +1,134 @@
+"""Module geometry from shapes, cross-checked with the config: one case per finding code."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from gptqfmt.bits.packing import pack
+from gptqfmt.formats.gptq.checkpoint import open_checkpoint
+from gptqfmt.safetensors_io import SafetensorsFile, save_file
+from tests.support import CKPT
+
+Q = "model.layers.0.self_attn.q_proj"
+
+
+def clone(tmp_path, name, edit=None, cfg=None):
+    """Copy a single-file fixture, letting `edit(tensors)` and `cfg(quantize_config)` change it."""
+    src = CKPT / name
+    dst = tmp_path / name
+    shutil.copytree(src, dst)
+    if edit:
+        f = SafetensorsFile(src / "model.safetensors")
+        tensors = {k: (t.dtype, np.array(f.view(k))) if t.dtype == "BF16" else np.array(f.view(k))
+                   for k, t in f.tensors.items()}
+        edit(tensors)
+        save_file(tensors, dst / "model.safetensors", f.metadata)
+    if cfg:
+        for p in (dst / "quantize_config.json", dst / "config.json"):
+            doc = json.loads(p.read_text())
+            cfg(doc.get("quantization_config", doc))
+            p.write_text(json.dumps(doc))
+    return dst
+
+
+def findings(d, code):
+    return [f for f in open_checkpoint(d).findings if f.code == code]
+
+
+def test_geometry_of_a_clean_module():
+    ck = open_checkpoint(CKPT / "b3-asym-act-gptq_v2-single")
+    m = next(m for m in ck.modules if m.name.endswith("down_proj"))
+    assert (m.bits, m.word_bits, m.in_features, m.out_features, m.groups, m.group_size,
+            m.act_order, m.valid) == (3, 32, 128, 64, 4, 32, True, True)
+
+
+CASES = {
+    "GQ301": dict(edit=lambda t: t.pop(f"{Q}.scales")),
+    "GQ302": dict(edit=lambda t: t.__setitem__(f"{Q}.qzeros", t[f"{Q}.qzeros"].astype(np.float32))),
+    "GQ303": dict(edit=lambda t: t.__setitem__(f"{Q}.g_idx", t[f"{Q}.g_idx"][:32])),
+    "GQ308": dict(edit=lambda t: t.pop(f"{Q}.g_idx")),
+    "GQ309": dict(edit=lambda t: t[f"{Q}.g_idx"].__setitem__(0, 7)),
+    "GQ310": dict(edit=lambda t: t.update({f"{Q}.qzeros": np.zeros((2, 12), np.int16),
+                                           f"{Q}.qweight": np.zeros((12, 64), np.int16)})),
+    "GQ313": dict(cfg=lambda c: c.__setitem__("dynamic", {"-:.*q_proj": {}})),
+}
+
+
+@pytest.mark.parametrize("code", sorted(CASES))
+def test_each_geometry_finding(tmp_path, code):
+    d = clone(tmp_path, "b4-asym-noact-gptq_v2-single", **CASES[code])
+    f = findings(d, code)
+    assert len(f) == 1, [x.one_line() for x in open_checkpoint(d).findings]
+    assert f[0].tensor.startswith(Q) and f[0].file == "model.safetensors"
+
+
+@pytest.mark.parametrize(("code", "key", "value"), [("GQ304", "bits", 8),
+                                                    ("GQ305", "group_size", 16),
+                                                    ("GQ307", "pack_dtype", "int16")])
+def test_declared_values_against_shapes(tmp_path, code, key, value):
+    d = clone(tmp_path, "b4-asym-noact-gptq_v2-single",
+              cfg=lambda c: c.__setitem__(key, value))
+    f = open_checkpoint(d).findings
+    assert [x.code for x in f] == [code] * 7
+    assert f"{key}={value}" in f[0].message
+
+
+def test_desc_act_false_with_act_order_g_idx(tmp_path):
+    d = clone(tmp_path, "b4-asym-act-gptq_v2-single", cfg=lambda c: c.__setitem__("desc_act",
+                                                                                  False))
+    assert len(findings(d, "GQ306")) == 7
+
+
+def test_static_groups_desc_act_true_with_trivial_g_idx_is_fine():
+    ck = open_checkpoint(CKPT / "static-b4-asym-act-gptq_v2")
+    assert ck.findings == [] and not any(m.act_order for m in ck.modules)
+
+
+def test_features_not_multiple_of_32(tmp_path):
+    def edit(t):
+        codes = np.zeros((48, 64), np.uint8)
+        t[f"{Q}.qweight"] = pack(codes, 4, 32, axis=0)
+        t[f"{Q}.g_idx"] = (np.arange(48) // 32).astype(np.int32)
+    d = clone(tmp_path, "b4-asym-noact-gptq_v2-single", edit=edit)
+    f = findings(d, "GQ312")
+    assert len(f) == 1 and "in_features=48" in f[0].message
+
+
+def test_no_quantized_module(tmp_path):
+    save_file({"w": np.zeros(4, np.float16)}, tmp_path / "model.safetensors")
+    assert [f.code for f in open_checkpoint(tmp_path).findings] == ["GQ206", "GQ314"]
+
+
+def test_group_size_minus_one_and_128():
+    for name, gs, groups in (("gsm1-b4-asym-gptq_v2", -1, {1}),
+                             ("gs128-b4-asym-gptq_v2", 128, {1, 2})):
+        ck = open_checkpoint(CKPT / name)
+        assert ck.findings == []
+        assert {m.groups for m in ck.modules} == groups
+        assert {m.group_size for m in ck.modules if m.groups > 1} <= {gs}
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (lambda t: (t.pop(f"{Q}.g_idx"), t.__setitem__(f"{Q}.scales", np.zeros((0, 64), np.float16)),
+                t.__setitem__(f"{Q}.qzeros", np.zeros((0, 8), np.int32))), "0 groups"),
+    (lambda t: (t.__setitem__(f"{Q}.scales", np.zeros((10**4, 64), np.float16)),
+                t.__setitem__(f"{Q}.qzeros", np.zeros((10**4, 8), np.int32))), "10000 groups"),
+    (lambda t: (t.pop(f"{Q}.g_idx"), t.__setitem__(f"{Q}.scales", np.ones((3, 64), np.float16)),
+                t.__setitem__(f"{Q}.qzeros", np.zeros((3, 8), np.int32))), "fit no group size"),
+    (lambda t: (t.pop(f"{Q}.g_idx"), t.__setitem__(f"{Q}.qweight", np.zeros((0, 64), np.int32))),
+     "in_features=0"),
+])
+def test_impossible_geometry_is_a_finding_not_a_crash(tmp_path, edit, needle):
+    d = clone(tmp_path, "b4-asym-noact-gptq_v2-single", edit=edit)
+    f = findings(d, "GQ303")
+    assert len(f) == 1 and needle in f[0].message
+
+
+def test_3bit_rows_must_hold_whole_values(tmp_path):
+    def edit(t):
+        t[f"{Q}.qweight"] = np.zeros((4, 64), np.int32)
+        t[f"{Q}.qzeros"] = np.zeros((2, 6), np.int32)
+        t.pop(f"{Q}.g_idx")
+    d = clone(tmp_path, "b4-asym-noact-gptq_v2-single", edit=edit)
+    assert "do not hold whole 3-bit values" in findings(d, "GQ303")[0].message

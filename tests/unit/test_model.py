@@ -1,0 +1,21 @@
+"""The one module model (gptqfmt/formats/model.py): the element kinds the kernel numbers, and the
+modules it has no form of."""
+from __future__ import annotations
+
+import re
+
+from tests.support import ROOT
+
+
+def test_element_kinds_are_the_kernels():
+    from gptqfmt.formats.model import Kind
+    header = (ROOT / "kernels" / "gptq_dequant.h").read_text()
+    enum = dict(re.findall(r"GQ_(F32|F16|BF16) = (\d+)", header))
+    assert {k: int(v) for k, v in enum.items()} == {k.name: k.value for k in Kind}
+
+
+def test_modules_outside_gptq_words_have_no_form():
+    from gptqfmt.formats.model import QuantModule, outside_words
+    assert outside_words(QuantModule("m", 3, -1, 40, 64, False, False, "F16")) and \
+        outside_words(QuantModule("m", 3, -1, 64, 48, False, False, "F16"))
+    assert outside_words(QuantModule("m", 3, 32, 64, 96, False, False, "F16")) is None

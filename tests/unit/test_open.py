@@ -1,0 +1,64 @@
+"""The one open (gptqfmt/formats/open.py): every format fixture is read in its format by inspect
+and verify, a stray config does not change what a checkpoint is, and tensors without the
+config their format needs are refused."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from gptqfmt.errors import FindingError
+from gptqfmt.ops.inspect import inspect_checkpoint
+from gptqfmt.ops.verify import validate
+from gptqfmt.resources import validator
+from tests.support import CKPT, FIXTURES
+
+FORMATS = FIXTURES / "formats"
+
+FMANIFEST = json.loads((FORMATS / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(FMANIFEST))
+def test_inspect_and_verify_read_every_format_fixture(name):
+    truth = FMANIFEST[name]
+    r = inspect_checkpoint(FORMATS / name)
+    doc = r.to_json()
+    assert not list(validator("inspect").iter_errors(doc))
+    assert doc["format"] == ("awq" if name.startswith("awq") else "compressed-tensors")
+    mods = {m["name"]: m for m in doc["modules"]}
+    assert set(mods) == set(truth["modules"])
+    for n, t in truth["modules"].items():
+        assert (mods[n]["bits"], mods[n]["in_features"], mods[n]["out_features"],
+                mods[n]["groups"], mods[n]["desc_act"]) == \
+            (t["bits"], t["in_features"], t["out_features"], t["groups"], t["act_order"])
+    rep = validate(FORMATS / name)
+    assert not list(validator("report").iter_errors(rep.to_json()))
+    codes = sorted({f.code for f in rep.findings})
+    assert codes == (["GQ418"] if truth["params"]["clamp"] else []), codes
+    assert r.ok is not truth["params"]["clamp"]
+
+
+def test_a_stray_gptq_config_does_not_turn_gptq_into_awq(tmp_path):
+    d = tmp_path / "g"
+    shutil.copytree(CKPT / "b4-asym-noact-gptq_v2-single", d)
+    (d / "quant_config.json").write_text(json.dumps({"w_bit": 4, "q_group_size": 32,
+                                                     "zero_point": True, "version": "GEMM"}))
+    with pytest.raises(FindingError) as e:   # read as GPTQ, whose loader names the stray file
+        inspect_checkpoint(d)
+    f = e.value.findings[0]
+    assert f.code == "GQ203" and f.file == "quant_config.json" and "stray" in f.hint
+
+
+def ct_copy(tmp_path, name="ct-b4-asym-g32"):
+    d = tmp_path / name
+    shutil.copytree(FORMATS / name, d)
+    return d
+
+
+def test_ct_tensors_without_a_config_are_refused(tmp_path):
+    d = ct_copy(tmp_path)
+    (d / "config.json").unlink()
+    with pytest.raises(FindingError) as e:
+        validate(d)
+    assert e.value.findings[0].code == "GQ210" and "no config" in e.value.findings[0].message

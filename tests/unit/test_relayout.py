@@ -1,0 +1,63 @@
+"""The word re-layouts between formats (gptqfmt/formats/relayout.py) against golden words,
+compressed-tensors' own packer and make_formats.py's independent slow writers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gptqfmt.bits.packing import pack
+from gptqfmt.formats import relayout
+from tests.support import HAVE_CT, load_generator, needs_ct
+
+FGEN = load_generator("make_formats")
+
+if HAVE_CT:
+    import torch
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+
+def test_awq_word_golden():
+    """gemm.py packs output channels 0..7 as nibbles [0,2,4,6,1,3,5,7]: 0x75316420."""
+    w = FGEN.awq_pack(np.arange(8, dtype=np.uint8)[None])
+    assert w.view(np.uint32)[0, 0] == 0x75316420
+    assert relayout.awq_fields(np.array([[0x75316420]], np.uint32).view(np.int32)).tolist() \
+        == [list(range(8))]
+
+
+def test_awq_layout_matches_the_slow_writer():
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 16, (5, 64)).astype(np.uint8)
+    words = FGEN.awq_pack(codes)
+    assert np.array_equal(relayout.awq_fields(words), codes)
+
+
+@needs_ct
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_ct_words_are_gptq_words_transposed(bits):
+    """pack_to_int32 (rows, and zero points along dim 0) gives GPTQ's words transposed."""
+    rng = np.random.default_rng(bits)
+    n, k, g = 64, 96, 3
+    q = rng.integers(0, 1 << bits, (n, k))
+    signed = torch.tensor(q - (1 << (bits - 1)), dtype=torch.int8)
+    assert np.array_equal(pack_to_int32(signed, bits).numpy(),
+                          relayout.transposed(pack(q.T.astype(np.uint8), bits, 32, axis=0)))
+    z = rng.integers(0, 1 << bits, (n, g))
+    zs = torch.tensor(z - (1 << (bits - 1)), dtype=torch.int8)
+    assert np.array_equal(pack_to_int32(zs, bits, packed_dim=0).numpy(),
+                          relayout.transposed(pack(z.T.astype(np.uint8), bits, 32, axis=1)))
+    assert np.array_equal(FGEN.stream_rows(q, bits), pack_to_int32(signed, bits).numpy())
+
+
+def test_ct_golden_word():
+    """compressed-tensors' own example: signed [-8,-7,0,7,1,2,3,4] at 4 bits is 0xcba9f810."""
+    signed = np.array([-8, -7, 0, 7, 1, 2, 3, 4])
+    w = pack((signed + 8).astype(np.uint8)[:, None], 4, 32, axis=0)
+    assert w.view(np.uint32)[0, 0] == 0xCBA9F810
+
+
+def test_padding_bits():
+    q = np.arange(40, dtype=np.int64)[None] % 8                      # 40 3-bit values: 120 bits
+    words = FGEN.stream_rows(q, 3)
+    assert relayout.padding_clean(words, 40, 3, axis=1).all()
+    words[0, -1] |= np.int32(1 << 30)                                 # bit 126: padding
+    assert not relayout.padding_clean(words, 40, 3, axis=1).any()

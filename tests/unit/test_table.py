@@ -1,0 +1,87 @@
+"""The runtime table (gptqfmt/runtimes/table.py, in the vocabulary of rules.py): every runtime there,
+every rule cited and triggered by a shipped fixture, and the README's copy of the table."""
+import importlib.util
+
+from gptqfmt import runtimes as rt
+from gptqfmt.bits.conventions import GPTQ, GPTQ_V2
+from gptqfmt.errors import GptqfmtError
+from gptqfmt.formats.gptq.checkpoint import open_checkpoint
+from gptqfmt.runtimes.verdicts import config_facts, module_facts
+from tests.support import CKPT, ROOT
+
+
+def every_rule():
+    """(runtime id, where, rule) for every rule of the table."""
+    for r in rt.RUNTIMES:
+        for x in r.requires:
+            yield r.id, "", x
+        for p in r.paths:
+            for x in p.when + p.requires:
+                yield r.id, p.kernel, x
+
+
+def test_runtime_ids_are_unique_and_every_required_one_is_there():
+    ids = [r.id for r in rt.RUNTIMES]
+    assert len(ids) == len(set(ids)) and list(rt.BY_ID) == ids
+    assert {"vllm", "vllm-gptq-gemm", "vllm-legacy", "sglang", "exllamav2", "tgi",
+            "transformers", "gptqmodel", "autogptq", "llama.cpp"} <= set(ids)
+
+
+def test_every_rule_cites_its_source():
+    for rid, where, rule in every_rule():
+        src = rule.source
+        assert "/" in src.repo and src.path and src.ref, (rid, where, rule.id)
+        assert rule.scope in ("config", "module", "setup"), (rid, rule.id)
+        assert rule.text and rule.id
+    for r in rt.RUNTIMES:
+        assert r.label_source.repo and r.versions and r.config_files or not r.needs_config
+        for p in r.paths:
+            assert set(p.readings) == {GPTQ, GPTQ_V2} and p.source.ref
+
+
+def test_rule_ids_are_unique_within_a_path():
+    for r in rt.RUNTIMES:
+        assert len({x.id for x in r.requires}) == len(r.requires), r.id
+        for p in r.paths:
+            ids = [x.id for x in p.when + p.requires]
+            assert len(ids) == len(set(ids)), (r.id, p.kernel, ids)
+
+
+def _fixtures():
+    for d in sorted(CKPT.iterdir()):
+        try:
+            ckpt = open_checkpoint(d)
+        except GptqfmtError:
+            continue  # a fixture that cannot be read (invalid ones live elsewhere)
+        yield d.name, ckpt
+
+
+def test_every_rule_is_triggered_by_a_shipped_fixture():
+    """Each rule fails on at least one fixture (for the setup rules: on a GPU of compute
+    capability 7.0, 8.0 or 9.0, decoding one row or a prefill of 256): no rule the fixtures
+    cannot catch."""
+    from dataclasses import replace
+    triggered = {}
+    for name, ckpt in _fixtures():
+        for cap in (70, 80, 90):
+            cfg = config_facts(ckpt, cap)
+            base = [cfg] + [module_facts(cfg, m) for m in ckpt.modules if m.valid]
+            facts = base + [replace(f, rows=256) for f in base]
+            for rid, where, rule in every_rule():
+                key = (rid, where, rule.id)
+                if key not in triggered and any(rule.test(f) is not None for f in facts):
+                    triggered[key] = name
+        ckpt.close()
+    missing = [k for rid, where, rule in every_rule()
+               if (k := (rid, where, rule.id)) not in triggered]
+    assert missing == []
+
+
+def test_readme_carries_the_generated_table():
+    spec = importlib.util.spec_from_file_location("runtimes_table",
+                                                  ROOT / "scripts" / "runtimes_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    readme = (ROOT / "README.md").read_text()
+    assert mod.block() in readme, "run: python3 scripts/runtimes_table.py (README block)"
+    assert "verify --runtime vllm" in readme
