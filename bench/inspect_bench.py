@@ -118,8 +118,8 @@ def timed_verdicts(root: Path, convention: str) -> float:
     """assess() alone, with inspect's sampled statistics and the verdict set to `convention`."""
     from dataclasses import replace
 
-    from gptqfmt.formats.gptq.checkpoint import open_checkpoint
     from gptqfmt.detection.read import detect_checkpoint
+    from gptqfmt.formats.gptq.checkpoint import open_checkpoint
     from gptqfmt.runtimes.verdicts import assess
 
     with open_checkpoint(root) as ckpt:

@@ -24,8 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gptqfmt.ops.verify import validate  # noqa: E402
 from synth import build  # noqa: E402
+
+from gptqfmt.ops.verify import validate  # noqa: E402
+
 
 def plain_read(root: Path) -> float:
     """Seconds to read every qweight's bytes once, into one reused buffer."""

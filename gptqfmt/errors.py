@@ -5,6 +5,11 @@ wraps a finding (FindingError) is raised where reading cannot go on, e.g. a corr
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .findings import Finding
+
 
 class GptqfmtError(Exception):
     """Base class. Unexpected failures map to exit 3 (internal error)."""
@@ -29,12 +34,12 @@ class FindingError(GptqfmtError):
 
     exit_code = 1
 
-    def __init__(self, *findings):
+    def __init__(self, *findings: Finding) -> None:
         super().__init__(findings[0].one_line())
         self.findings = list(findings)
         self.finding = findings[0]
 
-    def __reduce__(self):  # crosses process boundaries (convert --jobs)
+    def __reduce__(self) -> tuple[type, tuple[Finding, ...]]:  # crosses processes (--jobs)
         return (type(self), tuple(self.findings))
 
 

@@ -8,9 +8,10 @@ signal the CLI handles (SIGINT, SIGTERM, SIGHUP) unwinds it as a real one does. 
 
 `n` is the stage's index, counted from 0, for the stages that have one: ``S.T`` for
 ``mid-shard`` (shard S in sorted order, its qzeros tensor T in file order), ``M`` for
-``gate-module``, ``R`` for ``detect-round`` (0: the first); missing parts are 0. Examples: ``mid-shard:2.1`` kills the process after the
-second qzeros tensor of the third shard has been written; ``before-rename:SIGTERM`` sends SIGTERM
-just before the staging directory becomes DST. The stages are listed in `STAGES`.
+``gate-module``, ``R`` for ``detect-round`` (0: the first); missing parts are 0. Examples:
+``mid-shard:2.1`` kills the process after the second qzeros tensor of the third shard has been
+written; ``before-rename:SIGTERM`` sends SIGTERM just before the staging directory becomes
+DST. The stages are listed in `STAGES`.
 
 The variable is read once, when this module is imported. Unset, `point` is a function that
 returns at once. A malformed value raises ValueError at the first stage reached (in the CLI: an
@@ -88,16 +89,16 @@ def _armed(spec: str):
     except ValueError as e:
         error = e
 
-        def point(at: str, *at_index: int) -> None:
+        def malformed(at: str, *at_index: int) -> None:
             raise error
-        return point
-    fired = []
+        return malformed
+    fired: list[str] = []
 
-    def point(at: str, *at_index: int) -> None:
+    def armed(at: str, *at_index: int) -> None:
         if at == stage and at_index == index and not fired:
             fired.append(at)
             os.kill(os.getpid(), sig)  # SIGKILL: gone; a handled signal runs its handler here
-    return point
+    return armed
 
 
 def _unset(stage: str, *index: int) -> None:

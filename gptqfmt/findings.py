@@ -136,7 +136,7 @@ class Finding:
     hint: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.code not in CATALOGUE:
             raise ValueError(f"unknown finding code {self.code}")
 
@@ -144,7 +144,7 @@ class Finding:
     def severity(self) -> str:
         return CATALOGUE[self.code].severity
 
-    def sort_key(self):
+    def sort_key(self) -> tuple[str, str, str, str]:
         return (self.file or "", self.tensor or "", self.code, self.message)
 
     def one_line(self) -> str:
@@ -155,7 +155,7 @@ class Finding:
         return f"{prefix}{self.code} {self.message}"
 
     def to_json(self) -> dict[str, Any]:
-        out = {"code": self.code, "severity": self.severity, "file": self.file,
+        out: dict[str, Any] = {"code": self.code, "severity": self.severity, "file": self.file,
                "tensor": self.tensor, "message": self.message}
         if self.hint:
             out["hint"] = self.hint

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -44,7 +43,7 @@ from gptqfmt.bits.conventions import GPTQ, GPTQ_V2  # noqa: E402
 from gptqfmt.bits.packing import block  # noqa: E402
 from gptqfmt.detection import codestats  # noqa: E402
 from gptqfmt.detection.decide import AMBIGUOUS, decide, effective_se  # noqa: E402
-from gptqfmt.detection.read import SAMPLE_BYTES, detect_sequential  # noqa: E402
+from gptqfmt.detection.read import detect_sequential  # noqa: E402
 from gptqfmt.detection.stats import symmetric_pattern, zero_stats  # noqa: E402
 
 BITS = (2, 3, 4, 8)

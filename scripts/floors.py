@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The floors, from the ground up (a room is a module or package directly under gptqfmt/).
 FLOORS: list[tuple[str, ...]] = [
-    ("errors", "findings", "version", "faults", "parallel", "resources"),  # leaves
+    ("findings", "version", "faults", "parallel", "resources"),  # leaves
+    ("errors",),          # every exception (FindingError carries findings)
     ("bits",),            # pure numpy: packing, layout, packed-word predicates, conventions
     ("safetensors_io",),  # the container: header, reader, writer, index, journal, hub
     ("formats",),         # every format's reader (and writer) of the one module model

@@ -5,11 +5,11 @@ byte of them unchanged).
 
 For each directory under fixtures/ckpt, fixtures/invalid, fixtures/hostile and fixtures/formats
 it runs, in process, with --format json and with --format text: `inspect`, `verify`,
-`fix-label --dry-run` (which writes nothing), `convert SRC
-DST --to T` into a temporary DST with T each convention (and compressed-tensors for
-fixtures/formats), and `verify DST --against SRC` where the conversion succeeded. It keeps each command's exit code and stdout, with three things
-that differ from run to run replaced: the temporary directory (<TMP>), the repository's
-directory (<ROOT>) and the tool's version.
+`fix-label --dry-run` (which writes nothing), `convert SRC DST --to T` into a temporary DST
+with T each convention (and compressed-tensors for fixtures/formats), and `verify DST
+--against SRC` where the conversion succeeded. It keeps each command's exit code and stdout,
+with three things that differ from run to run replaced: the temporary directory (<TMP>), the
+repository's directory (<ROOT>) and the tool's version.
 
     python3 scripts/record_outputs.py --write OUT.json    # record
     python3 scripts/record_outputs.py --check OUT.json    # exit 1 and name what differs

@@ -159,13 +159,15 @@ def moved_words(words: Array, bits: int, src: str, dst: str,
     d = shift(src, dst)
     u = unsigned(np.asarray(words))
     if d == 0:
-        return u.copy().view(words.dtype)
+        same: Array = u.copy().view(words.dtype)
+        return same
     if not word_path(u, bits, src, dst, checked):
         return None
     one = constant_words(1, bits, u.dtype.itemsize * 8)[0]
     with np.errstate(over="ignore"):  # the top field never carries out: checked above
         out = u + one if d > 0 else u - one
-    return out.astype(u.dtype, copy=False).view(words.dtype)
+    moved: Array = out.astype(u.dtype, copy=False).view(words.dtype)
+    return moved
 
 
 def word_path(words: Array, bits: int, src: str, dst: str,
@@ -191,7 +193,7 @@ def words_moved(w_src: Array, w_dst: Array, bits: int, src: str, dst: str) -> bo
     d = shift(src, dst)
     if d == 0:
         return bool(np.array_equal(a, b))
-    _, one, _ = field_masks(bits, a.dtype.type)
+    _, one, _ = field_masks(bits, a.dtype.itemsize)
     with np.errstate(over="ignore"):
         diff = b - a if d > 0 else a - b
     return bool(np.all(diff == one))

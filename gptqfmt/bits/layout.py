@@ -12,7 +12,9 @@ from .packing import SUPPORTED_BITS, unpack
 
 
 def n_groups(in_features: int, group_size: int) -> int:
-    return 1 if group_size in (-1, 0) or group_size >= in_features else -(-in_features // group_size)
+    if group_size in (-1, 0) or group_size >= in_features:
+        return 1
+    return -(-in_features // group_size)
 
 
 def bits_from_qzeros(qzeros_cols: int, out_features: int, word_bits: int) -> int | None:
@@ -47,7 +49,8 @@ def group_size_from_g_idx(g_idx: np.ndarray, groups: int) -> tuple[int | None, s
         return -1, None
     counts = np.bincount(g_idx.astype(np.int64), minlength=groups)
     gs = int(counts[0])
-    if gs == 0 or np.any(counts[:-1] != gs) or counts[-1] != k - gs * (groups - 1) or counts[-1] <= 0:
+    if gs == 0 or np.any(counts[:-1] != gs) or counts[-1] != k - gs * (groups - 1) or \
+            counts[-1] <= 0:
         return None, (f"group member counts {_sample(counts)} are not group_size for every group "
                       "but the last")
     return gs, None

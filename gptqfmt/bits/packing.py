@@ -81,10 +81,11 @@ def _unpack_bytes(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
     nibbles 3, 8, 8, 8 interleave to fields 0, 3, 15, 8, 8, 8, 8, 8."""
     per_byte, nbytes = 8 // bits, words.dtype.itemsize
     mask = np.uint8(maxq(bits))
-    b = words.view(np.uint8)
+    b: np.ndarray = words.view(np.uint8)
     if axis == words.ndim - 1:  # [..., n words] -> [..., n * W/bits]
         if bits == 8:
-            return b.copy()
+            codes: np.ndarray = b.copy()
+            return codes
         out = np.empty(b.shape[:-1] + (b.shape[-1] * per_byte,), dtype=np.uint8)
         for j in range(per_byte):
             np.bitwise_and(b >> np.uint8(j * bits), mask, out=out[..., j::per_byte])

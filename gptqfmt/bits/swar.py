@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .packing import constant_words, maxq, unsigned
+from .packing import UNSIGNED, constant_words, maxq, unsigned
 
 Words = npt.NDArray[Any]
 
@@ -46,19 +46,26 @@ def superwords(u: Words) -> Words:
     return u.view(np.uint64) if w < 64 and u.ndim == 2 and (u.shape[1] * w) % 64 == 0 else u
 
 
+Mask = np.unsignedinteger[Any]
+
+
 @lru_cache(maxsize=64)
-def field_masks(bits: int, ut: type[np.unsignedinteger[Any]]) -> tuple[Any, Any, Any]:
-    """(low bits, 1, top bit) of every `bits`-wide field of an unsigned integer of type `ut`
-    (4-bit uint32: 0x77777777, 0x11111111, 0x88888888)."""
-    def every(value: int) -> Any:
-        return ut(sum(value << j for j in range(0, np.dtype(ut).itemsize * 8, bits)))
+def field_masks(bits: int, itemsize: int) -> tuple[Mask, Mask, Mask]:
+    """(low bits, 1, top bit) of every `bits`-wide field of an unsigned integer of `itemsize`
+    bytes, as that numpy type (4-bit uint32: 0x77777777, 0x11111111, 0x88888888)."""
+    ut = UNSIGNED[itemsize * 8]
+
+    def every(value: int) -> Mask:
+        m: Mask = ut(sum(value << j for j in range(0, itemsize * 8, bits)))
+        return m
     return every((1 << (bits - 1)) - 1), every(1), every(1 << (bits - 1))
 
 
 @lru_cache(maxsize=16)
-def word_tops(w: int, ut: type[np.unsignedinteger[Any]]) -> Any:
-    """The top bit of every W-bit word in an unsigned integer of type `ut`."""
-    return ut(sum(1 << j for j in range(w - 1, np.dtype(ut).itemsize * 8, w)))
+def word_tops(w: int, itemsize: int) -> Mask:
+    """The top bit of every W-bit word in an unsigned integer of `itemsize` bytes."""
+    m: Mask = UNSIGNED[itemsize * 8](sum(1 << j for j in range(w - 1, itemsize * 8, w)))
+    return m
 
 
 def rows_per_chunk(width: int, multiple: int = 1) -> int:
@@ -103,7 +110,7 @@ def fields_equal(qzeros: Words, bits: int, value: int) -> Words:
     """Per packed word, the top bit of each field set where the field equals `value`."""
     u = np.ascontiguousarray(unsigned(np.asarray(qzeros)))
     x = superwords(u)
-    low, _, top = field_masks(bits, x.dtype.type)
+    low, _, top = field_masks(bits, x.dtype.itemsize)
     t = np.bitwise_xor(x, constant_words(value, bits, 64 if x.dtype.itemsize == 8 else
                                          u.dtype.itemsize * 8)[0])
     t = nonzero_tops(t, t, low, top)
@@ -118,7 +125,7 @@ def has_field(words: Words, bits: int, value: int) -> bool:
         raise ValueError(f"has_field: {value} is neither 0 nor maxq at {bits} bits")
     u = np.ascontiguousarray(unsigned(np.asarray(words)))
     x = superwords(u).reshape(-1)
-    low, one, top = field_masks(bits, x.dtype.type)
+    low, one, top = field_masks(bits, x.dtype.itemsize)
     buf = np.empty(min(x.size, CHUNK), dtype=x.dtype)
     with np.errstate(over="ignore"):  # a field's carry stops at its own top bit
         for i in range(0, x.size, CHUNK):
@@ -152,8 +159,8 @@ def carried_fields(qzeros: Words, bits: int, add: bool) -> Words:
         raise ValueError(f"carried_fields: {bits}-bit fields straddle words")
     u = np.ascontiguousarray(unsigned(np.asarray(qzeros)))
     x = superwords(u)
-    ends = word_tops(u.dtype.itemsize * 8, x.dtype.type)
-    low, one, top = field_masks(bits, x.dtype.type)
+    ends = word_tops(u.dtype.itemsize * 8, x.dtype.itemsize)
+    low, one, top = field_masks(bits, x.dtype.itemsize)
     word, field = np.empty_like(x), np.empty_like(x)   # in place: two buffers, no temporaries
     with np.errstate(over="ignore"):
         # the whole words' +1s and -1s, lane by lane (a lane = one W-bit word): the same SWAR
@@ -205,7 +212,9 @@ def marked(marks: Words, bits: int, flat: npt.ArrayLike, columns: int) -> npt.ND
     fpw = marks.dtype.itemsize * 8 // bits
     g, n = np.divmod(np.asarray(flat, dtype=np.int64), columns)
     shift = (n % fpw) * bits + bits - 1
-    return ((marks[g, n // fpw] >> shift.astype(marks.dtype)) & 1).astype(bool)
+    bits_at: npt.NDArray[np.bool_] = \
+        ((marks[g, n // fpw] >> shift.astype(marks.dtype)) & 1).astype(bool)
+    return bits_at
 
 
 # ---------------------------------------------------------------- counts over whole tensors
@@ -215,7 +224,7 @@ def maxq_zero_counts(u: Words, bits: int) -> tuple[int, int]:
     """(fields at maxq, fields at 0) of unsigned words u [G, n], a chunk of rows at a time."""
     x = superwords(u)
     ut = x.dtype.type
-    low, one, top = field_masks(bits, ut)
+    low, one, top = field_masks(bits, x.dtype.itemsize)
     g, nx = x.shape
     rows = rows_per_chunk(nx)
     at, nz = (np.empty((min(rows, g), nx), ut) for _ in range(2))
@@ -249,7 +258,7 @@ def maxq_by_group_and_run_column(u: Words, bits: int, run: int
     ut = x.dtype.type
     w, sw = u.dtype.itemsize * 8, x.dtype.itemsize * 8
     k, fpw = sw // w, w // bits
-    low, one, top = field_masks(bits, ut)
+    low, one, top = field_masks(bits, x.dtype.itemsize)
     g, nx = x.shape
     per_lane = maxq(bits)      # rows whose 0/1 fields can be summed without a carry
     # chunks of whole partial sums (a partial sum's lanes are taken apart in Python steps)

@@ -14,7 +14,7 @@ def convention_findings(ckpt: Checkpoint, det: Detection) -> list[Finding]:
     where = cfg.declared_in[0].file if cfg and cfg.declared_in else (
         cfg.sources[0] if cfg and cfg.sources else None)
     declared = ckpt.label
-    out = []
+    out: list[Finding] = []
     if not det.modules:
         return out  # nothing to detect from (GQ314 or geometry findings say why)
     if det.verdict == AMBIGUOUS:

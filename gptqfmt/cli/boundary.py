@@ -11,11 +11,12 @@ from typing import Callable
 
 import click
 
-from ..safetensors_io import hub
 from ..errors import FindingError, GptqfmtError, OutputError, UsageError
-from .output import note
+from ..safetensors_io import hub
+from .ci import GithubReporter
+from .output import Reporter, note
 from .reporters import REPORTERS, reporter
-from .view import COLOR_CHOICES, SUMMARY_ABOVE, View, colour_wanted
+from .view import COLOR_CHOICES, PLAIN, SUMMARY_ABOVE, View, colour_wanted
 
 FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(list(REPORTERS)),
                              default="text", show_default=True,
@@ -67,12 +68,18 @@ class Outputs:
                  command: str = "gptqfmt"):
         self.fmt, self.view = fmt, view
         self.main = reporter(fmt, None, view)
-        self.files = [(reporter(f, io.StringIO()), path) for f, path in files]
-        github = [r for r in [self.main, *(r for r, _ in self.files)] if r.name == "github"]
-        for r in github[1:]:
-            r.step_summary = False  # one job summary per command
-        for r in [self.main, *(r for r, _ in self.files)]:
+        self.buffers = [(io.StringIO(), path) for _, path in files]
+        self.files = [reporter(f, buf, PLAIN) for (f, _), (buf, _) in zip(files, self.buffers)]
+        github = [g for g in self.all if isinstance(g, GithubReporter)]
+        for g in github[1:]:
+            g.step_summary = False  # one job summary per command
+        for r in self.all:
             r.target, r.command = target, command
+
+    @property
+    def all(self) -> list[Reporter]:
+        """Every reporter of the command: stdout's first, then each --output's."""
+        return [self.main, *self.files]
 
     def checkpoints(self, *args: str | None, download: bool = False) -> list[str | None]:
         """The paths that PATH arguments name (None stays None): a path as given, a Hugging
@@ -90,9 +97,9 @@ class Outputs:
             if r and r.repo_id:
                 self.note(f"gptqfmt: {r.describe()}")
                 if i == 0:
-                    for rep in [self.main, *(rep for rep, _ in self.files)]:
+                    for rep in self.all:
                         rep.target = r.path
-        return [r and r.path for r in resolved]
+        return [None if r is None else r.path for r in resolved]
 
     @property
     def progress(self) -> bool:
@@ -107,16 +114,16 @@ class Outputs:
     def __getattr__(self, kind):
         def report(*args, **kwargs):
             getattr(self.main, kind)(*args, **kwargs)
-            for r, _ in self.files:
+            for r in self.files:
                 getattr(r, kind)(*args, **kwargs)
         return report
 
     def commit(self) -> None:
         """Write each --output file, atomically (a reader never sees half a report)."""
-        for r, path in self.files:
+        for r, (buf, path) in zip(self.files, self.buffers):
             tmp = path.with_name(f".{path.name}.gptqfmt-tmp")
             try:
-                tmp.write_text(r.stream.getvalue(), encoding="utf-8")
+                tmp.write_text(buf.getvalue(), encoding="utf-8")
                 os.replace(tmp, path)
             except OSError as e:
                 tmp.unlink(missing_ok=True)

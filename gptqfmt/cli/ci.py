@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from ..conversion import ConvertReport
@@ -28,8 +30,16 @@ from ..ops.inspect import InspectResult
 from ..ops.verify import Report
 from ..version import __version__
 from .output import Reporter, emit_json, escape
-from .text_lines import (against_lines, convert_lines, differs, failure_lines, fix_label_lines,
-                         inspect_lines, reference_lines, verify_lines)
+from .text_lines import (
+    against_lines,
+    convert_lines,
+    differs,
+    failure_lines,
+    fix_label_lines,
+    inspect_lines,
+    reference_lines,
+    verify_lines,
+)
 
 
 @dataclass
@@ -93,7 +103,7 @@ class _CiReporter(Reporter):
         self.emit(Outcome("fix-label", str(result.plan.path), code,
                           _final(fix_label_lines(result)), found, mods))
 
-    def failure(self, status: str, code: int, findings: list[Finding] = (),
+    def failure(self, status: str, code: int, findings: Sequence[Finding] = (),
                 message: str | None = None) -> None:
         self.emit(Outcome(self.command, self.target, code, _final(failure_lines(list(findings))),
                           list(findings), message=message))
@@ -231,7 +241,7 @@ def sarif_log(o: Outcome) -> dict:
         if props:
             r["properties"] = props
         results.append(r)
-    invocation = {"executionSuccessful": o.code in (0, 1), "exitCode": o.code}
+    invocation: dict[str, Any] = {"executionSuccessful": o.code in (0, 1), "exitCode": o.code}
     if o.message:
         invocation["toolExecutionNotifications"] = [{"level": "error",
                                                      "message": {"text": o.message}}]
@@ -298,7 +308,7 @@ def junit_xml(o: Outcome) -> str:
                 f"{f.severity}: {escape(f.one_line())}" for f in rest)
     counts = {"tests": str(len(cases)), "failures": str(failures), "errors": str(errors)}
     suite.attrib.update(counts, skipped="0")
-    root = ET.Element("testsuites", name="gptqfmt", **counts)
+    root = ET.Element("testsuites", {"name": "gptqfmt", **counts})
     root.append(suite)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode")

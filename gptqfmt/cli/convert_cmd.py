@@ -1,4 +1,5 @@
-"""`gptqfmt convert SRC DST`: rewrite zero points losslessly, verified before anything is visible."""
+"""`gptqfmt convert SRC DST`: rewrite zero points losslessly, verified before anything is
+visible."""
 from __future__ import annotations
 
 import click

@@ -84,7 +84,7 @@ def _invoke(args: list[str], command: click.Command, prog_name: str) -> int:
         ctx = e.__context__
         if sys.stdout is not stdout or isinstance(ctx, OSError) and ctx.errno == errno.EPIPE:
             raise BrokenPipeError(errno.EPIPE, "Broken pipe") from None
-        return e.code
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except click.ClickException as e:
         if _format_of(args) == "text":
             e.show()  # click's own usage text
@@ -152,7 +152,7 @@ def _stdout_closed() -> int:
 
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.__stdout__.fileno())  # sys.stdout may be click's wrapper
+        os.dup2(devnull, sys.__stdout__.fileno())  # type: ignore[union-attr]  # None: below
         os.close(devnull)
     except (OSError, ValueError, AttributeError):  # no real stdout (embedded): nothing to do
         pass

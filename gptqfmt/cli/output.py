@@ -3,11 +3,21 @@ from __future__ import annotations
 
 import json
 import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import IO, TYPE_CHECKING
 
 import click
 
 from ..findings import Finding
 from .view import PLAIN, View
+
+if TYPE_CHECKING:
+    from ..conversion.relabel import RelabelResult
+    from ..conversion.report import ConvertReport
+    from ..ops.equivalence import EquivalenceReport, ReferenceReport
+    from ..ops.inspect import InspectResult
+    from ..ops.verify import Report
 
 
 def escape(s: str | None) -> str:
@@ -79,11 +89,12 @@ def note(message: str) -> None:
 def human_bytes(n: int) -> str:
     """Decimal SI units (1 kB = 1000 B), as tqdm's progress bars and the Hugging Face Hub show
     sizes: one convention in every output."""
+    x = float(n)
     for unit in ("B", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} B"
+        if x < 1000 or unit == "TB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1000
+    return f"{x} B"
 
 
 def table(rows: list[list[str]], header: list[str]) -> list[str]:
@@ -92,18 +103,42 @@ def table(rows: list[list[str]], header: list[str]) -> list[str]:
     return [fmt.format(*header).rstrip()] + [fmt.format(*map(str, r)).rstrip() for r in rows]
 
 
-class Reporter:
+class Reporter(ABC):
     """What every reporter shares: where its document goes (`stream`, stdout by default; a
     file under --output FORMAT=FILE) and what a person asked to see (`view`: colour, quiet,
-    summary; only the text reporter reads it). Subclasses answer every kind of result."""
+    summary; only the text reporter reads it). A subclass answers every kind of result, each
+    with the exit code the command decided."""
     name = ""
     target: str | None = None    # the checkpoint the command reads (set by the boundary)
     command: str = "gptqfmt"     # the command that runs (set by the boundary)
 
-    def __init__(self, stream=None, view: View = PLAIN):
+    def __init__(self, stream: IO[str] | None = None, view: View = PLAIN):
         self.stream = stream
         self.view = view
 
     def echo(self, text: str) -> None:
         # click strips ANSI codes from a stream that is not a terminal unless told otherwise
         click.echo(text, file=self.stream, color=True if self.view.color else None)
+
+    @abstractmethod
+    def inspect(self, result: InspectResult, code: int) -> None: ...
+
+    @abstractmethod
+    def verify(self, report: Report, strict: bool, code: int) -> None: ...
+
+    @abstractmethod
+    def against(self, rep: EquivalenceReport, code: int) -> None: ...
+
+    @abstractmethod
+    def reference(self, rep: ReferenceReport, code: int) -> None: ...
+
+    @abstractmethod
+    def convert(self, report: ConvertReport, code: int) -> None: ...
+
+    @abstractmethod
+    def fix_label(self, result: RelabelResult, code: int) -> None: ...
+
+    @abstractmethod
+    def failure(self, status: str, code: int, findings: Sequence[Finding] = (),
+                message: str | None = None) -> None:
+        """The command stopped: `status` fail (findings) or error (message)."""

@@ -8,8 +8,8 @@ one class and its name to REPORTERS; no command changes. The command decides the
 passes it in, because failure documents and some result documents carry it."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
-
 
 from ..conversion import ConvertReport
 from ..conversion.relabel import RelabelResult
@@ -19,8 +19,16 @@ from ..ops.inspect import InspectResult
 from ..ops.verify import Report
 from .ci import GithubReporter, JunitReporter, SarifReporter
 from .output import Reporter, defuse, emit_json, note
-from .text_lines import (against_lines, convert_lines, failure_lines, fix_label_lines,
-                         inspect_lines, reference_lines, verify_lines, without_rows)
+from .text_lines import (
+    against_lines,
+    convert_lines,
+    failure_lines,
+    fix_label_lines,
+    inspect_lines,
+    reference_lines,
+    verify_lines,
+    without_rows,
+)
 from .view import PLAIN, Line, View
 
 
@@ -57,7 +65,7 @@ class JsonReporter(Reporter):
     def fix_label(self, result: RelabelResult, code: int) -> None:
         emit_json(with_exit_code(result.to_json(), code), self.stream)
 
-    def failure(self, status: str, code: int, findings: list[Finding] = (),
+    def failure(self, status: str, code: int, findings: Sequence[Finding] = (),
                 message: str | None = None) -> None:
         doc: dict[str, Any] = {"status": status, "exit_code": code,
                                "findings": [f.to_json() for f in findings]}
@@ -95,9 +103,9 @@ class TextReporter(Reporter):
     def fix_label(self, result: RelabelResult, code: int) -> None:
         self._show(fix_label_lines(result))
 
-    def failure(self, status: str, code: int, findings: list[Finding] = (),
+    def failure(self, status: str, code: int, findings: Sequence[Finding] = (),
                 message: str | None = None) -> None:
-        self._show(failure_lines(findings))
+        self._show(failure_lines(list(findings)))
         if message:
             note(f"gptqfmt: error: {message}")  # note() escapes, once; never quieted
 

@@ -147,7 +147,8 @@ def verify_lines(report: Report, strict: bool) -> list[Line]:
               f"{plural(s['infos'], 'info')}; ")
     cs = doc.get("checksums")
     if cs:
-        lines.append(Line(f"checksums    {plural(cs['files'], 'file')} ({human_bytes(cs['bytes'])}) "
+        lines.append(Line(f"checksums    {plural(cs['files'], 'file')} "
+                          f"({human_bytes(cs['bytes'])}) "
                           f"hashed against the {cs['source']} records: "
                           + (f"{cs['mismatched']} mismatched" if cs["mismatched"] else
                              "every one matches")

@@ -33,8 +33,9 @@ COLOURS = {"error": "red", "warning": "yellow", "info": "cyan", "ok": "green"}
 @dataclass(frozen=True)
 class Line:
     """One line of a text report. kind: "finding" (level = its severity), "row" (a per-module
-    row, hidden under --summary; "rowhead" the head of their table), "final" (the status line; level "ok" or "error"), "text"
-    (anything else: headers, tables' heads, verdict rows)."""
+    row, hidden under --summary; "rowhead" the head of their table), "final" (the status
+    line; level "ok" or "error"), "text" (anything else: headers, tables' heads, verdict
+    rows)."""
     text: str
     kind: str = "text"
     level: str | None = None

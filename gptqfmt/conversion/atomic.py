@@ -26,7 +26,7 @@ def _tmp_prefix(dst: Path) -> str:
 
 def remove_stale(dst: Path) -> list[Path]:
     """Remove temporary directories of earlier runs for `dst` whose process no longer exists."""
-    removed = []
+    removed: list[Path] = []
     parent = dst.parent
     if not parent.is_dir():
         return removed

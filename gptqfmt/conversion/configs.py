@@ -88,7 +88,8 @@ def quant_config(name: str, doc: object) -> dict | None:
 def declaring_configs(src_dir: Path) -> list[str]:
     """The config files in src_dir that hold a quantization config: the ones rewrite_configs
     relabels. Empty means the output needs a derived quantize_config.json."""
-    return [n for n in CONFIG_FILES if (src_dir / n).is_file() and quant_config(n, _read(src_dir / n)) is not None]
+    return [n for n in CONFIG_FILES
+            if (src_dir / n).is_file() and quant_config(n, _read(src_dir / n)) is not None]
 
 
 def rewrite_configs(src_dir: Path, out_dir: Path, to: str, prov: dict,
@@ -132,7 +133,7 @@ def derive_config(ckpt: Checkpoint, src_conv: str, to: str) -> tuple[dict | None
     g_idx is non-trivial, sym true exactly when every zero point is 2^(bits-1) (a checkpoint that
     says sym must hold the constant: Marlin ignores qzeros), lm_head when an lm_head is
     quantized."""
-    modules = [m for m in ckpt.modules if m.valid]
+    modules = ckpt.valid_modules
     cfg = ckpt.config
     decl = cfg.base if cfg is not None else None
     found: list[Finding] = []
@@ -160,7 +161,8 @@ def derive_config(ckpt: Checkpoint, src_conv: str, to: str) -> tuple[dict | None
                  "pack_dtype": values["pack_dtype"], "quant_method": "gptq",
                  "checkpoint_format": to, "format": to})
     shaped = [k for k in from_shapes if k not in declared]
-    where = (f"{' and '.join(cfg.sources)} ({', '.join(declared)}) and " if declared else "")
+    where = (f"{' and '.join(cfg.sources)} ({', '.join(declared)}) and "
+             if declared and cfg is not None else "")
     summary = ", ".join(f"{k}={json.dumps(v)}" for k, v in body.items())
     found.append(Finding(
         "GQ206", f"no quantize_config.json, config.json quantization_config or "

@@ -3,6 +3,7 @@ converts it field by field (conventions.convert_fields)."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -13,8 +14,8 @@ from ..errors import UsageError
 WORD_DTYPES = ("int8", "int16", "int32", "int64")  # the packer's words, as files store them
 
 
-def convert_qzeros(qzeros, bits: int, src: str = "gptq", dst: str = "gptq_v2",
-                   allow_lossy: bool = False):
+def convert_qzeros(qzeros: Any, bits: int, src: str = "gptq", dst: str = "gptq_v2",
+                   allow_lossy: bool = False) -> Any:
     """Convert a packed qzeros tensor [G, N*bits/W] from `src` to `dst` convention.
 
     Accepts a 2-D numpy array or torch tensor of words: int8, int16, int32 or int64 (W = 8 ..
@@ -62,6 +63,7 @@ def convert_qzeros(qzeros, bits: int, src: str = "gptq", dst: str = "gptq_v2",
     fields, _ = convert_fields(unpack(arr, bits, axis=1), bits, src, dst, allow_lossy)
     out = pack(fields, bits, word_bits, axis=1)
     if torch_in:
+        assert torch is not None
         return torch.from_numpy(out).to(qzeros.device)
     return out
 

@@ -26,8 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import faults
-from ..bits.conventions import (effective_zeros, lossy_mask, reference_rule, word_path,
-                                words_moved)
+from ..bits.conventions import effective_zeros, lossy_mask, reference_rule, word_path, words_moved
 from ..bits.layout import stored_fields
 from ..bits.packing import unpack
 from ..checks.labels import convention_findings
@@ -94,7 +93,7 @@ def check_labels(path, target: str) -> list[str]:
         says = declarations(out)
         det = combine([ModuleVerdict(name=m.name, verdict=target, confidence=1.0,
                                      evidence=[f"written as {target} by convert"])
-                       for m in out.modules if m.valid])
+                       for m in out.valid_modules])
         errors = [f for f in out.findings + convention_findings(out, det) if f.severity == ERROR]
         msgs = [f"{says}; verify would report {f.one_line()}" for f in errors]
         declared = out.label
@@ -211,19 +210,20 @@ def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str, copied: i
                                "bitwise on the columns with lossy cells",
                         bytes_compared=copied)
     out = open_checkpoint(tmp)
-    on_module and on_module(0, len(src.modules))
+    modules = src.valid_modules   # every one: convert refuses a source with an invalid one
+    on_module and on_module(0, len(modules))
     try:
         compare_headers(src, out, result)
         if result.failures:  # the qzeros are found through the headers: nothing to prove on
             return result
         rng = np.random.default_rng(0)
-        for i, m in enumerate(src.modules):
+        for i, m in enumerate(modules):
             qz = m.tensors["qzeros"]
             chk = check_words(src, m, src.view(qz), out.view(qz), src_conv, dst_conv, rng)
             src.store.release(m.tensors.values())
             out.store.release([qz])
             result.add(chk)
-            on_module and on_module(1, len(src.modules))
+            on_module and on_module(1, len(modules))
             faults.point("gate-module", i)
     finally:
         out.close()

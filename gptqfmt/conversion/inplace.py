@@ -20,6 +20,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -91,12 +92,13 @@ def refuse_shared(root: Path, names: list[str]) -> None:
                              f"{root} DST), or copy the file first")
 
 
-def _new_configs(root: Path, from_conv: str, to: str, report, derived) -> list[tuple]:
+def _new_configs(root: Path, from_conv: str, to: str, report: ConvertReport,
+                 derived: dict[str, Any] | None) -> list[tuple[str, bytes | None, bytes]]:
     """(name, old bytes or None, new bytes) of each config file to replace: those that hold a
     quantization config, relabelled as convert writes them; a derived one for a source with
     none."""
     prov = provenance(from_conv, to, report.totals)
-    out = []
+    out: list[tuple[str, bytes | None, bytes]] = []
     for name in declaring_configs(root):
         if derived is not None and name == DERIVED_FILE:
             continue
@@ -115,7 +117,7 @@ def _ranges(ckpt: Checkpoint):
     order: the journal's order and the order of the writes."""
     store = ckpt.store
     out = []
-    for m in ckpt.modules:
+    for m in ckpt.valid_modules:
         qz = m.tensors["qzeros"]
         name = store.file_of(qz)
         f = store.files[name]
@@ -152,8 +154,8 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
             raise FindingError(*[Finding("GQ503", msg, file=str(root))
                                  for msg in gate.failures])
         configs = _new_configs(root, from_conv, to, report, derived)
-        for name, old, new in configs:
-            w.whole(name, old, new)
+        for name, old_bytes, new_bytes in configs:
+            w.whole(name, old_bytes, new_bytes)
         check_unchanged(before, root, journal.NAMES)
         w.seal()
     except BaseException:
@@ -162,8 +164,8 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
     try:
         faults.point("inplace-journaled")
         written = _write(ckpt, root, changed, from_conv, to, allow_lossy, progress)
-        for j, (name, _, new) in enumerate(configs):
-            journal.replace_file(root / name, new)
+        for j, (name, _, new_bytes) in enumerate(configs):
+            journal.replace_file(root / name, new_bytes)
             faults.point("inplace-config", j)
         journal.fsync_path(root)
         gate.bytes_compared = written + _read_back(root, w.entries)
@@ -181,7 +183,7 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
 
 def _bytes(words: np.ndarray) -> memoryview:
     """The bytes of a tensor's words as they lie in the file, without a copy."""
-    return memoryview(np.ascontiguousarray(words)).cast("B")
+    return np.ascontiguousarray(words).data.cast("B")
 
 
 def _write(ckpt: Checkpoint, root: Path, changed, from_conv, to, allow_lossy,
@@ -193,7 +195,7 @@ def _write(ckpt: Checkpoint, root: Path, changed, from_conv, to, allow_lossy,
     with what was written."""
     total = sum(ckpt.store.info(qz).nbytes for _, qz, _, _, _, _ in changed)
     progress and progress(0, total)
-    handles: dict[str, object] = {}
+    handles: dict[str, BinaryIO] = {}
     try:
         for i, (m, qz, name, offset, proven, clean) in enumerate(changed):
             words, _ = convert_words(ckpt.view(qz), m.bits, from_conv, to, allow_lossy, clean)

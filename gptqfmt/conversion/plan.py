@@ -78,14 +78,14 @@ def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
     if ck is None:
         _check_exact_target(src, requested, to)
         refuse_invalid(src, None, allow_lossy)
-        from_, notes = src.format, []
+        from_, notes = src.format, list[Finding]()
         plans = [ModulePlan(m.name, m.bits, m.groups * m.out_features, 0, 0, 0, [])
                  for m in src.modules]
         findings: list[Finding] = []
     else:
         det = detect_checkpoint(ck, full=False)
         refuse_invalid(src, det, allow_lossy)
-        notes = []
+        notes = list[Finding]()
         from_ = resolve_from(requested, ck, det, notes)
         plans, findings = plan_zeros(ck, det, from_, to if to in CONVENTIONS else GPTQ_V2,
                                      allow_lossy)
@@ -142,7 +142,7 @@ def plan_zeros(ckpt: Checkpoint, det: Detection, src: str, dst: str,
     """Count what changes per module; refusal findings where the target cannot hold a field."""
     verdicts = {v.name: v for v in det.modules}
     plans, findings = [], []
-    for m in ckpt.modules:
+    for m in ckpt.valid_modules:
         qz = m.tensors["qzeros"]
         _, c = convert_words(ckpt.view(qz), m.bits, src, dst, allow_lossy=True)
         v = verdicts.get(m.name)

@@ -64,7 +64,9 @@ class OutTensor:
 
     @property
     def nbytes(self) -> int:
-        return nbytes(self.dtype, int(np.prod(self.shape, dtype=np.int64)))
+        n = nbytes(self.dtype, int(np.prod(self.shape, dtype=np.int64)))
+        assert n is not None   # every dtype written fills whole bytes
+        return n
 
 
 def out_shards(src: Source, w: Writer) -> dict[str, list[OutTensor]]:
@@ -139,7 +141,7 @@ def write_shard(src: Source, shard: str, tensors: list[OutTensor], w: Writer, ou
                                          f"planned {t.dtype}{list(t.shape)}")
                 settle()
                 if arr.size:   # (a zero-size array has no bytes, and no buffer to cast)
-                    pending.append((io.submit(fout.write, memoryview(arr).cast("B")), i))
+                    pending.append((io.submit(fout.write, arr.data.cast("B")), i))
                 src.store.release(t.module.tensors.values())
             written += e.nbytes
         settle()

@@ -138,7 +138,8 @@ def apply_relabel(plan: RelabelPlan) -> list[str]:
     """Write the plan's changes, each file replaced atomically; returns the files written.
     Every new file is staged and fsynced before the first rename, so a failure while staging
     leaves every file as it was."""
-    if plan.refused or not plan.changes:
+    target = plan.target
+    if target is None or not plan.changes:
         return []
     root = plan.root
     _remove_stale(root)
@@ -150,7 +151,7 @@ def apply_relabel(plan: RelabelPlan) -> list[str]:
                     "from": {c.key: c.old for c in plan.changes if c.file == name},
                     "to": plan.target}
             tmp = root / f".{name}{TMP_TAG}{os.getpid()}-{secrets.token_hex(4)}"
-            _write_new(tmp, dst, dumps(relabelled(name, plan.docs[name], plan.target, prov)))
+            _write_new(tmp, dst, dumps(relabelled(name, plan.docs[name], target, prov)))
             staged.append((tmp, dst))
             faults.point("relabel-staged", len(staged) - 1)
         # config.json last: vLLM, transformers and SGLang read it first, so until the last

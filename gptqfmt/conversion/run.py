@@ -27,8 +27,7 @@ from .inplace import convert_in_place
 from .plan import Plan, plan_conversion
 from .reformat_gate import run_format_gate
 from .report import ConvertReport
-from .write import QzerosJob, ShardWritten, check_unchanged, copy_other_files, snapshot, \
-    write_shard
+from .write import QzerosJob, ShardWritten, check_unchanged, copy_other_files, snapshot, write_shard
 
 Progress = Callable[[int, int], Any]
 
@@ -143,8 +142,7 @@ class Job:
         """write_shard's arguments for every shard, with the qzeros each one holds."""
         store = self.ckpt.store
         qz: dict[str, list[QzerosJob]] = {s: [] for s in store.files}
-        for m in self.ckpt.modules:
-            assert m.bits is not None
+        for m in self.ckpt.valid_modules:
             qz[store.file_of(m.tensors["qzeros"])].append(QzerosJob(m.tensors["qzeros"], m.bits))
         return [(store.root / s, tmp / s, qz[s], self.src_conv, self.dst_conv, self.allow_lossy,
                  i) for i, s in enumerate(sorted(store.files))]
@@ -206,8 +204,8 @@ def gpu_gate(job: Job, tmp: Path, report: ConvertReport, gate: GateResult) -> Ga
     out = open_checkpoint(tmp)
     failures = []
     try:
-        for m in job.ckpt.modules:
-            if m.name in lossy or not m.valid:
+        for m in job.ckpt.valid_modules:
+            if m.name in lossy:
                 continue
             ta, tb = job.ckpt.module_tensors(m), out.module_tensors(out.module(m.name))
             differ = [g.name for g in runtime_groups()

@@ -96,9 +96,9 @@ def copy_range(fin, fout, offset: int, length: int) -> None:
         length -= len(buf)
 
 
-def copy_plain(src: Path, out: Path) -> None:
+def copy_plain(src: str | Path, out: str | Path) -> None:
     """Copy a non-tensor file, reading through symbolic links (the HF cache is made of them)."""
-    with open(src, "rb") as fin, create(out) as fout:
+    with open(src, "rb") as fin, create(Path(out)) as fout:
         shutil.copyfileobj(fin, fout, COPY_CHUNK)
 
 

@@ -179,7 +179,7 @@ def corruption_signatures(st: ZeroStats, bits: int, quantizer: str | None = None
     sigs: list[str] = []
     ev: list[str] = []
     maxq = code_max(bits)
-    runs = st.top_runs >= 3 and st.top_runs > 10 * st.top_runs_expected + 2
+    runs = st.top_runs >= 3 and st.top_runs > 10 * runs_by_chance(st) + 2
     sign_extension = st.sign_extension if codes else 0
     if sign_extension or runs:
         sigs.append("autogptq_sign_extension")
@@ -208,6 +208,14 @@ def corruption_signatures(st: ZeroStats, bits: int, quantizer: str | None = None
                   f"meta.quantizer is {quantizer}: GPTQModel <= 6.0.3 packed 3-bit constants "
                   "with words 0 and 2 swapped")
     return sigs, ev
+
+
+def runs_by_chance(st: ZeroStats) -> float:
+    """The module's AutoGPTQ runs expected by chance, which field_counts computes for every
+    module with RUNS_CHANCE_MIN runs or more (ValueError where it was left out)."""
+    if st.top_runs_expected is None:
+        raise ValueError(f"{st.top_runs} runs, and their number by chance not computed")
+    return st.top_runs_expected
 
 
 def quantizer_is_old_gptqmodel(quantizer: str | None) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 from ..bits.conventions import GPTQ, GPTQ_V2
-from .decide import AMBIGUOUS, MAX_OFFSET, MIN_Z, ModuleVerdict
+from .decide import AMBIGUOUS, MAX_OFFSET, MIN_Z, ModuleVerdict, runs_by_chance
 
 # AutoGPTQ's runs are judged over the whole checkpoint once its modules hold this many
 POOLED_RUNS_MIN = 10
@@ -109,14 +109,14 @@ def _pooled_runs(verdicts: list[ModuleVerdict]) -> list[ModuleVerdict]:
     if any(st.top_runs_expected is None for st in stats):
         raise ValueError("the pooled runs test needs every module's runs by chance: fill in "
                          "runs_chance_missing(verdicts) before combine")
-    expected = sum(st.top_runs_expected for st in stats)
+    expected = sum(runs_by_chance(st) for st in stats)
     if top < 3 * expected or _poisson_tail(top, expected) >= 1e-9:
         return verdicts
     out = []
     for v in verdicts:
         st = v.stats
         if st is None or "autogptq_sign_extension" in v.signatures or \
-                st.top_runs < 2 or st.top_runs <= 2 * st.top_runs_expected + 1:
+                st.top_runs < 2 or st.top_runs <= 2 * runs_by_chance(st) + 1:
             out.append(v)
             continue
         line = (f"{st.top_runs} qzeros words end in a run of fields at maxq "

@@ -89,7 +89,7 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
     Modules are read by `jobs` workers (default: one per CPU): forked processes for
     PROCESS_MIN_MODULES modules or more where the platform forks safely, else threads. The
     answer does not depend on the workers or their order."""
-    mods = [m for m in ckpt.modules if m.valid]
+    mods = ckpt.valid_modules
     sizes = [ckpt.store.info(m.tensors["qweight"]).nbytes for m in mods]
     work = _Work(ckpt, mods, full)
     workers = jobs or cpus()

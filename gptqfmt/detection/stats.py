@@ -21,6 +21,7 @@ from ..bits.packing import block, constant_words, unsigned
 from ..bits.packing import maxq as code_max
 from ..bits.swar import maxq_by_group_and_run_column, maxq_zero_counts, top_runs
 
+
 def symmetric_pattern(qzeros: np.ndarray, bits: int) -> str | None:
     """GPTQ or GPTQ_V2 when every field is that convention's symmetric zero, else None."""
     w = qzeros.dtype.itemsize * 8
@@ -201,6 +202,7 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
             q1, med, q3 = (v / c for v in _quartiles_of_integers(
                 k.reshape(-1), -maxq * c, maxq * c, drop=edge))
         else:
+            assert d is not None   # built above where the counts differ
             q1, med, q3 = _quartiles(d[interior])
         st.cells, st.median = cells, med
         st.spread = (q3 - q1) / 1.349  # the IQR of a normal sample, as a robust sigma

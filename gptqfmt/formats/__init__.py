@@ -14,8 +14,8 @@ from ..bits.conventions import CONVENTIONS
 from .ct import CtWriter
 from .gptq.writer import GptqWriter
 from .model import AWQ, COMPRESSED_TENSORS, FORMATS, GPTQ, GPTQ_V2, QuantModule
-from .source import Source, Writer, module_tensors
 from .open import Sniffed, open_source, sniff
+from .source import Source, Writer, module_tensors
 
 # The formats convert re-lays a module out into (its tensors, its config); between gptq and
 # gptq_v2 only the zero points change (conversion/write.py).

@@ -19,8 +19,8 @@ from ..bits.packing import pack
 from ..findings import Finding
 from ..safetensors_io.index import TensorStore
 from .model import AWQ, QuantModule, discover
-from .source import ExactSource
 from .relayout import AWQ_BITS, awq_fields
+from .source import ExactSource
 
 # AutoAWQ's exllama, exllamav2 and ipex versions store GEMM's tensors and repack at load time;
 # gemv, gemv_fast and marlin store other layouts (research: awq/modules/linear/*.py, 0.2.9)
@@ -73,10 +73,10 @@ class AwqSource(ExactSource):
         cfg, found = parse_config(label or "(no config)", doc)
         self.config = cfg
         self.findings = list(store.findings) + found
-        self.modules, self.passthrough, found = discover(
+        self.modules, self.passthrough, any_found = discover(
             store, {r: r for r in ("qweight", "qzeros", "scales")}, self._module)
         self.other_tensors = self.passthrough
-        if not found:
+        if not any_found:
             self.findings.append(Finding("GQ314", "no tensor named *.qweight", file=label))
 
     def _module(self, p: str, names: dict[str, str]) -> QuantModule | None:

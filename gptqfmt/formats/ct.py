@@ -30,8 +30,8 @@ from ..safetensors_io.index import TensorStore
 from .configs import CONFIG_JSON
 from .gptq.checkpoint import TGI_SCALARS
 from .model import COMPRESSED_TENSORS, QuantModule, discover
-from .source import ExactSource, Source
 from .relayout import padding_clean, stream_words, transposed
+from .source import ExactSource, Source
 from .targets import any_match, kind, matches, patterns
 
 CT_VERSION = "0.20.0"       # the compressed-tensors release whose layout and config are written
@@ -47,7 +47,7 @@ def _before(version, release: tuple[int, ...]) -> bool:
     """Whether a config's `version` string names a release before `release` (False when it is
     missing or unreadable: the shapes decide then)."""
     m = re.match(r"(\d+)\.(\d+)", str(version or ""))
-    return bool(m) and (int(m.group(1)), int(m.group(2))) < release
+    return m is not None and (int(m.group(1)), int(m.group(2))) < release
 
 
 @dataclass(frozen=True)
@@ -229,6 +229,7 @@ class CtSource(ExactSource):
         if g.strategy == "channel":
             gs, groups = -1, 1
         else:
+            assert g.group_size is not None   # parse_config refuses a group without one
             gs = g.group_size
             if k % gs:
                 bad("GQ303", f"in_features {k} is not a multiple of group_size {gs}: "
@@ -363,10 +364,10 @@ def signed_clamp(low: int, top: int, total: int, bits: int) -> str | None:
 # -- writing ---------------------------------------------------------------------------------
 class CtWriter:
     """compressed-tensors pack-quantized as a written format (conversion/reformat.py)."""
-    format = COMPRESSED_TENSORS
+    format: str = COMPRESSED_TENSORS
     # config.json only: GPTQModel reads quantize_config.json first, so none is written
-    config_files = ((CONFIG_JSON, True),)
-    hint = ("keep this checkpoint in GPTQ: gptq_v2 keeps its g_idx and loads in GPTQModel "
+    config_files: tuple[tuple[str, bool], ...] = ((CONFIG_JSON, True),)
+    hint: str = ("keep this checkpoint in GPTQ: gptq_v2 keeps its g_idx and loads in GPTQModel "
             "and transformers (vLLM: 4/8-bit symmetric through Marlin)")
 
     def no_form(self, m: QuantModule) -> str | None:

@@ -14,8 +14,8 @@ stream runs along, and AutoAWQ in the order of the eight nibbles of a word:
   are packed into exactly num_bits int32 words"), so `weight_packed == qweight.T` and
   `weight_zero_point == qzeros.T`, word for word, whenever K*bits and N*bits are multiples of
   32. (Before 0.18, 32 // bits values went to a word, padded: the same words for 1/2/4/8 bits,
-  another layout for 3 bits.) Stored codes and zeros are offset-binary (signed + 2^(bits-1)), i.e. GPTQ's unsigned codes
-  and gptq_v2's Z.
+  another layout for 3 bits.) Stored codes and zeros are offset-binary (signed + 2^(bits-1)),
+  i.e. GPTQ's unsigned codes and gptq_v2's Z.
 - AutoAWQ GEMM `qweight [K, N/8]`, `qzeros [G, N/8]` (4-bit; awq/modules/linear/gemm.py): per
   input row (per group), 8 output channels per int32 word, channel `8c + AWQ_ORDER[i]` in nibble
   i of word c.

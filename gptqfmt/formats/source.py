@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -40,18 +40,52 @@ class OneModel(Protocol):
 
 
 class Source(OneModel, Protocol):
-    """A checkpoint opened in its own format, read one module at a time."""
-    format: str          # its format; for GPTQ the convention its fields are read in
-    path: Path           # the directory, or the one .safetensors file, it was opened from
-    root: Path           # its directory
-    store: TensorStore
-    modules: list[QuantModule]      # every valid quantized module
-    passthrough: list[str]          # tensors outside the modules, copied as they are
-    other_tensors: list[str]        # tensors that belong to no module (inspect's count)
-    findings: list[Finding]         # of opening it: container, index, configs, shapes
-    config_files: list[str]         # the config files that declare its quantization
-    declared_by: str | None         # the config that names its format (None: its tensors do)
-    scale_axes: tuple[str, str]     # what the axes of the stored scales are, for messages
+    """A checkpoint opened in its own format, read one module at a time (what it holds, read
+only: a reader's attributes or properties)."""
+
+    @property
+    def format(self) -> str:
+        """Its format; for GPTQ the convention its fields are read in."""
+
+    @property
+    def path(self) -> Path:
+        """The directory, or the one .safetensors file, it was opened from."""
+
+    @property
+    def root(self) -> Path:
+        """Its directory."""
+
+    @property
+    def store(self) -> TensorStore:
+        """Its tensors, across its files."""
+
+    @property
+    def modules(self) -> list[QuantModule]:
+        """Every valid quantized module."""
+
+    @property
+    def passthrough(self) -> list[str]:
+        """The tensors outside the modules, copied as they are."""
+
+    @property
+    def other_tensors(self) -> list[str]:
+        """The tensors that belong to no module (inspect's count)."""
+
+    @property
+    def findings(self) -> list[Finding]:
+        """What opening it found: container, index, configs, shapes."""
+
+    @property
+    def config_files(self) -> list[str]:
+        """The config files that declare its quantization."""
+
+    @property
+    def declared_by(self) -> str | None:
+        """The config that names its format (None: its tensors do)."""
+
+    @property
+    def scale_axes(self) -> tuple[str, str]:
+        """What the axes of the stored scales are, for messages."""
 
     @property
     def labelled(self) -> Checkpoint | None:
@@ -128,6 +162,9 @@ def module_tensors(src: OneModel, m: QuantModule) -> ModuleTensors:
                          DTYPE_KIND[m.scale_dtype], src.g_idx(m), m.bits)
 
 
+_Exact = TypeVar("_Exact", bound="ExactSource")
+
+
 class ExactSource(ABC):
     """What the readers of formats that store Z itself share (compressed-tensors, AWQ): the one
     model is how every runtime computes them, nothing is labelled, every zero point is carried
@@ -175,7 +212,7 @@ class ExactSource(ABC):
                 "mixed": any(len({getattr(m, a) for m in mods}) > 1
                              for a in ("bits", "group_size", "act_order", "sym"))}
 
-    def read_as(self, convention: str, allow_lossy: bool = False) -> ExactSource:
+    def read_as(self: _Exact, convention: str, allow_lossy: bool = False) -> _Exact:
         return self
 
     def close(self) -> None:

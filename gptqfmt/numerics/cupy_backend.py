@@ -9,8 +9,8 @@ import cupy as cp
 import numpy as np
 
 from ..errors import UsageError
-from ..resources import data_dir, kernel_constant
 from ..formats.model import BF16, F16, F32, ModuleTensors
+from ..resources import data_dir, kernel_constant
 
 THREADS = 128
 MAX_M = kernel_constant("GQ_MAX_M")  # rows of X per call

@@ -16,8 +16,7 @@ from ..detection.read import detect_checkpoint
 from ..findings import Finding
 from ..formats import open_source
 from ..runtimes.verdicts import assess
-from .reports import (Result, checkpoint_format_json, failed, files_json, summary_counts,
-                      tool_json)
+from .reports import Result, checkpoint_format_json, failed, files_json, summary_counts, tool_json
 
 
 @dataclass(frozen=True)

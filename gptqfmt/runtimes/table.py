@@ -12,10 +12,26 @@ from ..bits.conventions import GPTQ, GPTQ_V2
 from ..formats.configs import CONFIG_JSON_LABEL as CONFIG_JSON
 from ..formats.configs import QUANT_CONFIG, QUANTIZE_CONFIG
 from .readings import Reading
-from .rules import (Citation, Path, Rule, Runtime, asym_needs_gptqmodel_quantizer, bits_in,
-                    capability_at_least, divisible, fused_dynamic, group_size_in,
-                    in_features_per_group, key_set, lm_head_declared, not_lm_head, pack_dtype_in,
-                    scales_fp16, sym_true)
+from .rules import (
+    Citation,
+    Facts,
+    Path,
+    Rule,
+    Runtime,
+    asym_needs_gptqmodel_quantizer,
+    bits_in,
+    capability_at_least,
+    divisible,
+    fused_dynamic,
+    group_size_in,
+    in_features_per_group,
+    key_set,
+    lm_head_declared,
+    not_lm_head,
+    pack_dtype_in,
+    scales_fp16,
+    sym_true,
+)
 
 # ---------------------------------------------------------------- the table
 
@@ -44,6 +60,14 @@ _TGI_EXL2 = Citation("turboderp/exllamav2", "exllamav2/exllamav2_ext/cuda/q_gemm
                      "zeros[i] + 1, no mask")
 _TGI_HEAD = Citation(_TGI, "server/text_generation_server/layers/tensor_parallel.py", _TGI_REF,
                      "TensorParallelHead.load L45-73 reads lm_head.weight only")
+def _tgi_marlin_shape(f: Facts) -> str | None:
+    k, n = f.in_features, f.out_features
+    if k is None or n is None or (k % 128 == 0 and n % 64 == 0) or \
+            (k % 64 == 0 and n % 128 == 0):
+        return None
+    return f"in_features {k}, out_features {n}"
+
+
 TGI = Runtime(
     "tgi", "TGI", "3.3.x (read: db931fcf = v3.3.7)",
     config_files=(CONFIG_JSON, QUANTIZE_CONFIG, QUANT_CONFIG), needs_config=True,
@@ -54,10 +78,7 @@ TGI = Runtime(
                    group_size_in(MARLIN_GROUPS, _TGI_MARLIN, "config"),
                    sym_true(_TGI_MARLIN, missing="false")),
              requires=(Rule("marlin_shape", "(in % 128 and out % 64) or (in % 64 and out % 128)",
-                            lambda f: None if f.in_features is None or
-                            (f.in_features % 128 == 0 and f.out_features % 64 == 0) or
-                            (f.in_features % 64 == 0 and f.out_features % 128 == 0) else
-                            f"in_features {f.in_features}, out_features {f.out_features}",
+                            _tgi_marlin_shape,
                             Citation(_TGI, "server/text_generation_server/layers/marlin/gptq.py",
                                      _TGI_REF, "_check_valid_shape L474-481")),
                        in_features_per_group(_TGI_MARLIN), not_lm_head(_TGI_HEAD)),
@@ -351,6 +372,14 @@ def _vl(ref: str, path: str, where: str) -> Citation:
     return Citation(_VLLM, _Q + path, ref, where)
 
 
+def _vllm_marlin_shape(f: Facts) -> str | None:
+    k, n, bits = f.in_features, f.out_features, f.bits
+    if k is None or n is None or bits is None or (n % 64 == 0 and k % 128 == 0) or \
+            (f.scale_dtype == "F16" and n % (32 // bits) == 0):
+        return None
+    return f"in_features {k}, out_features {n}, scales {f.scale_dtype}"
+
+
 def _vllm_marlin(ref: str, capability: int) -> Path:
     src = _vl(ref, "gptq_marlin.py", "is_gptq_marlin_compatible; TYPE_MAP (4, sym) uint4b8, "
               "(8, sym) uint8b128")
@@ -364,11 +393,7 @@ def _vllm_marlin(ref: str, capability: int) -> Path:
         requires=(
             Rule("marlin_shape", "out_features % 64 and in_features % 128 (Marlin), else the "
                  "float16 Exllama kernel: out_features % (32 / bits)",
-                 lambda f: None if f.in_features is None or
-                 (f.out_features % 64 == 0 and f.in_features % 128 == 0) or
-                 (f.scale_dtype == "F16" and f.out_features % (32 // f.bits) == 0) else
-                 f"in_features {f.in_features}, out_features {f.out_features}, scales "
-                 f"{f.scale_dtype}", _vl(ref, "kernels/mixed_precision/__init__.py",
+                 _vllm_marlin_shape, _vl(ref, "kernels/mixed_precision/__init__.py",
                                          "choose_mp_linear_kernel: \"Failed to find a kernel "
                                          "that can implement the WNA16 linear layer\"")),
             in_features_per_group(utils),

@@ -25,9 +25,18 @@ from ..formats.gptq.checkpoint import Checkpoint, Module
 from ..parallel import cpus
 from ..safetensors_io.dtypes import to_float32
 from . import rules as rt
-from .readings import (Reading, agrees_without_reading, canonical, cause_of,
-                       cause_text, count_misread, differs_everywhere, modelled, read_zeros,
-                       truth_zeros)
+from .readings import (
+    Reading,
+    agrees_without_reading,
+    canonical,
+    cause_of,
+    cause_text,
+    count_misread,
+    differs_everywhere,
+    modelled,
+    read_zeros,
+    truth_zeros,
+)
 from .table import RUNTIMES
 
 # the device verdicts assume unless told: a current NVIDIA GPU (Ampere or later)
@@ -57,7 +66,7 @@ def module_facts(base: rt.Facts, m: Module) -> rt.Facts:
 def config_facts(ckpt: Checkpoint, capability: int) -> rt.Facts:
     """The base config as runtimes read it (a value no file declares: what every module's
     shapes agree on)."""
-    mods = [m for m in ckpt.modules if m.valid and m.declared is not None]
+    mods = [m for m in ckpt.valid_modules if m.declared is not None]
     base = ckpt.config.base if ckpt.config else None
 
     def pick(declared, attr):
@@ -177,11 +186,13 @@ def largest_finite(x: np.ndarray) -> float:
     return float(a[np.isfinite(a)].max(initial=0.0))
 
 
-def _compare_fields(ckpt, m, v, truth, todo: dict, scales: bool) -> dict:
+def _compare_fields(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
+                    todo: dict[tuple[Reading, bool], str], scales: bool
+                    ) -> dict[tuple[Reading, bool], Misread]:
     """Compare every field under each reading of `todo` ((reading, right) -> cause) with the
     data's Z, a chunk of groups at a time; with `scales`, the largest scale x change of Z."""
     qz = ckpt.view(m.tensors["qzeros"])
-    sc = ckpt.view(m.tensors["scales"]) if scales else None
+    sc = ckpt.view(m.tensors["scales"])
     sc_dtype = ckpt.store.info(m.tensors["scales"]).dtype
     high = _high(v)
     n = m.out_features
@@ -193,7 +204,7 @@ def _compare_fields(ckpt, m, v, truth, todo: dict, scales: bool) -> dict:
         stored = unpack(part, m.bits, axis=1)
         at = high[(high >= r0 * n) & (high < (r0 + len(part)) * n)] - r0 * n
         want = truth_zeros(stored, m.bits, truth, at)
-        s32 = to_float32(sc[r0:r0 + rows], sc_dtype) if scales else None
+        s32 = to_float32(sc[r0:r0 + rows], sc_dtype) if scales else sc[:0]
         for key in todo:
             reading = modelled(key[0], m.bits)
             got = (effective_zeros(stored, m.bits, reading.rule) if reading.rule is not None
@@ -314,7 +325,7 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
     a runtime misreads; verify). `capability`: the GPU's compute capability (10 * major)."""
     cfg = config_facts(ckpt, capability)
     by_name = {v.name: v for v in det.modules}
-    mods = [m for m in ckpt.modules if m.valid and m.declared is not None and m.name in by_name]
+    mods = [m for m in ckpt.valid_modules if m.declared is not None and m.name in by_name]
     facts = {m.name: module_facts(cfg, m) for m in mods}
     truth = det.verdict if det.verdict != AMBIGUOUS else None
     cache: dict[tuple[str, Reading, bool], Misread] = {}
@@ -322,6 +333,7 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
     def misread_of(m: Module, reading: Reading, label_right: bool) -> Misread:
         key = (m.name, reading, label_right)
         if key not in cache:
+            assert truth is not None   # a verdict decodes only once the data's convention is known
             cache[key] = misread(ckpt, m, by_name[m.name], truth, reading, label_right, scales)
         return cache[key]
 
@@ -376,6 +388,7 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
             refusal += _next_steps(runtime, failed)
             out.append(RuntimeVerdict(runtime, None, [pv for _, pv in paths], refusal, failed))
             continue
+        assert taken is not None   # else refused above
         taken.taken = True
         out.append(RuntimeVerdict(runtime, taken,
                                   [taken] + [pv for _, pv in paths if pv is not taken]))
@@ -499,6 +512,7 @@ def runtime_findings(verdicts: Iterable[RuntimeVerdict], where: str | None) -> l
                                    _rule_json(rule, got) for rule, got in failed]}))
         elif v.decodes_correctly is False:
             t = v.taken
+            assert t is not None   # a verdict on decoding is the taken path's
             for cause, names in t.causes.items():
                 out.append(Finding(
                     cause, f"{head} ({t.path.kernel}) would compute other weights than the data "

@@ -69,7 +69,8 @@ def header_length(prefix: bytes, file_size: int, path: str) -> int:
 
 
 def parse_header(raw: bytes, file_size: int, path: str) -> Header:
-    """Parse and validate header JSON `raw` (the N bytes after the length) of a file of `file_size`."""
+    """Parse and validate header JSON `raw` (the N bytes after the length) of a file of
+    `file_size`."""
     n = len(raw)
     try:
         text = raw.decode("utf-8")

@@ -207,9 +207,9 @@ def hash_kind(recorded: str) -> str:
 def _cache_repo(path: Path) -> tuple[str, str] | None:
     """The repo id and commit of the cache snapshot `path` lies in, if it does."""
     for snapshot in [path, *path.parents]:
-        if snapshot.parent.name == "snapshots" and CACHE_ENTRY.match(snapshot.parent.parent.name):
-            return (CACHE_ENTRY.match(snapshot.parent.parent.name)["id"].replace("--", "/"),
-                    snapshot.name)
+        entry = CACHE_ENTRY.match(snapshot.parent.parent.name)
+        if snapshot.parent.name == "snapshots" and entry:
+            return entry["id"].replace("--", "/"), snapshot.name
     return None
 
 

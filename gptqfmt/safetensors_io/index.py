@@ -177,10 +177,10 @@ def _open_indexed(root: Path) -> TensorStore:
                                               "loaders that follow the index never see it",
                                               file=name, tensor=t))
     referenced = set(weight_map.values())
-    for f in _listdir(root):
-        if f.name.endswith(SUFFIX) and f.name not in referenced:
+    for p in _listdir(root):
+        if p.name.endswith(SUFFIX) and p.name not in referenced:
             store.findings.append(Finding("GQ125", "not referenced by the index; ignored",
-                                          file=f.name))
+                                          file=p.name))
     if declared_total is not None and not (isinstance(declared_total, int)
                                            and not isinstance(declared_total, bool)):
         store.findings.append(Finding("GQ127", f"metadata.total_size is {declared_total!r}, "

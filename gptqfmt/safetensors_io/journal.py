@@ -128,7 +128,7 @@ class Writer:
         self._add(Entry(file, None, len(old or b""), None if old is None else crc32(old),
                         crc32(new)), old or b"")
 
-    def _add(self, e: Entry, old: bytes) -> None:
+    def _add(self, e: Entry, old: bytes | memoryview) -> None:
         e.at = self._pos
         self._f.write(old)
         self._pos += len(old)
@@ -236,7 +236,7 @@ def _whole(now: bytes, e: Entry, journal_file, page: int) -> bool:
     or a mix left by a kill inside a write."""
     if crc32(now) in (e.old_crc32, e.new_crc32):
         return True
-    if e.pages_at is None:
+    if e.pages_at is None or e.offset is None:
         return False
     journal_file.seek(e.at)
     old = journal_file.read(e.length)

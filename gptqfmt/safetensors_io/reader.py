@@ -22,7 +22,7 @@ class SafetensorsFile:
     def __init__(self, path: str | os.PathLike, display_name: str | None = None):
         self.path = os.fspath(path)
         self.name = display_name or self.path
-        self._mm = None
+        self._mm: mmap.mmap | None = None
         self._lock = threading.Lock()  # modules are read in threads: map once
         try:
             with open(self.path, "rb") as f:

@@ -23,7 +23,8 @@ class Entry:
     nbytes: int
 
 
-def layout(entries: list[Entry], metadata: dict[str, str] | None = None) -> tuple[bytes, list[Entry]]:
+def layout(entries: list[Entry], metadata: dict[str, str] | None = None
+           ) -> tuple[bytes, list[Entry]]:
     """The full prefix (length + padded header) and the entries in data order."""
     ordered = sorted(entries, key=lambda e: (-ORDER[e.dtype], e.name))
     doc: dict = {}
@@ -52,7 +53,8 @@ def _as_entry(name: str, value) -> tuple[Entry, np.ndarray]:
     return Entry(name, dtype, tuple(int(d) for d in arr.shape), size), arr
 
 
-def save_file(tensors: dict, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+def save_file(tensors: dict, path: str | os.PathLike,
+              metadata: dict[str, str] | None = None) -> None:
     """Write `tensors` ({name: ndarray or (dtype_name, ndarray)}) to `path`."""
     pairs = dict(_as_entry(n, v) for n, v in tensors.items())
     prefix, ordered = layout(list(pairs), metadata)

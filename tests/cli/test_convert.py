@@ -348,7 +348,8 @@ def test_force_never_deletes_the_source(tmp_path):
     with pytest.raises(UsageError):
         convert(snap, blobs, force=True)
     assert {p.name: p.read_bytes() for p in src.iterdir()} == before
-    assert (parent / "sibling.txt").read_text() == "mine" and len(list(blobs.iterdir())) == len(before)
+    assert (parent / "sibling.txt").read_text() == "mine"
+    assert len(list(blobs.iterdir())) == len(before)
 
 
 def test_config_json_without_quantization_config_is_kept(tmp_path):

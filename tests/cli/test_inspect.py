@@ -86,7 +86,8 @@ def expected_zero_point_findings(name):
 
 def test_findings_of_valid_fixtures():
     # inspect reports what it finds with verify's rules (GQ406/GQ407 from every qzeros field)
-    expected = {"lmhead-b4-sym-gptq_v2": {"GQ311"}, "formatonly-b4-asym-gptq_v2": {"GQ209", "GQ401"},
+    expected = {"lmhead-b4-sym-gptq_v2": {"GQ311"},
+                "formatonly-b4-asym-gptq_v2": {"GQ209", "GQ401"},
                 # the runtime conditions: each fixture's own finding
                 "rt-nosym-b4-sym-gptq": {"GQ208"}, "rt-nodescact-b4-sym-gptq": {"GQ208"},
                 "rt-lmhead-undeclared-b4-sym-gptq_v2": {"GQ311"},

@@ -101,7 +101,8 @@ def test_sampled_checkpoints_are_sampled(sampled):
             qw = ckpt.view(m.tensors["qweight"])
             read, _, counts = read_cell_sums(qw, m.bits, ckpt.g_idx(m), m.groups,
                                              sampled_blocks(m, qw, full=False))
-            if m.name in SAMPLED_MODULES:  # one qweight row (8 codes) of some groups, none of others
+            # one qweight row (8 codes) of some groups, none of others
+            if m.name in SAMPLED_MODULES:
                 assert set(counts.tolist()) == {8} and 0 < len(read) < m.groups, m.name
             else:
                 assert read.tolist() == list(range(m.groups)), m.name

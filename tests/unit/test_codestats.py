@@ -70,7 +70,8 @@ def test_sample_blocks_budget():
     assert sample_blocks(10, 1, 1, 10**9, 4).tolist() == list(range(10))
 
 
-@pytest.mark.parametrize(("bits", "word_bits"), [c for c in COMBOS if c[0] != 3 and 2 * c[0] <= c[1] <= 32])
+@pytest.mark.parametrize(("bits", "word_bits"),
+                         [c for c in COMBOS if c[0] != 3 and 2 * c[0] <= c[1] <= 32])
 @pytest.mark.parametrize("rows_per_group", [1, 2, 3, 16, 17, 34, 40])
 @pytest.mark.parametrize("fill", ["random", "all ones"])
 def test_group_sums_against_unpacked_codes(bits, word_bits, rows_per_group, fill):

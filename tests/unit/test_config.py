@@ -1,4 +1,5 @@
-"""Configs: synonyms, reconciliation, dynamic, schema violations and refusals of non-GPTQ layouts."""
+"""GPTQ's configs (gptqfmt/formats/gptq/config.py): synonyms, reconciliation, dynamic, schema
+violations and refusals of non-GPTQ layouts."""
 import json
 import shutil
 

@@ -56,8 +56,8 @@ REJECTIONS = {
     "negative-dim": ("GQ109", raw_file({"a": {**T2, "shape": [-1]}}, b"\0\0"), True),
     "huge-dim-zero-numel": ("GQ109", raw_file({"a": {**T2, "shape": [0, 2**64],
                                                       "data_offsets": [0, 0]}}), True),
-    "minus-zero-dim": ("GQ109", raw_file(b'{"a":{"dtype":"F16","shape":[-0],"data_offsets":[0,0]}}'),
-                       True),
+    "minus-zero-dim": ("GQ109", raw_file(b'{"a":{"dtype":"F16","shape":[-0],'
+                                         b'"data_offsets":[0,0]}}'), True),
     "lone-surrogate-name": ("GQ105", raw_file(b'{"\\ud800":{"dtype":"F16","shape":[1],'
                                               b'"data_offsets":[0,2]}}', b"\0\0"), True),
     "lone-surrogate-metadata": ("GQ105", raw_file(b'{"__metadata__":{"a":"\\udfff"}}'), True),

@@ -214,7 +214,8 @@ def test_a_replaced_file_and_a_missing_blob_are_gq129(cache, run_cli):
     assert code == 1
     assert {f["file"]: f["message"].split(":")[0] for f in bad} == {
         "quantize_config.json": "not a link into the cache's blobs/",
-        "generation_config.json": f"the blob it links to ({os.path.basename(os.readlink(snap / 'generation_config.json'))}) is missing"}
+        "generation_config.json": "the blob it links to "
+        f"({os.path.basename(os.readlink(snap / 'generation_config.json'))}) is missing"}
 
 
 def test_checksums_of_a_local_dir_download(tmp_path, run_cli):

@@ -1,5 +1,5 @@
-"""The runtime table (gptqfmt/runtimes/table.py, in the vocabulary of rules.py): every runtime there,
-every rule cited and triggered by a shipped fixture, and the README's copy of the table."""
+"""The runtime table (gptqfmt/runtimes/table.py, in the vocabulary of rules.py): every runtime
+there, every rule cited and triggered by a shipped fixture, and the README's copy of it."""
 import importlib.util
 
 from gptqfmt import runtimes as rt

@@ -10,6 +10,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
@@ -31,18 +32,42 @@ SCALE_DTYPES = ("F16", "BF16", "F32")
 
 @dataclass(frozen=True)
 class Module:
+    """A quantized module: its tensors, its declared config and its geometry, complete and
+    consistent (inferred from the shapes and g_idx, checked against the config)."""
     name: str
     tensors: dict[str, str]                  # role -> tensor name
     declared: ModuleConfig | None            # None: config excludes it (dynamic "-:")
+    bits: int
+    word_bits: int
+    in_features: int
+    out_features: int
+    groups: int
+    group_size: int                          # -1: one group over all of K
+    act_order: bool                          # non-trivial g_idx
+    scale_dtype: str
+    valid: Literal[True] = True
+
+    @property
+    def pack_dtype(self) -> str:
+        return f"int{self.word_bits}"
+
+
+@dataclass(frozen=True)
+class InvalidModule:
+    """Tensors named like a quantized module that do not form one (a finding says why): the
+    geometry as far as it was consistent, None from the first inconsistency on."""
+    name: str
+    tensors: dict[str, str]
+    declared: ModuleConfig | None
     bits: int | None = None
     word_bits: int | None = None
     in_features: int | None = None
     out_features: int | None = None
     groups: int | None = None
     group_size: int | None = None
-    act_order: bool | None = None            # non-trivial g_idx
+    act_order: bool | None = None
     scale_dtype: str | None = None
-    valid: bool = False                      # geometry complete and consistent
+    valid: Literal[False] = False
 
     @property
     def pack_dtype(self) -> str | None:
@@ -54,12 +79,12 @@ class Checkpoint:
     path: Path
     store: TensorStore
     config: QuantConfig | None
-    modules: list[Module]
+    modules: list[Module | InvalidModule]    # in natural order of their names
     other_tensors: list[str]
     findings: list[Finding] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._by_name = {m.name: m for m in self.modules}
+        self._by_name = {m.name: m for m in self.modules if m.valid}
 
     @property
     def label(self) -> str:
@@ -71,8 +96,13 @@ class Checkpoint:
     def view(self, tensor: str) -> np.ndarray:
         return self.store.view(tensor)
 
+    @property
+    def valid_modules(self) -> list[Module]:
+        """The modules whose tensors form a quantized module, in order."""
+        return [m for m in self.modules if m.valid]
+
     def module(self, name: str) -> Module:
-        """The module of that name."""
+        """The valid module of that name."""
         return self._by_name[name]
 
     def g_idx(self, m: Module) -> np.ndarray:
@@ -121,8 +151,8 @@ def open_checkpoint(path: str | os.PathLike, store: TensorStore | None = None) -
     first = next(iter(store.files.values()))
     config, cfg_findings = load_config(store.root, first.metadata)
     findings += cfg_findings
-    modules, others = _group(store, config, findings)
-    modules = [_infer(m, store, findings) for m in modules]
+    found, others = _group(store, config)
+    modules = [_infer(m, store, findings) for m in found]
     for m in modules:
         if m.declared is None and m.valid:
             findings.append(Finding("GQ313", "config's dynamic rules leave this module "
@@ -137,31 +167,36 @@ def open_checkpoint(path: str | os.PathLike, store: TensorStore | None = None) -
                       others, findings)
 
 
-def natural_key(name: str) -> list:
+def natural_key(name: str) -> list[tuple[int, int, str]]:
     """Sort key that puts layers.2 before layers.10."""
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name)]
 
 
-def _group(store: TensorStore, config: QuantConfig | None, findings) -> tuple[list[Module], list[str]]:
+def _group(store: TensorStore, config: QuantConfig | None
+           ) -> tuple[list[InvalidModule], list[str]]:
+    """Each group of tensors named like a module (its geometry not yet known), and the tensors
+    outside them."""
     parts: dict[str, dict[str, str]] = {}
     for t in store.locations:
         prefix, _, role = t.rpartition(".")
         if role in ROLES and prefix:
             parts.setdefault(prefix, {})[role] = t
-    modules, claimed = [], set()
+    modules: list[InvalidModule] = []
+    claimed: set[str] = set()
     for prefix, roles in sorted(parts.items(), key=lambda kv: natural_key(kv[0])):
         if not any(r in roles for r in ("qweight", "qzeros")):
             continue  # e.g. a plain Linear's .bias
         declared = config.for_module(prefix) if config else ModuleConfig()
-        modules.append(Module(prefix, roles, declared))
+        modules.append(InvalidModule(prefix, roles, declared))
         claimed.update(roles.values())
     return modules, sorted(t for t in store.locations if t not in claimed)
 
 
-def _infer(m: Module, store: TensorStore, findings: list[Finding]) -> Module:
+def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding]
+           ) -> Module | InvalidModule:
     """`m` with its geometry from the tensors' headers (and g_idx), as far as it is consistent:
-    a new Module, valid when all of it is; each inconsistency is a finding."""
-    geo: dict = {}  # what is known so far; an early return keeps it
+    a Module when all of it is, else an InvalidModule; each inconsistency is a finding."""
+    geo: dict[str, Any] = {}  # what is known so far; an early return keeps it
     def add(code, message, role="qweight", hint=None):
         t = m.tensors.get(role) or f"{m.name}.{role}"
         home = next(iter(m.tensors.values()))  # a missing tensor is reported beside its module
@@ -253,12 +288,13 @@ def _infer(m: Module, store: TensorStore, findings: list[Finding]) -> Module:
         if gs is None:
             add("GQ303", f"{groups} groups for in_features={k} fit no group size", "scales")
             return replace(m, **geo)
-    if gs is not None and layout.n_groups(k, gs) != groups:
+    if layout.n_groups(k, gs) != groups:
         add("GQ303", f"{groups} groups for in_features={k} fit no group size", "scales")
         return replace(m, **geo)
-    m = replace(m, **geo, group_size=gs, valid=gs is not None)
-    _cross_check(m, decl, add)
-    return m
+    valid = Module(m.name, m.tensors, m.declared, bits, w, k, n, groups, gs, geo["act_order"],
+                   sc.dtype)
+    _cross_check(valid, decl, add)
+    return valid
 
 
 def _cross_check(m: Module, decl: ModuleConfig, add) -> None:

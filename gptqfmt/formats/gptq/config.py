@@ -1,4 +1,5 @@
-"""Quantization configs: load every source, normalise synonyms, validate, reconcile, resolve `dynamic`.
+"""GPTQ's quantization configs: load every source, normalise synonyms, validate, reconcile,
+resolve `dynamic`.
 
 Sources, in the precedence runtimes give them (vLLM and transformers read config.json first):
 config.json["quantization_config"], quantize_config.json, quant_config.json, and as a last resort
@@ -12,7 +13,6 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
 
 from ...bits.conventions import CONVENTIONS
 from ...errors import FindingError
@@ -99,7 +99,8 @@ def load_config(root: Path, st_metadata: dict[str, str] | None = None
     for label, doc in sources:
         _refuse_non_gptq(label, doc)
     for label, doc in sources:
-        for err in sorted(validator("quantize_config").iter_errors(doc), key=lambda e: list(e.path)):
+        for err in sorted(validator("quantize_config").iter_errors(doc),
+                          key=lambda e: list(e.path)):
             where = ".".join(str(p) for p in err.path) or "(top level)"
             findings.append(Finding("GQ202", f"{where}: {err.message}", file=label))
     bad = {label for f in findings if f.code == "GQ202" for label in [f.file]}
@@ -257,7 +258,7 @@ def _reconcile(sources, usable, findings) -> QuantConfig:
         if usable and key not in values and (config_files or key != "sym"):
             findings.append(Finding("GQ208", f"{key} is not set: {why}", file=usable[0][0]))
     dynamic = _dynamic_rules(primary.get("dynamic"), usable[0][0] if usable else None, findings)
-    meta = primary.get("meta") if isinstance(primary.get("meta"), dict) else {}
+    meta = primary["meta"] if isinstance(primary.get("meta"), dict) else {}
     return QuantConfig(
         base=ModuleConfig(**{k: values.get(k) for k in COMPARED_KEYS}),
         convention=conv, runtime_convention=runtime, declared_in=declared,

@@ -13,8 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from ...bits.conventions import (GPTQ_V2, REFERENCE, ZeroRule, convert_fields, effective_zeros,
-                                 lossy_mask, rule_for, sym_field)
+from ...bits.conventions import (
+    GPTQ_V2,
+    REFERENCE,
+    ZeroRule,
+    convert_fields,
+    effective_zeros,
+    lossy_mask,
+    rule_for,
+    sym_field,
+)
 from ...bits.layout import stored_fields
 from ...bits.packing import pack, unpack, unsigned
 from ...findings import Finding
@@ -46,7 +54,7 @@ class GptqSource:
                             self._symmetric(m), bool(m.act_order), m.scale_dtype,
                             {r: t for r, t in m.tensors.items() if r != "bias"},
                             listed=m.declared is not None)
-                for m in self.ckpt.modules if m.valid]
+                for m in self.ckpt.valid_modules]
 
     @cached_property
     def passthrough(self) -> list[str]:
@@ -129,7 +137,7 @@ class GptqSource:
         """Declared base values, falling back to the value every module's shapes agree on."""
         ck = self.ckpt
         base = ck.config.base if ck.config else None
-        mods = [m for m in ck.modules if m.valid]
+        mods = ck.valid_modules
 
         def uniform(attr: str) -> Any:
             vals = {getattr(m, attr) for m in mods}

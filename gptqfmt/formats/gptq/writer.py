@@ -17,11 +17,11 @@ from ..targets import patterns
 
 
 class GptqWriter:
-    format = GPTQ_V2
+    format: str = GPTQ_V2
     # config.json's quantization_config where SRC has a config.json; quantize_config.json
     # always (GPTQModel and AutoGPTQ read it first)
-    config_files = ((CONFIG_JSON, False), (QUANTIZE_CONFIG, True))
-    hint = "keep it in compressed-tensors; vLLM loads it as it is"
+    config_files: tuple[tuple[str, bool], ...] = ((CONFIG_JSON, False), (QUANTIZE_CONFIG, True))
+    hint: str = "keep it in compressed-tensors; vLLM loads it as it is"
 
     def no_form(self, m: QuantModule) -> str | None:
         return None     # GPTQ holds every module of the one model
