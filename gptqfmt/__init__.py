@@ -31,9 +31,13 @@ def detect(path: str | os.PathLike[str], full: bool = False) -> Detection:
     `full=False` reads every qzeros and a sample of qweight (what inspect does); `full=True`
     reads all of qweight (what verify does)."""
     from .detection.read import detect_checkpoint
+    from .formats.open import open_labelled
 
-    with open_checkpoint(path) as ckpt:
+    src, ckpt = open_labelled(path)
+    try:
         return detect_checkpoint(ckpt, full=full)
+    finally:
+        src.close()
 
 
 __all__ = ["CATALOGUE", "Checkpoint", "ConvertReport", "Detection", "NotRepresentable",

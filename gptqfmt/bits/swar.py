@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .packing import UNSIGNED, constant_words, maxq, unsigned
+from .packing import UNSIGNED, block, constant_words, maxq, unsigned
 
 Words = npt.NDArray[Any]
 
@@ -115,6 +115,22 @@ def fields_equal(qzeros: Words, bits: int, value: int) -> Words:
                                          u.dtype.itemsize * 8)[0])
     t = nonzero_tops(t, t, low, top)
     return np.bitwise_xor(t, top, out=t).view(u.dtype)
+
+
+def every_field(words: Words, bits: int, value: int) -> bool:
+    """Whether every field of packed words [G, n] (packed along the last axis) equals `value`:
+    the words compared with the repeating block of that value, the first row first (it
+    refutes most tensors at once)."""
+    w = words.dtype.itemsize * 8
+    _, wpb = block(bits, w)
+    u = unsigned(np.asarray(words))
+    if u.size == 0 or u.shape[-1] % wpb:
+        return False
+    blocks = u.reshape(-1, wpb)
+    const = constant_words(value, bits, w)
+    head = blocks[:max(1, u.shape[-1] // wpb)]
+    return bool(np.array_equal(head, np.broadcast_to(const, head.shape)) and
+                np.array_equal(blocks, np.broadcast_to(const, blocks.shape)))
 
 
 def has_field(words: Words, bits: int, value: int) -> bool:
@@ -283,7 +299,7 @@ def maxq_by_group_and_run_column(u: Words, bits: int, run: int
     return grp, cols.reshape(-1, run).astype(np.int64)
 
 
-__all__ = ["CHUNK", "carried_fields", "count_fields", "count_marked",
+__all__ = ["CHUNK", "carried_fields", "count_fields", "count_marked", "every_field",
            "field_masks", "fields_equal", "has_field", "marked", "maxq_by_group_and_run_column",
            "maxq_tops", "maxq_zero_counts", "nonzero_tops", "rows_per_chunk", "superwords",
            "top_runs", "word_tops"]

@@ -17,26 +17,15 @@ import numpy as np
 
 from ..bits.conventions import GPTQ, GPTQ_V2, sym_field
 from ..bits.layout import stored_fields
-from ..bits.packing import block, constant_words, unsigned
+from ..bits.packing import block, unsigned
 from ..bits.packing import maxq as code_max
-from ..bits.swar import maxq_by_group_and_run_column, maxq_zero_counts, top_runs
+from ..bits.swar import every_field, maxq_by_group_and_run_column, maxq_zero_counts, top_runs
 
 
 def symmetric_pattern(qzeros: np.ndarray, bits: int) -> str | None:
     """GPTQ or GPTQ_V2 when every field is that convention's symmetric zero, else None."""
-    w = qzeros.dtype.itemsize * 8
-    _, wpb = block(bits, w)
-    u = unsigned(np.asarray(qzeros))
-    if u.size == 0 or u.shape[-1] % wpb:
-        return None
-    blocks = u.reshape(-1, wpb)
-    head = blocks[:max(1, u.shape[-1] // wpb)]  # the first row refutes most modules cheaply
-    for conv in (GPTQ, GPTQ_V2):
-        const = constant_words(sym_field(bits, conv), bits, w)
-        if np.array_equal(head, np.broadcast_to(const, head.shape)) and \
-                np.array_equal(blocks, np.broadcast_to(const, blocks.shape)):
-            return conv
-    return None
+    return next((c for c in (GPTQ, GPTQ_V2) if every_field(qzeros, bits, sym_field(bits, c))),
+                None)
 
 
 

@@ -95,3 +95,25 @@ def test_an_lfs_pointer_fails_with_its_hint(monkeypatch):
 
 def test_no_checkpoint_among_the_files_passes():
     assert run(ROOT / "README.md").exit_code == 0 and run().exit_code == 0
+
+
+def test_an_internal_error_is_one_line_and_exit_3(tmp_path, monkeypatch, capsys):
+    """The hook goes through the one error boundary: an unexpected exception is exit 3 and one
+    line naming it (the traceback only with --debug), never a traceback that CI reads as
+    findings (exit 1)."""
+    from gptqfmt.cli import precommit as hook
+    d = tmp_path / "m"
+    shutil.copytree(CKPT / "b4-sym-noact-gptq_v2-single", d)
+
+    def broken(path):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(hook, "check_configs", broken)
+    for debug in ([], ["--debug"]):
+        with pytest.raises(SystemExit) as e:
+            hook.run([str(d / "config.json"), *debug])
+        err = capsys.readouterr().err
+        assert e.value.code == 3
+        assert "internal error: RuntimeError: a bug" in err
+        assert ("Traceback" in err) == bool(debug)
+        if not debug:
+            assert err.strip().count("\n") == 0

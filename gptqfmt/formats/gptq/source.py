@@ -25,6 +25,7 @@ from ...bits.conventions import (
 )
 from ...bits.layout import stored_fields
 from ...bits.packing import pack, unpack, unsigned
+from ...bits.swar import every_field
 from ...findings import Finding
 from ..model import ModuleRecord, ModuleTensors, QuantModule
 from .checkpoint import Checkpoint, Module
@@ -75,11 +76,15 @@ class GptqSource:
             self.store.release([qz])
 
     def _symmetric(self, m: Module) -> bool:
-        """Declared sym and every Z = 2^(bits-1) (a sym label over other zeros is GQ403);
-        read from the stored fields, so a field no convention maps exactly is simply not sym."""
+        """Declared sym and every Z = 2^(bits-1) (a sym label over other zeros is GQ403): every
+        stored field the symmetric one of the convention read, compared on the packed words."""
         if not (m.declared and m.declared.sym):
             return False
-        return bool(np.all(self._stored(m.tensors, m.bits) == sym_field(m.bits, self.format)))
+        qz = m.tensors["qzeros"]
+        try:
+            return every_field(self.ckpt.view(qz), m.bits, sym_field(m.bits, self.format))
+        finally:
+            self.store.release([qz])
 
     # -- the one model -------------------------------------------------------------------
     def qweight(self, m: QuantModule) -> np.ndarray:
