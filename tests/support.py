@@ -17,12 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptqfmt.bits.conventions import sym_field
+from gptqfmt import formats
+from gptqfmt.bits.conventions import ZeroRule, sym_field
 from gptqfmt.bits.packing import pack
 from gptqfmt.errors import FindingError, OutputError, UsageError
+from gptqfmt.numerics.cpu import dequant
 from gptqfmt.ops.inspect import inspect_checkpoint
 from gptqfmt.ops.verify import validate
 from gptqfmt.safetensors_io import save_file
+from gptqfmt.safetensors_io.index import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -120,6 +123,27 @@ def digest(d):
 
 def digest_file(p):
     return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def tensors_of(path) -> dict[str, tuple]:
+    """{name: (dtype, shape, bytes)} of every tensor of a checkpoint directory."""
+    st = open_store(path)
+    try:
+        return {t: (st.info(t).dtype, tuple(st.info(t).shape), st.view(t).tobytes())
+                for t in st.locations}
+    finally:
+        st.close()
+
+
+def dequant_all(path) -> dict[str, np.ndarray]:
+    """W [K, N] float32 of every module, through the one model (a GPTQ checkpoint read as its
+    label says)."""
+    src = formats.open_source(path)
+    try:
+        return {m.name: dequant(formats.module_tensors(src, m), ZeroRule.V2)
+                for m in src.modules}
+    finally:
+        src.close()
 
 
 def staging_dirs(parent):

@@ -19,12 +19,10 @@ import numpy as np
 import pytest
 
 from gptqfmt import formats
-from gptqfmt.bits.conventions import ZeroRule
 from gptqfmt.bits.packing import unpack
 from gptqfmt.conversion import convert
 from gptqfmt.errors import FindingError, UsageError
 from gptqfmt.formats.gptq.checkpoint import open_checkpoint
-from gptqfmt.numerics.cpu import dequant
 from gptqfmt.ops.verify import validate
 from gptqfmt.resources import validator
 from gptqfmt.safetensors_io import save_file
@@ -35,10 +33,12 @@ from tests.support import (
     HAVE_CT,
     ROOT,
     SPECS,
+    dequant_all,
     digest,
     load_generator,
     needs_ct,
     staging_dirs,
+    tensors_of,
 )
 
 FORMATS = FIXTURES / "formats"
@@ -62,26 +62,6 @@ V2_PLAIN = sorted(n for n, s in SPECS.items()
                   and s.declared == "same" and s.g_idx and not n.endswith("-sharded")
                   and not n.startswith(("rt-", "mislabelled"))) + ["b4-asym-noact-gptq_v2-sharded"]
 
-
-def tensors_of(path):
-    """{name: (dtype, bytes)} of every tensor of a checkpoint directory."""
-    st = open_store(path)
-    try:
-        return {t: (st.info(t).dtype, tuple(st.info(t).shape), st.view(t).tobytes())
-                for t in st.locations}
-    finally:
-        st.close()
-
-
-def dequant_all(path) -> dict[str, np.ndarray]:
-    """W [K, N] float32 of every module, through the one model (a GPTQ checkpoint read as its
-    label says)."""
-    src = formats.open_source(path)
-    try:
-        return {m.name: dequant(formats.module_tensors(src, m), ZeroRule.V2)
-                for m in src.modules}
-    finally:
-        src.close()
 
 
 @pytest.mark.parametrize("name", V2_PLAIN)

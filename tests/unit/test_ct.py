@@ -9,16 +9,13 @@ import shutil
 import numpy as np
 import pytest
 
-from gptqfmt import formats
-from gptqfmt.bits.conventions import ZeroRule
 from gptqfmt.conversion import convert
 from gptqfmt.errors import FindingError
-from gptqfmt.numerics.cpu import dequant
 from gptqfmt.ops.inspect import inspect_checkpoint
 from gptqfmt.ops.verify import validate
 from gptqfmt.safetensors_io import save_file
 from gptqfmt.safetensors_io.index import open_store
-from tests.support import FIXTURES, HAVE_CT, needs_ct
+from tests.support import FIXTURES, HAVE_CT, dequant_all, needs_ct, tensors_of
 
 FORMATS = FIXTURES / "formats"
 
@@ -30,27 +27,6 @@ if HAVE_CT:
         QuantizationConfig,
         QuantizationScheme,
     )
-
-
-def tensors_of(path):
-    """{name: (dtype, bytes)} of every tensor of a checkpoint directory."""
-    st = open_store(path)
-    try:
-        return {t: (st.info(t).dtype, tuple(st.info(t).shape), st.view(t).tobytes())
-                for t in st.locations}
-    finally:
-        st.close()
-
-
-def dequant_all(path) -> dict[str, np.ndarray]:
-    """W [K, N] float32 of every module, through the one model (a GPTQ checkpoint read as its
-    label says)."""
-    src = formats.open_source(path)
-    try:
-        return {m.name: dequant(formats.module_tensors(src, m), ZeroRule.V2)
-                for m in src.modules}
-    finally:
-        src.close()
 
 
 def test_signed_clamp_is_found_in_every_module_and_by_inspect():
