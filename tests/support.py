@@ -30,6 +30,8 @@ from gptqfmt.safetensors_io.index import open_store
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 CKPT = FIXTURES / "ckpt"
+FORMATS = FIXTURES / "formats"
+Q = "model.layers.0.self_attn.q_proj"  # the module the single-module edits touch
 
 
 def load_script(path: Path):
@@ -144,6 +146,26 @@ def dequant_all(path) -> dict[str, np.ndarray]:
                 for m in src.modules}
     finally:
         src.close()
+
+
+def ct_copy(tmp_path, name="ct-b4-asym-g32"):
+    d = tmp_path / name
+    shutil.copytree(FORMATS / name, d)
+    return d
+
+
+def edit_config(d, fn):
+    cfg = json.loads((d / "config.json").read_text())
+    fn(cfg["quantization_config"])
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def rewrite_tensors(d, fn):
+    st = open_store(d)
+    t = {n: (st.info(n).dtype, np.array(st.view(n))) for n in st.locations}
+    st.close()
+    fn(t)
+    save_file(t, d / "model.safetensors")
 
 
 def staging_dirs(parent):

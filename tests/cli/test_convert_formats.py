@@ -29,19 +29,19 @@ from gptqfmt.safetensors_io import save_file
 from gptqfmt.safetensors_io.index import open_store
 from tests.support import (
     CKPT,
-    FIXTURES,
+    FORMATS,
     HAVE_CT,
     ROOT,
     SPECS,
+    Q,
     dequant_all,
     digest,
     load_generator,
     needs_ct,
+    rewrite_tensors,
     staging_dirs,
     tensors_of,
 )
-
-FORMATS = FIXTURES / "formats"
 
 FMANIFEST = json.loads((FORMATS / "manifest.json").read_text())
 
@@ -61,7 +61,6 @@ V2_PLAIN = sorted(n for n, s in SPECS.items()
                   if s.convention == "gptq_v2" and not s.act_order and s.config_style == "gptqmodel"
                   and s.declared == "same" and s.g_idx and not n.endswith("-sharded")
                   and not n.startswith(("rt-", "mislabelled"))) + ["b4-asym-noact-gptq_v2-sharded"]
-
 
 
 @pytest.mark.parametrize("name", V2_PLAIN)
@@ -295,17 +294,6 @@ def test_clamped_export_is_refused(tmp_path):
     with pytest.raises(FindingError) as e:
         convert(FORMATS / "ct-b4-asym-signed-clamp", tmp_path / "x")
     assert {f.code for f in e.value.findings} == {"GQ418"} and not (tmp_path / "x").exists()
-
-
-def rewrite_tensors(d, fn):
-    st = open_store(d)
-    t = {n: (st.info(n).dtype, np.array(st.view(n))) for n in st.locations}
-    st.close()
-    fn(t)
-    save_file(t, d / "model.safetensors")
-
-
-Q = "model.layers.0.self_attn.q_proj"
 
 
 def test_against_across_formats(run_cli, tmp_path):

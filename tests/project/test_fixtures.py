@@ -6,6 +6,7 @@ import json
 
 from tests.support import (
     FIXTURES,
+    FORMATS,
     GEN,
     MANIFEST,
     digest,
@@ -41,9 +42,6 @@ def test_fixtures_contain_the_edge_cases_they_promise():
     asym = [v for v in MANIFEST.values() if not v["params"]["sym"]]
     assert all(any(t["zero_fields"] for t in v["modules"].values()) for v in asym)
     assert all(any(t["maxq_fields"] for t in v["modules"].values()) for v in asym)
-
-
-FORMATS = FIXTURES / "formats"
 
 
 FMANIFEST = json.loads((FORMATS / "manifest.json").read_text())

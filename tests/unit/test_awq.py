@@ -2,19 +2,10 @@
 reason."""
 from __future__ import annotations
 
-import json
 import shutil
 
 from gptqfmt.ops.verify import validate
-from tests.support import FIXTURES
-
-FORMATS = FIXTURES / "formats"
-
-
-def edit_config(d, fn):
-    cfg = json.loads((d / "config.json").read_text())
-    fn(cfg["quantization_config"])
-    (d / "config.json").write_text(json.dumps(cfg))
+from tests.support import FORMATS, edit_config
 
 
 def test_awq_gemv_is_refused_with_its_reason(tmp_path):

@@ -8,9 +8,7 @@ import pytest
 from gptqfmt.bits.packing import pack
 from gptqfmt.formats.gptq.checkpoint import open_checkpoint
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
-from tests.support import CKPT
-
-Q = "model.layers.0.self_attn.q_proj"
+from tests.support import CKPT, Q
 
 
 def clone(tmp_path, name, edit=None, cfg=None):

@@ -4,7 +4,6 @@ writes read back."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -14,10 +13,17 @@ from gptqfmt.errors import FindingError
 from gptqfmt.ops.inspect import inspect_checkpoint
 from gptqfmt.ops.verify import validate
 from gptqfmt.safetensors_io import save_file
-from gptqfmt.safetensors_io.index import open_store
-from tests.support import FIXTURES, HAVE_CT, dequant_all, needs_ct, tensors_of
-
-FORMATS = FIXTURES / "formats"
+from tests.support import (
+    FORMATS,
+    HAVE_CT,
+    Q,
+    ct_copy,
+    dequant_all,
+    edit_config,
+    needs_ct,
+    rewrite_tensors,
+    tensors_of,
+)
 
 if HAVE_CT:
     import torch
@@ -35,29 +41,6 @@ def test_signed_clamp_is_found_in_every_module_and_by_inspect():
     assert len(hits) == 7 and all("auto-round" in f.message for f in hits)
     assert {f.code for f in inspect_checkpoint(FORMATS / "ct-b4-asym-signed-clamp").findings} \
         == {"GQ418"}
-
-
-def ct_copy(tmp_path, name="ct-b4-asym-g32"):
-    d = tmp_path / name
-    shutil.copytree(FORMATS / name, d)
-    return d
-
-
-def edit_config(d, fn):
-    cfg = json.loads((d / "config.json").read_text())
-    fn(cfg["quantization_config"])
-    (d / "config.json").write_text(json.dumps(cfg))
-
-
-def rewrite_tensors(d, fn):
-    st = open_store(d)
-    t = {n: (st.info(n).dtype, np.array(st.view(n))) for n in st.locations}
-    st.close()
-    fn(t)
-    save_file(t, d / "model.safetensors")
-
-
-Q = "model.layers.0.self_attn.q_proj"
 
 
 def _float_weights(q):

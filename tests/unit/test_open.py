@@ -12,9 +12,7 @@ from gptqfmt.errors import FindingError
 from gptqfmt.ops.inspect import inspect_checkpoint
 from gptqfmt.ops.verify import validate
 from gptqfmt.resources import validator
-from tests.support import CKPT, FIXTURES
-
-FORMATS = FIXTURES / "formats"
+from tests.support import CKPT, FORMATS, ct_copy
 
 FMANIFEST = json.loads((FORMATS / "manifest.json").read_text())
 
@@ -48,12 +46,6 @@ def test_a_stray_gptq_config_does_not_turn_gptq_into_awq(tmp_path):
         inspect_checkpoint(d)
     f = e.value.findings[0]
     assert f.code == "GQ203" and f.file == "quant_config.json" and "stray" in f.hint
-
-
-def ct_copy(tmp_path, name="ct-b4-asym-g32"):
-    d = tmp_path / name
-    shutil.copytree(FORMATS / name, d)
-    return d
 
 
 def test_ct_tensors_without_a_config_are_refused(tmp_path):
