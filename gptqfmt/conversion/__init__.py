@@ -2,6 +2,7 @@
 from ..bits.conventions import convert_fields
 from ..errors import NotRepresentable
 from .fields import convert_qzeros
-from .run import ConvertReport, convert
+from .report import ConvertReport
+from .run import convert
 
 __all__ = ["ConvertReport", "NotRepresentable", "convert", "convert_fields", "convert_qzeros"]

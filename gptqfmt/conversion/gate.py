@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class ModuleCheck:
     max_abs_err: float = 0.0
     rel_err: float = 0.0
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 

@@ -31,6 +31,7 @@ from ..findings import Finding
 from ..formats.configs import CONFIG_FILES
 from ..formats.gptq.checkpoint import Checkpoint
 from ..formats.open import open_labelled
+from ..ops.reports import Progress
 from ..safetensors_io import journal
 from .configs import DERIVED_FILE, declaring_configs, dumps, provenance, relabelled, set_convention
 from .gate import GateResult, check_labels, check_words
@@ -39,9 +40,10 @@ from .report import ConvertReport
 from .write import check_unchanged, snapshot
 
 
-def convert_in_place(path: str | os.PathLike, to: str, src_convention: str = "auto",
-                     allow_lossy: bool = False, dry_run: bool = False, progress=None,
-                     on_module=None):
+def convert_in_place(path: str | os.PathLike[str], to: str, src_convention: str = "auto",
+                     allow_lossy: bool = False, dry_run: bool = False,
+                     progress: Progress | None = None,
+                     on_module: Progress | None = None) -> ConvertReport:
     """Convert the GPTQ checkpoint directory `path` into convention `to`, in place (see the
     module docstring); the ConvertReport, with `in_place` set."""
     root = Path(path)

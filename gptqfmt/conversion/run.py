@@ -18,6 +18,7 @@ from ..findings import Finding
 from ..formats import FORMATS, TARGETS, WRITERS, open_source
 from ..formats.configs import CONFIG_FILES
 from ..formats.gptq.checkpoint import Checkpoint, open_checkpoint
+from ..ops.reports import Progress
 from ..runtimes.groups import groups as runtime_groups
 from ..safetensors_io.journal import fsync_path
 from . import atomic, reformat
@@ -28,8 +29,6 @@ from .plan import Plan, plan_conversion
 from .reformat_gate import run_format_gate
 from .report import ConvertReport
 from .write import QzerosJob, ShardWritten, check_unchanged, copy_other_files, snapshot, write_shard
-
-Progress = Callable[[int, int], Any]
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..bits.conventions import GPTQ, GPTQ_V2, sym_field
 from ..bits.packing import maxq as code_max
@@ -68,7 +69,7 @@ class ModuleVerdict:
     # later lines may follow it (adoption), so readers take it from here
     pooled_runs: str = ""
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "verdict": self.verdict, "confidence": self.confidence,
                 "evidence": self.evidence, "signatures": self.signatures,
                 "llr": round(self.llr, 3), "misfit": round(self.misfit, 3),

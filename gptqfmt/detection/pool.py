@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from statistics import NormalDist
+from typing import Any
 
 from ..bits.conventions import GPTQ, GPTQ_V2
 from .decide import AMBIGUOUS, MAX_OFFSET, MIN_Z, ModuleVerdict, runs_by_chance
@@ -30,7 +31,7 @@ class Detection:
     modules: list[ModuleVerdict]
     evidence: list[str]
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return {"detected": self.verdict, "confidence": self.confidence,
                 "evidence": self.evidence}
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..checks.labels import convention_findings
 from ..checks.modules import module_findings
+from ..detection.decide import ModuleVerdict
 from ..detection.read import detect_checkpoint
 from ..findings import Finding
 from ..formats import open_source
@@ -54,7 +55,7 @@ class InspectResult(Result):
         return doc
 
 
-def _zero_point(v) -> dict[str, Any] | None:
+def _zero_point(v: ModuleVerdict | None) -> dict[str, Any] | None:
     return None if v is None else {"verdict": v.verdict, "confidence": v.confidence,
                                    "evidence": v.evidence, "signatures": v.signatures}
 

@@ -2,6 +2,7 @@
 carries, built in one place (the schemas in schemas/ are the contract for their shape)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,9 @@ from ..formats.source import Source
 from ..runtimes.verdicts import RuntimeVerdict
 from ..safetensors_io.index import TensorStore
 from ..version import __version__
+
+# a command's progress callback: (done, total), first called with done=0 so a bar knows its total
+Progress = Callable[[int, int], Any]
 
 
 @dataclass(frozen=True)

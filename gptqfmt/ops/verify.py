@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from ..checks.labels import convention_findings
 from ..checks.modules import module_findings
@@ -21,9 +21,7 @@ from ..formats import QuantModule, open_source
 from ..parallel import cpus
 from ..runtimes.verdicts import assess, runtime_findings
 from ..safetensors_io.hub import Checksums
-from .reports import Result, checkpoint_format_json, failed, summary_counts, tool_json
-
-Progress = Callable[[int, int], Any]
+from .reports import Progress, Result, checkpoint_format_json, failed, summary_counts, tool_json
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,13 +46,13 @@ class TensorStore:
     def file_of(self, tensor: str) -> str:
         return self.locations[tensor]
 
-    def release(self, tensors=()):
+    def release(self, tensors: Iterable[str] = ()) -> None:
         """Drop mapped pages of the files holding `tensors` (all files when empty)."""
         names = {self.locations[t] for t in tensors} if tensors else set(self.files)
         for n in names:
             self.files[n].release()
 
-    def close(self):
+    def close(self) -> None:
         for f in self.files.values():
             f.close()
 

@@ -77,7 +77,7 @@ class SafetensorsFile:
         """The whole file, header included, as a read-only uint8 array (mapped, not read)."""
         return np.frombuffer(self._map(), np.uint8)
 
-    def release(self, start: int = 0, stop: int | None = None):
+    def release(self, start: int = 0, stop: int | None = None) -> None:
         """Drop this process's mapped pages of bytes [start, stop), the whole file by default
         (they stay in the page cache): keeps resident memory bounded when many tensors are read
         one after another. Views stay valid."""
@@ -91,7 +91,7 @@ class SafetensorsFile:
         if stop > lo:
             self._mm.madvise(mmap.MADV_DONTNEED, lo, stop - lo)
 
-    def close(self):
+    def close(self) -> None:
         # Views keep the mapping alive through their base; dropping our reference is enough.
         self._mm = None
 

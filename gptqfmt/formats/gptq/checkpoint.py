@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -133,17 +134,17 @@ class Checkpoint:
         """A float tensor (scales, bias) widened to float32 whatever its dtype."""
         return to_float32(self.view(tensor), self.store.info(tensor).dtype)
 
-    def close(self):
+    def close(self) -> None:
         self.store.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Checkpoint:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def open_checkpoint(path: str | os.PathLike, store: TensorStore | None = None) -> Checkpoint:
+def open_checkpoint(path: str | os.PathLike[str], store: TensorStore | None = None) -> Checkpoint:
     """Open and model a checkpoint (headers, configs, g_idx; no qweight data is read); `store`:
     its tensor store when already open (formats.sniff looked at it)."""
     store = store or open_store(path)
@@ -197,7 +198,7 @@ def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding]
     """`m` with its geometry from the tensors' headers (and g_idx), as far as it is consistent:
     a Module when all of it is, else an InvalidModule; each inconsistency is a finding."""
     geo: dict[str, Any] = {}  # what is known so far; an early return keeps it
-    def add(code, message, role="qweight", hint=None):
+    def add(code: str, message: str, role: str = "qweight", hint: str | None = None) -> None:
         t = m.tensors.get(role) or f"{m.name}.{role}"
         home = next(iter(m.tensors.values()))  # a missing tensor is reported beside its module
         findings.append(Finding(code, message, file=store.locations.get(t, store.file_of(home)),
@@ -275,7 +276,7 @@ def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding]
         g_idx = store.view(m.tensors["g_idx"])
         gs, why = layout.group_size_from_g_idx(g_idx, groups)
         if gs is None:
-            add("GQ309", why, "g_idx")
+            add("GQ309", why or "", "g_idx")
             return replace(m, **geo)
         trivial = layout.trivial_g_idx(k, gs)
         geo["act_order"] = not np.array_equal(g_idx, trivial)
@@ -297,7 +298,7 @@ def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding]
     return valid
 
 
-def _cross_check(m: Module, decl: ModuleConfig, add) -> None:
+def _cross_check(m: Module, decl: ModuleConfig, add: Callable[..., None]) -> None:
     if decl.bits is not None and decl.bits != m.bits:
         add("GQ304", f"config says bits={decl.bits}; shapes give bits={m.bits}", "qzeros")
     if decl.group_size is not None and m.group_size is not None:

@@ -52,7 +52,7 @@ class Declaration:
     key: str
     value: str
 
-    def to_json(self):
+    def to_json(self) -> dict[str, str]:
         return {"file": self.file, "key": self.key, "value": self.value}
 
 
