@@ -39,12 +39,12 @@ sys.path.insert(0, str(ROOT))
 
 import make_calibration as mc  # noqa: E402
 
-from gptqfmt.bits.conventions import GPTQ, GPTQ_V2  # noqa: E402
+from gptqfmt.bits.conventions import GPTQ, GPTQ_V2, symmetric_pattern  # noqa: E402
 from gptqfmt.bits.packing import block  # noqa: E402
 from gptqfmt.detection import codestats  # noqa: E402
 from gptqfmt.detection.decide import AMBIGUOUS, decide, effective_se  # noqa: E402
 from gptqfmt.detection.read import detect_sequential  # noqa: E402
-from gptqfmt.detection.stats import symmetric_pattern, zero_stats  # noqa: E402
+from gptqfmt.detection.stats import zero_stats  # noqa: E402
 
 BITS = (2, 3, 4, 8)
 

@@ -15,16 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from ..errors import NotRepresentable
+from . import Array
 from .packing import constant_words, maxq, pack, unpack, unsigned
-from .swar import field_masks, has_field
-
-Array = npt.NDArray[Any]
+from .swar import every_field, field_masks, has_field
 
 GPTQ, GPTQ_V2 = "gptq", "gptq_v2"
 # Each convention as data: what it adds to a stored field to give Z (Z = s + offset). Everything
@@ -70,6 +67,13 @@ def sym_field(bits: int, convention: str) -> int:
     """The stored field of the symmetric zero point Z = 2^(bits-1) under `convention`
     (4-bit: 7 for gptq, 8 for gptq_v2)."""
     return (1 << (bits - 1)) - STORED_OFFSET[check(convention)]
+
+
+def symmetric_pattern(qzeros: Array, bits: int) -> str | None:
+    """The convention whose symmetric zero is every stored field of packed qzeros, else None:
+    4-bit words 0x77777777 are gptq's, 0x88888888 gptq_v2's (one constant cannot be both)."""
+    return next((c for c in CONVENTIONS if every_field(qzeros, bits, sym_field(bits, c))),
+                None)
 
 
 def effective_zeros(stored: Array, bits: int, rule: ZeroRule) -> Array:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..bits.conventions import GPTQ, GPTQ_V2, effective_zeros, reference_rule
-from ..bits.layout import stored_fields
 from ..bits.packing import maxq as code_max
 from ..detection.decide import AMBIGUOUS, ModuleVerdict, corruption_signatures
 from ..findings import Finding
@@ -156,5 +155,4 @@ def _effective_zeros(ckpt: Checkpoint, m: Module, convention: str) -> np.ndarray
     """Z per cell as vLLM reads it; the declared convention decides when the data do not."""
     if convention == AMBIGUOUS:
         convention = ckpt.label
-    return effective_zeros(stored_fields(ckpt.view(m.tensors["qzeros"]), m.bits), m.bits,
-                           reference_rule(convention))
+    return effective_zeros(ckpt.stored_fields(m), m.bits, reference_rule(convention))

@@ -30,10 +30,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
-from ..bits.conventions import sym_field
-from ..bits.layout import n_groups, stored_fields
+from ..bits.layout import n_groups
 from ..findings import Finding
 from ..formats.configs import CONFIG_FILES, CONFIG_JSON, CONFIG_KEY, QUANTIZE_CONFIG
 from ..formats.gptq.checkpoint import Checkpoint, Module
@@ -149,7 +146,7 @@ def derive_config(ckpt: Checkpoint, src_conv: str, to: str) -> tuple[dict | None
     from_shapes = {
         "bits": bits, "group_size": group_size,
         "desc_act": any(m.act_order for m in modules),
-        "sym": all(_symmetric(ckpt, m, src_conv) for m in modules),
+        "sym": all(ckpt.symmetric_pattern(m) == src_conv for m in modules),
         "pack_dtype": pack_dtype}
     values = {**from_shapes, **declared}
     body = {"bits": values["bits"], "group_size": values["group_size"],
@@ -216,10 +213,3 @@ def _group_size(modules: list[Module], found: list[Finding]) -> int | None:
         return None
     return gs
 
-
-def _symmetric(ckpt: Checkpoint, m: Module, conv: str) -> bool:
-    qz = m.tensors["qzeros"]
-    try:
-        return bool(np.all(stored_fields(ckpt.view(qz), m.bits) == sym_field(m.bits, conv)))
-    finally:
-        ckpt.store.release([qz])

@@ -25,7 +25,7 @@ from ..parallel import cpus
 from . import codestats
 from .decide import AMBIGUOUS, ModuleVerdict, decide
 from .pool import Detection, combine, runs_chance_missing, with_runs_chance
-from .stats import FieldCounts, field_counts, symmetric_pattern, zero_stats
+from .stats import FieldCounts, field_counts, zero_stats
 
 SAMPLE_BYTES = 64 * 1024  # qweight bytes read per module in inspect's first pass
 # inspect reads more while the checkpoint stays undecided: each round reads 4x the sample of
@@ -55,7 +55,7 @@ def module_verdict(ckpt: Checkpoint, m: Module, full: bool, sample: int = SAMPLE
     of every module; inspect only of those with runs (detect_sequential fills in the rest when
     the pooled test needs them)."""
     qz = ckpt.view(m.tensors["qzeros"])
-    pattern, fields = known if known is not None else (symmetric_pattern(qz, m.bits), None)
+    pattern, fields = known if known is not None else (ckpt.symmetric_pattern(m), None)
     st = None
     complete = True  # a symmetric pattern decides from qzeros alone
     if full or pattern is None:
@@ -107,12 +107,14 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
         def run(fn, args):
             return list(pool.map(lambda a: fn(work, *a), args))
     try:
-        return detect_sequential(ModuleReads(run), sizes, full)
+        det = detect_sequential(ModuleReads(run), sizes, full)
     except BrokenProcessPool:
         raise GptqfmtError(f"{ckpt.store.root}: a worker process reading its modules ended "
                            "abruptly (killed, or out of memory?); run again") from None
     finally:  # on an interrupt, drop the modules not started (no worker outlives the call)
         pool.shutdown(wait=True, cancel_futures=True)
+    ckpt.keep_patterns({v.name: v.pattern for v in det.modules})  # read in the workers
+    return det
 
 
 @dataclass(frozen=True)

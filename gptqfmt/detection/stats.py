@@ -15,18 +15,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..bits.conventions import GPTQ, GPTQ_V2, sym_field
 from ..bits.layout import stored_fields
 from ..bits.packing import block, unsigned
 from ..bits.packing import maxq as code_max
-from ..bits.swar import every_field, maxq_by_group_and_run_column, maxq_zero_counts, top_runs
-
-
-def symmetric_pattern(qzeros: np.ndarray, bits: int) -> str | None:
-    """GPTQ or GPTQ_V2 when every field is that convention's symmetric zero, else None."""
-    return next((c for c in (GPTQ, GPTQ_V2) if every_field(qzeros, bits, sym_field(bits, c))),
-                None)
-
+from ..bits.swar import maxq_by_group_and_run_column, maxq_zero_counts, top_runs
 
 
 @dataclass

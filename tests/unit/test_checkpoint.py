@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from gptqfmt.bits.packing import pack
+from gptqfmt.conversion.plan import plan_conversion
+from gptqfmt.detection import read as detection_read
+from gptqfmt.formats import open_source
+from gptqfmt.formats.gptq import checkpoint
 from gptqfmt.formats.gptq.checkpoint import open_checkpoint
+from gptqfmt.ops.inspect import inspect_checkpoint
+from gptqfmt.ops.verify import validate
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
 from tests.support import CKPT, Q
 
@@ -130,3 +136,32 @@ def test_3bit_rows_must_hold_whole_values(tmp_path):
         t.pop(f"{Q}.g_idx")
     d = clone(tmp_path, "b4-asym-noact-gptq_v2-single", edit=edit)
     assert "do not hold whole 3-bit values" in findings(d, "GQ303")[0].message
+
+
+@pytest.mark.parametrize("command", ["inspect", "inspect-forked", "verify", "plan"])
+def test_each_modules_symmetric_pattern_is_read_once(monkeypatch, command):
+    """The source's sym (for writers) and detection ask the same question of qzeros: one pass
+    per module answers both, whichever asks first; what forked detection workers read is kept
+    in the parent, which reads none of it again."""
+    read: list[int] = []
+    real = checkpoint.symmetric_pattern
+    monkeypatch.setattr(checkpoint, "symmetric_pattern",
+                        lambda qz, bits: read.append(id(qz)) or real(qz, bits))
+    path = CKPT / "b4-sym-noact-gptq-sharded"
+    if command.startswith("inspect"):
+        if command == "inspect-forked":
+            monkeypatch.setattr(detection_read, "PROCESS_MIN_MODULES", 1)
+            monkeypatch.setattr(detection_read, "cpus", lambda: 2)
+        r = inspect_checkpoint(path)
+        assert [m.pattern for m in r.detection.modules] == ["gptq"] * 7
+        assert all(mod.sym for mod in r.source.modules)
+    elif command == "verify":
+        assert not validate(path).failed()
+    else:
+        src = open_source(path)
+        try:
+            plan = plan_conversion(src, "auto", "compressed-tensors", False, 1)
+            assert all(m.sym for m in plan.source.modules)
+        finally:
+            src.close()
+    assert len(read) == (0 if command == "inspect-forked" else 7)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ...bits import layout
-from ...bits.conventions import GPTQ
+from ...bits.conventions import GPTQ, symmetric_pattern
 from ...bits.packing import block
 from ...findings import Finding
 from ...safetensors_io.dtypes import PACK_DTYPE_NAMES, WORD_DTYPES, to_float32
@@ -86,6 +86,7 @@ class Checkpoint:
 
     def __post_init__(self) -> None:
         self._by_name = {m.name: m for m in self.modules if m.valid}
+        self._patterns: dict[str, str | None] = {}
 
     @property
     def label(self) -> str:
@@ -112,12 +113,34 @@ class Checkpoint:
             return np.asarray(self.view(m.tensors["g_idx"]), dtype=np.int64)
         return layout.trivial_g_idx(m.in_features, m.group_size)
 
+    def stored_fields(self, m: Module) -> np.ndarray:
+        """Module `m`'s stored zero-point fields [G, N] (uint8), in whatever convention; the
+        pages of qzeros are dropped after (modules are read one after another)."""
+        qz = m.tensors["qzeros"]
+        try:
+            return layout.stored_fields(self.view(qz), m.bits)
+        finally:
+            self.store.release([qz])
+
+    def symmetric_pattern(self, m: Module) -> str | None:
+        """The convention whose symmetric zero is every stored field of `m`, else None
+        (conventions.symmetric_pattern), kept per module: the source (sym, for writers) and
+        detection both ask, and a whole pass over qzeros answers with one word."""
+        if m.name not in self._patterns:
+            self._patterns[m.name] = symmetric_pattern(self.view(m.tensors["qzeros"]), m.bits)
+        return self._patterns[m.name]
+
+    def keep_patterns(self, patterns: dict[str, str | None]) -> None:
+        """Symmetric patterns read elsewhere (detection's worker processes), kept so that
+        symmetric_pattern does not read those qzeros again."""
+        self._patterns.update(patterns)
+
     def module_tensors(self, m: Module) -> ModuleTensors:
         """Module `m` as the backends compute on it: the file's own tensors, mapped (not
         read), whatever their word size."""
         sc = m.tensors["scales"]
         return ModuleTensors(self.view(m.tensors["qweight"]), self.view(m.tensors["qzeros"]),
-                             self.view(sc), DTYPE_KIND[self.store.info(sc).dtype],
+                             self.view(sc), DTYPE_KIND[m.scale_dtype],
                              self.g_idx(m).astype(np.int32), m.bits)
 
     @property
@@ -146,7 +169,7 @@ class Checkpoint:
 
 def open_checkpoint(path: str | os.PathLike[str], store: TensorStore | None = None) -> Checkpoint:
     """Open and model a checkpoint (headers, configs, g_idx; no qweight data is read); `store`:
-    its tensor store when already open (formats.sniff looked at it)."""
+    its tensor store when already open (the one open, formats/open.py, sniffed it)."""
     store = store or open_store(path)
     findings = list(store.findings)
     first = next(iter(store.files.values()))

@@ -21,11 +21,8 @@ from ...bits.conventions import (
     effective_zeros,
     lossy_mask,
     rule_for,
-    sym_field,
 )
-from ...bits.layout import stored_fields
 from ...bits.packing import pack, unpack, unsigned
-from ...bits.swar import every_field
 from ...findings import Finding
 from ..model import ModuleRecord, ModuleTensors, QuantModule
 from .checkpoint import Checkpoint, Module
@@ -63,28 +60,23 @@ class GptqSource:
         return sorted(t for t in self.store.locations if t not in claimed)
 
     def read_as(self, convention: str, allow_lossy: bool = False) -> GptqSource:
+        if (convention, allow_lossy) == (self.format, self.allow_lossy):
+            return self   # its modules are already read
         return GptqSource(self.ckpt, convention, allow_lossy)
 
     def _module(self, m: QuantModule) -> Module:
         return self.ckpt.module(m.name)
 
-    def _stored(self, tensors: dict[str, str], bits: int) -> np.ndarray:
-        qz = tensors["qzeros"]
-        try:
-            return stored_fields(self.ckpt.view(qz), bits)
-        finally:
-            self.store.release([qz])
-
     def _symmetric(self, m: Module) -> bool:
         """Declared sym and every Z = 2^(bits-1) (a sym label over other zeros is GQ403): every
-        stored field the symmetric one of the convention read, compared on the packed words."""
+        stored field the symmetric one of the convention read. Modules are read one after
+        another here, so the pages of qzeros are dropped after each."""
         if not (m.declared and m.declared.sym):
             return False
-        qz = m.tensors["qzeros"]
         try:
-            return every_field(self.ckpt.view(qz), m.bits, sym_field(m.bits, self.format))
+            return self.ckpt.symmetric_pattern(m) == self.format
         finally:
-            self.store.release([qz])
+            self.store.release([m.tensors["qzeros"]])
 
     # -- the one model -------------------------------------------------------------------
     def qweight(self, m: QuantModule) -> np.ndarray:
@@ -97,7 +89,7 @@ class GptqSource:
         return self.qweight(m), False
 
     def qzeros(self, m: QuantModule) -> np.ndarray:
-        stored = self._stored(m.tensors, m.bits)
+        stored = self.ckpt.stored_fields(self._module(m))
         if self.format != GPTQ_V2:
             stored = convert_fields(stored, m.bits, self.format, GPTQ_V2, self.allow_lossy)[0]
         return pack(stored, m.bits, 32, axis=1)
@@ -119,7 +111,7 @@ class GptqSource:
               ) -> tuple[np.ndarray, np.ndarray]:
         """(Z as the rule reads the stored fields, the fields gptq_v2 cannot hold exactly):
         what a conversion must reproduce, and where it may not (conventions.lossy_mask)."""
-        stored = self._stored(m.tensors, m.bits)
+        stored = self.ckpt.stored_fields(self._module(m))
         rule = rule_for(self.format, gptq_rule if gptq_rule is not None else REFERENCE)
         z = effective_zeros(stored, m.bits, rule)
         lossy = lossy_mask(stored, m.bits, self.format, GPTQ_V2)
