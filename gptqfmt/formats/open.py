@@ -41,7 +41,7 @@ def sniff(store: TensorStore) -> Sniffed:
             return Sniffed(COMPRESSED_TENSORS, label, doc, files, found)
         if method == "awq" or (method == "" and "zero_point" in doc and
                                str(doc.get("version", "")).lower() in
-                               awq.VERSIONS + ("gemv", "gemv_fast", "marlin", "exllama")):
+                               awq.VERSIONS + ("gemv", "gemv_fast", "marlin")):
             return Sniffed(AWQ, label, doc, files, found)
         if method:
             break
@@ -67,15 +67,19 @@ def open_source(path: str | os.PathLike[str]) -> Source:
 
 def open_labelled(path: str | os.PathLike[str]) -> tuple[Source, Checkpoint]:
     """open_source for the commands that read a label's zero points (fix-label, verify
-    --reference, convert --in-place): the source and its GPTQ model; a source whose zero points
-    are stored exactly is refused with GPTQ's GQ203, naming the config that says what it is."""
-    src = open_source(path)
-    ck = src.labelled
-    if ck is None:
-        root, fmt = src.root, src.format
-        src.close()
-        raise FindingError(not_gptq(root, fmt))
-    return src, ck
+    --reference, convert --in-place): the source and its GPTQ model. A checkpoint in a format
+    that stores its zero points exactly is refused with GPTQ's GQ203, naming the config that says
+    what it is (or the format its tensors show), before its reader is built."""
+    store = open_store(path)
+    try:
+        fmt = sniff(store).format
+        if fmt != GPTQ:
+            raise FindingError(not_gptq(store.root, fmt))
+        src = GptqSource(open_checkpoint(path, store))
+    except BaseException:
+        store.close()
+        raise
+    return src, src.ckpt
 
 
 def _reader(path: str | os.PathLike[str], store: TensorStore, s: Sniffed) -> Source:

@@ -93,8 +93,8 @@ only: a reader's attributes or properties)."""
         label declares (see the module docstring); None where Z is stored exactly."""
 
     def stored_qweight(self, m: QuantModule) -> tuple[Array, bool]:
-        """The words the codes are stored in, and whether qweight() is their transpose (for
-        comparisons that need no transposed copy)."""
+        """qweight(), or the words the file stores when qweight() would be their transpose
+        (then True): what comparisons read to need no transposed copy."""
 
     def operands(self, m: QuantModule, gptq_rule: ZeroRule | None = None
                  ) -> tuple[ModuleTensors, ZeroRule]:

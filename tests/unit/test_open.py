@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from gptqfmt.errors import FindingError
+from gptqfmt.formats.open import open_labelled
 from gptqfmt.ops.inspect import inspect_checkpoint
 from gptqfmt.ops.verify import validate
 from gptqfmt.resources import validator
@@ -54,3 +55,27 @@ def test_ct_tensors_without_a_config_are_refused(tmp_path):
     with pytest.raises(FindingError) as e:
         validate(d)
     assert e.value.findings[0].code == "GQ210" and "no config" in e.value.findings[0].message
+
+
+@pytest.mark.parametrize(("name", "configs"), [
+    ("ct-b4-asym-g32", True), ("ct-b4-asym-g32", False),
+    ("awq-b4-g32", True), ("awq-b4-g32", False)])
+def test_a_gptq_only_command_refuses_another_format_with_gq203(tmp_path, name, configs):
+    """fix-label, verify --reference and convert --in-place read a label's zero points: another
+    format is refused before its reader is built, naming the config that says what it is or,
+    without one, the format its tensors show."""
+    d = tmp_path / name
+    shutil.copytree(FORMATS / name, d)
+    if not configs:
+        for f in ("config.json", "quant_config.json", "quantize_config.json"):
+            (d / f).unlink(missing_ok=True)
+    with pytest.raises(FindingError) as e:
+        open_labelled(d)
+    (f,) = e.value.findings
+    fmt = "awq" if name.startswith("awq") else "compressed-tensors"
+    assert f.code == "GQ203"
+    if configs:
+        assert f.file == "config.json:quantization_config"
+        assert f"quant_method is '{fmt}'" in f.message
+    else:
+        assert f.file is None and f"stored as {fmt} (no config says so)" in f.message
