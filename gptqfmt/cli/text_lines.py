@@ -208,7 +208,7 @@ def convert_lines(report: ConvertReport) -> list[Line]:
             f"(codes, zero points, scales); "
             + (f"{t['changed']} of {plural(t['fields'], 'zero point')} re-encoded "
                f"from gptq's Z - 1, {t['ambiguous']} ambiguous, {t['lossy']} lossy"
-               if doc["from"] == "gptq" else
+               if report.zeros_reencoded else
                f"{plural(t['fields'], 'zero point')} carried exactly"), True))
         if report.gate is not None:
             checks = report.gate.modules

@@ -55,9 +55,13 @@ class Plan:
 
     @property
     def relayout(self) -> bool:
-        """Whether the tensors are re-laid out (between formats), not only the zero points
-        moved between GPTQ's conventions."""
-        return not (self.from_ in CONVENTIONS and self.to in CONVENTIONS)
+        return relayout(self.from_, self.to)
+
+
+def relayout(from_: str, to: str) -> bool:
+    """Whether converting `from_` into `to` re-lays the tensors out (between formats), not only
+    moves the zero points between GPTQ's conventions."""
+    return not (from_ in CONVENTIONS and to in CONVENTIONS)
 
 
 def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,

@@ -28,7 +28,7 @@ from ..safetensors_io.dtypes import DTYPES, nbytes
 from ..safetensors_io.index import INDEX_NAME
 from ..safetensors_io.writer import Entry, layout
 from . import atomic
-from .configs import dumps, provenance
+from .configs import dumps
 from .write import copy_other_files, copy_range
 
 
@@ -214,8 +214,3 @@ def write_all(src: Source, w: Writer, tmp: Path, prov: dict[str, Any],
     write_configs(src, w, tmp, prov)
     return shards
 
-
-def prov(from_: str, to: str, plans: list[Any]) -> dict[str, Any]:
-    counts = {k: sum(getattr(p, k) for p in plans) for k in ("fields", "changed", "ambiguous",
-                                                             "lossy")}
-    return provenance(from_, to, counts)

@@ -4,12 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..bits.conventions import CONVENTIONS
+from ..bits.conventions import STORED_OFFSET
 from ..detection.pool import Detection
 from ..findings import Finding
 from ..ops.reports import tool_json
 from .gate import GateResult
-from .plan import ModulePlan, Plan
+from .plan import ModulePlan, Plan, relayout
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,13 @@ class ConvertReport:
 
     @property
     def between_formats(self) -> bool:
-        """Whether this converts between formats (tensors re-laid out), not only between
-        GPTQ's two zero-point conventions."""
-        return not (self.src_convention in CONVENTIONS and self.dst_convention in CONVENTIONS)
+        return relayout(self.src_convention, self.dst_convention)
+
+    @property
+    def zeros_reencoded(self) -> bool:
+        """Whether the source's stored fields are not Z itself (gptq's Z - 1), so the zero
+        points are re-encoded on the way rather than carried exactly."""
+        return STORED_OFFSET.get(self.src_convention, 0) != 0
 
     @property
     def totals(self) -> dict[str, int]:

@@ -106,7 +106,7 @@ def _write_format(plan: Plan, report: ConvertReport, dst: Path, force: bool,
     before = snapshot(src.root)
     with atomic.staging(dst, force, src.root) as tmp, ThreadPoolExecutor(1) as flusher:
         flushes = []
-        reformat.write_all(src, writer, tmp, reformat.prov(plan.from_, plan.to, plan.modules),
+        reformat.write_all(src, writer, tmp, provenance(plan.from_, plan.to, report.totals),
                            progress, lambda p: flushes.append(flusher.submit(fsync_path, p)))
         faults.point("before-gate")
         gate = run_format_gate(src, tmp, plan.to, report.backend, on_module)

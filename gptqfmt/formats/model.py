@@ -15,13 +15,10 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Callable
 
-import numpy.typing as npt
-
+from ..bits import Array
 from ..bits.conventions import GPTQ, GPTQ_V2
 from ..bits.layout import n_groups
 from ..safetensors_io.index import TensorStore
-
-Array = npt.NDArray[Any]
 
 COMPRESSED_TENSORS, AWQ = "compressed-tensors", "awq"
 FORMATS = (GPTQ, GPTQ_V2, COMPRESSED_TENSORS, AWQ)   # gptq and gptq_v2: GPTQ's two conventions

@@ -2,15 +2,14 @@
 and the one sampler of output columns the comparisons compute on."""
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from ..bits import Array
 from ..bits.conventions import ZeroRule
 from ..formats.model import Kind, ModuleTensors
-
-Array = npt.NDArray[Any]
 
 
 def sample_columns(n: int, width: int, rng: np.random.Generator, align: int = 1,

@@ -190,33 +190,35 @@ def reference_fp32(path: str | os.PathLike[str], backend: str = "auto",
     diagnosed as such (they cannot be computed)."""
     be = get_backend(backend)
     src, ck = open_labelled(path)
-    declared = ck.label
-    det = detect_checkpoint(ck, full=False)
-    detected = det.verdict if det.verdict != AMBIGUOUS else declared
-    rule_decl, rule_data = reference_rule(declared), reference_rule(detected)
-    rng = np.random.default_rng(seed)
-    # each module's verdict in the light of all of them (misfits are judged against the count)
-    verdicts = {v.name: v for v in detect_checkpoint(ck, full=True).modules}
-    valid = {m.name: m for m in src.modules}
-    out = []
-    for r in src.records():
-        m = valid.get(r.name)
-        if m is None:
-            out.append(ModuleDiagnosis(r.name, "invalid", 0.0, "its tensors do not form a "
-                                       "module (see `gptqfmt verify`)"))
-            continue
-        cols = _columns(m.out_features, rng)
-        x = rng.standard_normal((ROWS, m.in_features)).astype(np.float32)
-        t, _ = src.operands(m)
-        y_rt = be.gemm(x.astype(np.float16).view(np.uint16), F16, t, rule_decl, cols)
-        w_ref = be.dequant(t, rule_data, cols).astype(np.float64)
-        y_ref = x.astype(np.float16).astype(np.float64) @ w_ref
-        diff = y_rt.astype(np.float64) - y_ref
-        scales = ck.float32(m.tensors["scales"]).astype(np.float64)
-        scale_sum = x.astype(np.float16).astype(np.float64) @ scales[t.g_idx][:, cols]
-        out.append(_classify(m.name, y_rt, diff, scale_sum, y_ref, verdicts[m.name]))
-        src.store.release(m.tensors.values())
-    src.close()
+    try:
+        declared = ck.label
+        det = detect_checkpoint(ck, full=False)
+        detected = det.verdict if det.verdict != AMBIGUOUS else declared
+        rule_decl, rule_data = reference_rule(declared), reference_rule(detected)
+        rng = np.random.default_rng(seed)
+        # each module's verdict in the light of all of them (misfits are judged against the count)
+        verdicts = {v.name: v for v in detect_checkpoint(ck, full=True).modules}
+        valid = {m.name: m for m in src.modules}
+        out = []
+        for r in src.records():
+            m = valid.get(r.name)
+            if m is None:
+                out.append(ModuleDiagnosis(r.name, "invalid", 0.0, "its tensors do not form a "
+                                           "module (see `gptqfmt verify`)"))
+                continue
+            cols = _columns(m.out_features, rng)
+            x = rng.standard_normal((ROWS, m.in_features)).astype(np.float32)
+            t, _ = src.operands(m)
+            y_rt = be.gemm(x.astype(np.float16).view(np.uint16), F16, t, rule_decl, cols)
+            w_ref = be.dequant(t, rule_data, cols).astype(np.float64)
+            y_ref = x.astype(np.float16).astype(np.float64) @ w_ref
+            diff = y_rt.astype(np.float64) - y_ref
+            scales = ck.float32(m.tensors["scales"]).astype(np.float64)
+            scale_sum = x.astype(np.float16).astype(np.float64) @ scales[t.g_idx][:, cols]
+            out.append(_classify(m.name, y_rt, diff, scale_sum, y_ref, verdicts[m.name]))
+            src.store.release(m.tensors.values())
+    finally:
+        src.close()
     return ReferenceReport(declared, detected, out, be.name)
 
 

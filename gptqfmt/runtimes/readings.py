@@ -14,11 +14,11 @@ unless the codes of that cell say Z = 2^bits (`high`: their flat indices).
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
-import numpy.typing as npt
 
+from ..bits import Array
 from ..bits.conventions import GPTQ, GPTQ_V2, ZeroRule, effective_zeros, sym_field
 from ..bits.packing import UNSIGNED, constant_words, unpack, unsigned
 from ..bits.swar import carried_fields, count_marked, marked
@@ -26,7 +26,6 @@ from ..bits.swar import carried_fields, count_marked, marked
 if TYPE_CHECKING:
     from ..detection.decide import ModuleVerdict
 
-Array = npt.NDArray[Any]
 
 # why a runtime computes other weights than the data mean: the finding code of each cause
 CAUSE_LABEL = "GQ602"       # it reads the other convention (the config's label)
