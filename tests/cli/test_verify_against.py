@@ -140,3 +140,41 @@ def test_reference_json_with_inf_is_valid_json(tmp_path, run_cli):
     doc = json.loads(r.stdout)
     assert r.exit_code == 1 and any(m["verdict"] == "inf/nan" and m["max_abs"] is None
                                     for m in doc["modules"])
+
+
+def test_a_module_only_dst_has_differs(tmp_path):
+    """Both sides' modules are compared: one that SRC lacks is listed, and fails, as one that
+    DST lacks does."""
+    name = "b4-sym-noact-gptq_v2-single"
+    shutil.copytree(CKPT / name, tmp_path / "less")
+    q = "model.layers.0.self_attn.q_proj."
+    rewrite(tmp_path / "less" / "model.safetensors",
+            lambda t: [t.pop(k) for k in [k for k in t if k.startswith(q)]])
+    less = tmp_path / "less"
+    for a, b in ((less, CKPT / name), (CKPT / name, less)):
+        rep = compare(a, b, backend="cpu")
+        mods = {m.name: m for m in rep.modules}
+        assert len(mods) == len(MANIFEST[name]["modules"]) and not rep.equivalent
+        assert [n for n, m in mods.items() if not m.equal] == [q[:-1]]
+        assert mods[q[:-1]].note == "missing or invalid in one file"
+
+
+def test_a_g_idx_that_differs_alone_differs(tmp_path):
+    """Act-order g_idx that no sampled output can tell apart (every group has the same scales
+    and zeros) still makes the modules differ: a runtime reading the other order is another
+    checkpoint."""
+    name = "b4-sym-act-gptq_v2-single"
+    for side in ("a", "b"):
+        shutil.copytree(CKPT / name, tmp_path / side)
+
+        def same_groups(t, side=side):
+            for k in [k for k in t if k.endswith(".scales")]:
+                t[k][:] = t[k][:1]
+            if side == "b":
+                for k in [k for k in t if k.endswith(".g_idx")]:
+                    t[k] = np.ascontiguousarray(t[k][::-1])
+        rewrite(tmp_path / side / "model.safetensors", same_groups)
+    rep = compare(tmp_path / "a", tmp_path / "b", backend="cpu")
+    assert not rep.equivalent
+    assert all(not m.equal and m.note == "g_idx differs" and m.max_abs == 0.0
+               for m in rep.modules)
