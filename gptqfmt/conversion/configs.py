@@ -34,6 +34,7 @@ from ..bits.layout import n_groups
 from ..findings import Finding
 from ..formats.configs import CONFIG_FILES, CONFIG_JSON, CONFIG_KEY, QUANTIZE_CONFIG
 from ..formats.gptq.checkpoint import Checkpoint, Module
+from ..formats.model import is_lm_head
 from ..version import __version__
 from .atomic import create
 
@@ -153,8 +154,7 @@ def derive_config(ckpt: Checkpoint, src_conv: str, to: str) -> tuple[dict | None
             "desc_act": values["desc_act"], "sym": values["sym"]}
     if cfg is not None and cfg.static_groups:
         body["static_groups"] = True
-    body.update({"lm_head": any(m.name == "lm_head" or m.name.endswith(".lm_head")
-                                for m in modules),
+    body.update({"lm_head": any(is_lm_head(m.name) for m in modules),
                  "pack_dtype": values["pack_dtype"], "quant_method": "gptq",
                  "checkpoint_format": to, "format": to})
     shaped = [k for k in from_shapes if k not in declared]

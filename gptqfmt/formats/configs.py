@@ -25,6 +25,9 @@ FILES = ((CONFIG_JSON, CONFIG_KEY), (QUANTIZE_CONFIG, None), (QUANT_CONFIG, None
 # counts only when it holds a quantization_config; quant_config.json is read by AutoGPTQ and
 # GPTQModel when quantize_config.json is missing, so a stale label there misleads too)
 CONFIG_FILES = (QUANTIZE_CONFIG, CONFIG_JSON, QUANT_CONFIG)
+# TGI's config as scalar tensors beside GPTQ's modules (its loader reads bits, group size and
+# sym there): GPTQ's own, not carried into another format
+TGI_SCALARS = ("gptq_bits", "gptq_groupsize", "gptq_sym")
 
 
 def config_documents(root: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[Finding]]:

@@ -27,8 +27,7 @@ from ..bits.layout import trivial_g_idx
 from ..bits.packing import SUPPORTED_BITS, constant_words, unpack
 from ..findings import Finding
 from ..safetensors_io.index import TensorStore
-from .configs import CONFIG_JSON
-from .gptq.checkpoint import TGI_SCALARS
+from .configs import CONFIG_JSON, TGI_SCALARS
 from .model import COMPRESSED_TENSORS, QuantModule, discover
 from .relayout import padding_clean, stream_words, transposed
 from .source import ExactSource, Source

@@ -11,6 +11,7 @@ within GPTQ. Writers take the same form apart into their own tensors.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Callable
@@ -46,6 +47,24 @@ class ModuleTensors:
     scale_kind: Kind
     g_idx: Array
     bits: int
+
+
+
+
+def uniform(modules: Sequence[Any], attr: str) -> Any:
+    """The value of `attr` every module shares, else None (none, or they differ)."""
+    vals = {getattr(m, attr) for m in modules}
+    return vals.pop() if len(vals) == 1 else None
+
+
+def mixed(modules: Sequence[Any], attrs: tuple[str, ...]) -> bool:
+    """Whether the modules differ in any of `attrs`."""
+    return any(len({getattr(m, a) for m in modules}) > 1 for a in attrs)
+
+def is_lm_head(name: str) -> bool:
+    """Whether module `name` is the output head (lm_head under any prefix), which runtimes load
+    apart from the decoder layers."""
+    return name.split(".")[-1] == "lm_head"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,16 @@ from ..bits.packing import unpack
 from ..findings import Finding
 from ..safetensors_io.index import TensorStore
 from .gptq.checkpoint import Checkpoint
-from .model import DTYPE_KIND, Array, ModuleRecord, ModuleTensors, QuantModule
+from .model import (
+    DTYPE_KIND,
+    Array,
+    ModuleRecord,
+    ModuleTensors,
+    QuantModule,
+    is_lm_head,
+    mixed,
+    uniform,
+)
 
 
 class OneModel(Protocol):
@@ -199,18 +208,12 @@ class ExactSource(ABC):
     def quantization(self) -> dict[str, Any]:
         """A value where every module agrees (the configs are read per module)."""
         mods = self.modules
-
-        def uniform(attr: str) -> Any:
-            vals = {getattr(m, attr) for m in mods}
-            return vals.pop() if len(vals) == 1 else None
-
-        return {"bits": uniform("bits"), "group_size": uniform("group_size"),
-                "sym": uniform("sym"), "desc_act": uniform("act_order"),
+        return {"bits": uniform(mods, "bits"), "group_size": uniform(mods, "group_size"),
+                "sym": uniform(mods, "sym"), "desc_act": uniform(mods, "act_order"),
                 "pack_dtype": "int32" if mods else None,
-                "lm_head": any(m.name.split(".")[-1] == "lm_head" for m in mods),
+                "lm_head": any(is_lm_head(m.name) for m in mods),
                 "static_groups": False,
-                "mixed": any(len({getattr(m, a) for m in mods}) > 1
-                             for a in ("bits", "group_size", "act_order", "sym"))}
+                "mixed": mixed(mods, ("bits", "group_size", "act_order", "sym"))}
 
     def read_as(self: _Exact, convention: str, allow_lossy: bool = False) -> _Exact:
         return self

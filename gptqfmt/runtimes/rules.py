@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..bits.conventions import GPTQ, GPTQ_V2
+from ..formats.model import is_lm_head
 from .readings import Reading
 
 
@@ -184,7 +185,7 @@ def pack_dtype_in(allowed, source: Citation) -> Rule:
 
 def not_lm_head(source: Citation) -> Rule:
     return Rule("lm_head", "lm_head not quantized",
-                lambda f: "a quantized lm_head" if f.name and f.name.split(".")[-1] == "lm_head"
+                lambda f: "a quantized lm_head" if f.name and is_lm_head(f.name)
                 else None, source)
 
 
@@ -246,7 +247,7 @@ def lm_head_declared(source: Citation) -> Rule:
     """A quantized lm_head loads only where the config says `lm_head: true`."""
     return Rule("lm_head_declared", "a quantized lm_head needs lm_head: true",
                 lambda f: "a quantized lm_head without lm_head: true in the config"
-                if f.name and f.name.split(".")[-1] == "lm_head" and not f.lm_head_declared
+                if f.name and is_lm_head(f.name) and not f.lm_head_declared
                 else None, source)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from gptqfmt.formats.model import QuantModule, is_lm_head, mixed, uniform
 from tests.support import ROOT
 
 
@@ -19,3 +20,16 @@ def test_modules_outside_gptq_words_have_no_form():
     assert outside_words(QuantModule("m", 3, -1, 40, 64, False, False, "F16")) and \
         outside_words(QuantModule("m", 3, -1, 64, 48, False, False, "F16"))
     assert outside_words(QuantModule("m", 3, 32, 64, 96, False, False, "F16")) is None
+
+
+def test_lm_head_under_any_prefix_and_only_it():
+    assert all(is_lm_head(n) for n in ("lm_head", "model.lm_head", "a.b.lm_head"))
+    assert not any(is_lm_head(n) for n in ("lm_head_x", "model.lm_head.proj", "xlm_head", ""))
+
+
+def test_uniform_and_mixed():
+    a = QuantModule("a", 4, 128, 64, 64, True, False, "F16")
+    b = QuantModule("b", 4, 32, 64, 64, True, False, "F16")
+    assert uniform([a, b], "bits") == 4 and uniform([a, b], "group_size") is None
+    assert uniform([], "bits") is None
+    assert mixed([a, b], ("bits", "group_size")) and not mixed([a, b], ("bits", "sym"))

@@ -21,12 +21,10 @@ from ...bits.packing import block
 from ...findings import Finding
 from ...safetensors_io.dtypes import PACK_DTYPE_NAMES, WORD_DTYPES, to_float32
 from ...safetensors_io.index import TensorStore, open_store
-from ..model import DTYPE_KIND, ModuleTensors
+from ..model import DTYPE_KIND, ModuleTensors, is_lm_head
 from .config import ModuleConfig, QuantConfig, load_config
 
 ROLES = ("qweight", "qzeros", "scales", "g_idx", "bias")
-# TGI's scalar tensors beside GPTQ's modules (its loader reads bits, group size and sym there)
-TGI_SCALARS = ("gptq_bits", "gptq_groupsize", "gptq_sym")
 REQUIRED = ("qweight", "qzeros", "scales")
 SCALE_DTYPES = ("F16", "BF16", "F32")
 
@@ -336,5 +334,5 @@ def _cross_check(m: Module, decl: ModuleConfig, add: Callable[..., None]) -> Non
     if decl.pack_dtype is not None and decl.pack_dtype != m.pack_dtype:
         add("GQ307", f"config says pack_dtype={decl.pack_dtype}; words are "
             f"{PACK_DTYPE_NAMES.get(f'I{m.word_bits}')}")
-    if m.name == "lm_head" or m.name.endswith(".lm_head"):
+    if is_lm_head(m.name):
         add("GQ311", "the lm_head is quantized; vLLM, TGI and ExLlamaV2 may refuse it")

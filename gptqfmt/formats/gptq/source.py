@@ -24,7 +24,7 @@ from ...bits.conventions import (
 )
 from ...bits.packing import pack, unpack, unsigned
 from ...findings import Finding
-from ..model import ModuleRecord, ModuleTensors, QuantModule
+from ..model import ModuleRecord, ModuleTensors, QuantModule, is_lm_head, mixed, uniform
 from .checkpoint import Checkpoint, Module
 
 
@@ -136,23 +136,18 @@ class GptqSource:
         base = ck.config.base if ck.config else None
         mods = ck.valid_modules
 
-        def uniform(attr: str) -> Any:
-            vals = {getattr(m, attr) for m in mods}
-            return vals.pop() if len(vals) == 1 else None
-
         def pick(declared: Any, inferred: Any) -> Any:
             return declared if declared is not None else inferred
 
         return {
-            "bits": pick(base and base.bits, uniform("bits")),
-            "group_size": pick(base and base.group_size, uniform("group_size")),
+            "bits": pick(base and base.bits, uniform(mods, "bits")),
+            "group_size": pick(base and base.group_size, uniform(mods, "group_size")),
             "sym": base.sym if base else None,
-            "desc_act": pick(base and base.desc_act, uniform("act_order")),
-            "pack_dtype": pick(base and base.pack_dtype, uniform("pack_dtype")),
-            "lm_head": any(m.name.split(".")[-1] == "lm_head" for m in mods),
+            "desc_act": pick(base and base.desc_act, uniform(mods, "act_order")),
+            "pack_dtype": pick(base and base.pack_dtype, uniform(mods, "pack_dtype")),
+            "lm_head": any(is_lm_head(m.name) for m in mods),
             "static_groups": bool(ck.config and ck.config.static_groups),
-            "mixed": any(len({getattr(m, a) for m in mods}) > 1
-                         for a in ("bits", "group_size", "act_order", "word_bits")),
+            "mixed": mixed(mods, ("bits", "group_size", "act_order", "word_bits")),
         }
 
     def describe(self) -> str:

@@ -11,7 +11,7 @@ import numpy as np
 
 from ...bits.conventions import GPTQ_V2
 from ..configs import CONFIG_JSON, QUANTIZE_CONFIG
-from ..model import QuantModule
+from ..model import QuantModule, is_lm_head
 from ..source import Source
 from ..targets import patterns
 
@@ -65,7 +65,7 @@ class GptqWriter:
                                              "desc_act": a2}
         doc: dict[str, Any] = {
             "quant_method": "gptq", "bits": bits, "group_size": gs, "desc_act": act,
-            "sym": sym, "lm_head": any(m.name.split(".")[-1] == "lm_head" for m in modules),
+            "sym": sym, "lm_head": any(is_lm_head(m.name) for m in modules),
             "pack_dtype": "int32", "checkpoint_format": self.format, "format": self.format}
         if dynamic:
             doc["dynamic"] = dynamic
