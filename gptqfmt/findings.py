@@ -50,6 +50,7 @@ _CATALOGUE = [
     Code("GQ127", WARNING, "index total_size differs from the sum of tensor sizes"),
     Code("GQ128", ERROR, "no safetensors file found"),
     Code("GQ129", ERROR, "file differs from the hash its Hugging Face cache entry records"),
+    Code("GQ130", ERROR, "file is in another format (GGUF, PyTorch, pickle, ZIP), not safetensors"),
     # GQ2xx: configs
     Code("GQ201", ERROR, "config file is not valid JSON"),
     Code("GQ202", ERROR, "config violates its schema"),
@@ -108,6 +109,7 @@ _CATALOGUE = [
     Code("GQ503", ERROR, "converted output failed verification; nothing was written"),
     Code("GQ504", ERROR, "verify --against: a module computes another Y = X @ W"),
     Code("GQ505", ERROR, "verify --reference: a module's runtime output is inconsistent"),
+    Code("GQ507", ERROR, "verify --against: a tensor outside the modules or a config differs"),
     # GQ6xx: runtimes (verify --runtime): one code per reason a named runtime fails
     Code("GQ601", ERROR, "runtime would not load the checkpoint"),
     Code("GQ602", ERROR, "runtime reads the zero points as the other convention",

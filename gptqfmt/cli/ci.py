@@ -9,8 +9,8 @@
   checkpoint as a whole, for test-report viewers (GitLab, Jenkins, Azure).
 
 verify --against and --reference report modules, not findings: a module that differs is a
-GQ504 here, a module inconsistent with the fp32 reference a GQ505, so that every CI line
-carries a code of the catalogue."""
+GQ504 here (a tensor outside the modules or a config entry a GQ507), a module inconsistent
+with the fp32 reference a GQ505, so that every CI line carries a code of the catalogue."""
 from __future__ import annotations
 
 import os
@@ -33,10 +33,10 @@ from .output import Reporter, emit_json, escape
 from .text_lines import (
     against_lines,
     convert_lines,
-    differs,
     failure_lines,
     fix_label_lines,
     inspect_lines,
+    module_differences,
     reference_lines,
     verify_lines,
 )
@@ -79,8 +79,9 @@ class _CiReporter(Reporter):
                           strict))
 
     def against(self, rep: EquivalenceReport, code: int) -> None:
-        found = [Finding("GQ504", f"differs {differs(m)}", tensor=m.name)
-                 for m in rep.modules if not m.equal]
+        found = [Finding("GQ504", d, tensor=m.name)
+                 for m in rep.modules if not m.equal for d in module_differences(m)]
+        found += [Finding("GQ507", d.what, tensor=d.where) for d in rep.tensors + rep.configs]
         self.emit(Outcome("verify --against", rep.src, code, _final(against_lines(rep)),
                           found, [m.name for m in rep.modules]))
 

@@ -59,9 +59,9 @@ def finding_line(f: Finding) -> str:
     return f"{line} (hint: {escape(f.hint)})" if f.hint else line
 
 
-def plural(n: int, word: str) -> str:
-    """'1 error', '2 errors', '1 module', '0 modules'."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 error', '2 errors', '1 module', '0 modules' ('1 entry', '2 entries' with `words`)."""
+    return f"{n} {word}" if n == 1 else f"{n} {words or word + 's'}"
 
 
 def emit_json(doc, file=None) -> None:

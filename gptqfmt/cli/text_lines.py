@@ -170,20 +170,30 @@ def against_lines(rep: EquivalenceReport) -> list[Line]:
         if m.equal:
             lines.append(Line(f"{escape(m.name)}: equal (bitwise, every runtime)", "row"))
             continue
-        lines.append(Line(f"{escape(m.name)}: DIFFERS {differs(m)}", "finding", "error"))
+        lines += [Line(f"{escape(m.name)}: DIFFERS: {d}", "finding", "error")
+                  for d in module_differences(m)]
+    lines += [Line(f"{escape(d.where)}: DIFFERS: {d.what}", "finding", "error")
+              for d in rep.tensors + rep.configs]
     n_eq = sum(m.equal for m in rep.modules)
-    return lines + [final(f"{'OK' if rep.equivalent else 'FAIL'}: {n_eq} of {len(rep.modules)} "
-                          f"modules compute the same Y = X @ W ({rep.src_convention} vs "
-                          f"{rep.dst_convention}, backend {rep.backend}, {rep.columns} columns "
-                          "per module)", rep.equivalent)]
+    same = rep.tensors_compared - sum(not d.what.startswith("only in") for d in rep.tensors)
+    return lines + [final(
+        f"{'OK' if rep.equivalent else 'FAIL'}: {n_eq} of {plural(len(rep.modules), 'module')} "
+        f"compute the same Y = X @ W, {same} of {plural(rep.tensors_compared, 'other tensor')} "
+        f"identical byte for byte, "
+        + (f"{plural(len(rep.configs), 'config entry differs', 'config entries differ')}"
+           if rep.configs else "configs agree")
+        + f" ({rep.src_convention} vs {rep.dst_convention}, backend {rep.backend}, "
+          f"{rep.columns} columns per module)", rep.equivalent)]
 
 
-def differs(m) -> str:
-    """How a module of verify --against differs, after the word "differs" (the text line and
-    the CI reporters' message)."""
-    cells = ", ".join(f"{g}: {n} zero cells" for g, n in m.cells_differ.items())
-    return (f"for {'; '.join(m.runtimes_differ) or '-'} (max abs {m.max_abs:.4g}, "
-            f"relative {m.max_rel:.3g}; {cells})" + (f" {m.note}" if m.note else ""))
+def module_differences(m) -> list[str]:
+    """How a module of verify --against differs, one phrase per difference (the text lines and
+    the CI reporters' messages); the first carries how far the outputs are apart."""
+    out = list(m.differences) or ["Y = X @ W differs"]
+    if m.runtimes_differ and (m.max_abs or m.max_rel):
+        out[0] += (f" (Y = X @ W max abs {m.max_abs:.4g}, relative {m.max_rel:.3g}, for "
+                   f"{'; '.join(m.runtimes_differ)})")
+    return out
 
 
 def reference_lines(rep: ReferenceReport) -> list[Line]:

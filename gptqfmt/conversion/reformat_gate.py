@@ -15,21 +15,21 @@ import numpy as np
 
 from .. import faults
 from ..bits.conventions import ZeroRule
-from ..bits.packing import unpack, unsigned
+from ..bits.packing import unpack
 from ..checks.modules import module_findings
 from ..errors import FindingError
 from ..findings import ERROR
 from ..formats import WRITERS, QuantModule, Source, module_tensors, open_source
 from ..formats.model import F32
-from ..formats.relayout import BLOCK, blocks, transposed
+from ..formats.relayout import transposed
 from ..numerics import Backend, get_backend
 from ..numerics.backend import sample_columns
 from ..numerics.cpu import dequant_fields
+from ..ops.differences import bytes_differ, codes_equal
 from ..safetensors_io.dtypes import to_float32
 from .gate import GEMM_ROWS, GateResult, ModuleCheck, check_labels
 
 GEMM_COLUMNS = 16      # output columns per module in Y = X @ W
-CMP_CHUNK = 4 << 20    # elements per comparison of a re-laid-out tensor
 
 
 def open_output(tmp: Path, to: str) -> tuple[Source | None, list[str]]:
@@ -47,21 +47,6 @@ def open_output(tmp: Path, to: str) -> tuple[Source | None, list[str]]:
     for m in out.modules:
         errors += [f for f in module_findings(out, m) if f.severity == ERROR]
     return out, [f"the output would fail verify: {f.one_line()}" for f in errors]
-
-
-def codes_equal(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> bool:
-    """qweight of both sides equal word for word, in blocks of BLOCK output channels (memory:
-    one block; a transposed side is read row-contiguously)."""
-    a, at = src.stored_qweight(m)
-    b, bt = out.stored_qweight(mo)
-    a, b = unsigned(np.asarray(a)), unsigned(np.asarray(b))
-    if at == bt:  # the same layout
-        return a.shape == b.shape and all(blocks(
-            lambda i: np.array_equal(a[i:i + BLOCK], b[i:i + BLOCK]), a.shape[0], a.nbytes))
-    if at:
-        a, b = b, a   # a: the one model's [K*bits/32, N]; b: its transpose as stored
-    return a.shape == b.shape[::-1] and all(blocks(
-        lambda n: np.array_equal(a[:, n:n + BLOCK], b[n:n + BLOCK].T), a.shape[1], a.nbytes))
 
 
 def qweight_columns(src: Source, m: QuantModule, cols: np.ndarray) -> np.ndarray:
@@ -128,20 +113,10 @@ def compare_passthrough(src: Source, out: Source, to: str, result: GateResult) -
             if WRITERS[to].keeps(t):   # else left out on purpose
                 result.failures.append(f"{t}: missing in the output")
             continue
-        a, b = src.store.info(t), out.store.info(t)
-        if (a.dtype, tuple(a.shape)) != (b.dtype, tuple(b.shape)):
-            result.failures.append(f"{t}: {b.dtype}{list(b.shape)} in the output, "
-                                   f"{a.dtype}{list(a.shape)} in SRC")
-            continue
-        va = src.store.view(t).reshape(-1).view(np.uint8)
-        vb = out.store.view(t).reshape(-1).view(np.uint8)
-        for lo in range(0, va.size, CMP_CHUNK):
-            if not np.array_equal(va[lo:lo + CMP_CHUNK], vb[lo:lo + CMP_CHUNK]):
-                result.failures.append(f"{t}: bytes differ from SRC")
-                break
-        result.bytes_compared += va.size
-        src.store.release([t])
-        out.store.release([t])
+        why, size = bytes_differ(src, out, t)
+        if why:
+            result.failures.append(f"{t}: {why} (SRC vs the output)")
+        result.bytes_compared += size
 
 
 def run_format_gate(src: Source, tmp: Path, to: str, backend: str = "cpu",

@@ -32,11 +32,17 @@ from ..numerics import get_backend
 from ..numerics.backend import sample_columns
 from ..runtimes.groups import groups as runtime_groups
 from ..safetensors_io.dtypes import FP16_MAX
+from .differences import (
+    SIDES,
+    config_differences,
+    field_differences,
+    scheme_differences,
+    tensor_differences,
+)
 
 ROWS = 4          # rows of the random input X
 COLUMNS = 64      # output columns sampled per module (a contiguous block; all when fewer)
 ACROSS = "every runtime"  # the one reading when a side stores Z itself
-MISSING = "missing or invalid in one file"
 
 
 @dataclass
@@ -47,7 +53,18 @@ class ModuleEquivalence:
     max_rel: float = 0.0
     cells_differ: dict[str, int] = field(default_factory=dict)   # per runtime group
     runtimes_differ: list[str] = field(default_factory=list)
-    note: str = ""
+    # what differs, one phrase each, SRC's side first ("bits 4 vs 8", "only in DST")
+    differences: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "note": "; ".join(self.differences)}
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A tensor outside the modules, or a config entry, that differs."""
+    where: str
+    what: str
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -62,10 +79,14 @@ class EquivalenceReport:
     dst_convention: str
     columns: int
     modules: list[ModuleEquivalence]
+    tensors: list[Difference] = field(default_factory=list)
+    configs: list[Difference] = field(default_factory=list)
+    tensors_compared: int = 0
+    bytes_compared: int = 0
 
     @property
     def equivalent(self) -> bool:
-        return all(m.equal for m in self.modules)
+        return all(m.equal for m in self.modules) and not self.tensors and not self.configs
 
     def to_json(self) -> dict[str, Any]:
         return {"status": "ok" if self.equivalent else "fail", "mode": "against",
@@ -73,9 +94,15 @@ class EquivalenceReport:
                 "src_convention": self.src_convention, "dst_convention": self.dst_convention,
                 "columns_per_module": self.columns, "findings": [],
                 "modules": [m.to_json() for m in self.modules],
+                "tensors": [d.to_json() for d in self.tensors],
+                "configs": [d.to_json() for d in self.configs],
                 "summary": {"modules": len(self.modules),
                             "equal": sum(m.equal for m in self.modules),
-                            "differ": sum(not m.equal for m in self.modules)}}
+                            "differ": sum(not m.equal for m in self.modules),
+                            "tensors": self.tensors_compared,
+                            "tensors_differ": len(self.tensors),
+                            "bytes_compared": self.bytes_compared,
+                            "configs_differ": len(self.configs)}}
 
 
 def _columns(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -84,8 +111,10 @@ def _columns(n: int, rng: np.random.Generator) -> np.ndarray:
 
 def compare(src: str | os.PathLike[str], dst: str | os.PathLike[str], backend: str = "auto",
             seed: int = 0) -> EquivalenceReport:
-    """See the module docstring. Every module either side has is reported; one that only one
-    side has, or has valid, differs."""
+    """See the module docstring. The two are compared as wholes, alike in either order: every
+    module either side has (one only one side has, or has valid, differs), every tensor
+    outside the modules byte for byte, and the configs as far as they change what a runtime
+    computes."""
     be = get_backend(backend)
     a = open_source(src)
     try:
@@ -99,55 +128,72 @@ def compare(src: str | os.PathLike[str], dst: str | os.PathLike[str], backend: s
         readings: list[tuple[str, ZeroRule | None]] = \
             [(g.name, g.gptq) for g in runtime_groups()] \
             if a.labelled is not None and b.labelled is not None else [(ACROSS, None)]
-        valid_b = {m.name: m for m in b.modules}
         rng = np.random.default_rng(seed)
-        out = [_module(a, b, name, ma, valid_b.get(name), readings, be, rng)
-               for name, ma in _named(a)]
-        seen = {r.name for r in a.records()}
-        out += [ModuleEquivalence(r.name, False, note=MISSING) for r in b.records()
-                if r.name not in seen]
+        out = [_module(a, b, name, ma, mb, readings, be, rng)
+               for name, ma, mb in _paired(a, b)]
+        tensors, n_tensors, n_bytes = tensor_differences(a, b)
+        configs = config_differences(a, b)
     finally:
         a.close()
         b.close()
-    return EquivalenceReport(str(src), str(dst), be.name, a.format, b.format, COLUMNS, out)
+    return EquivalenceReport(str(src), str(dst), be.name, a.format, b.format, COLUMNS, out,
+                             [Difference(*d) for d in tensors], [Difference(*d) for d in configs],
+                             n_tensors, n_bytes)
 
 
-def _named(src: Source) -> list[tuple[str, QuantModule | None]]:
-    """Every module `src` has, in its order, with its one-model form where it is valid."""
-    valid = {m.name: m for m in src.modules}
-    return [(r.name, valid.get(r.name)) for r in src.records()]
+def _paired(a: Source, b: Source) -> list[tuple[str, QuantModule | str, QuantModule | str]]:
+    """Every module either side has, in SRC's order then DST's, with each side's one-model
+    form, or why it has none ("missing", "invalid")."""
+    def side(src: Source) -> dict[str, QuantModule | str]:
+        valid = {m.name: m for m in src.modules}
+        return {r.name: valid.get(r.name, "invalid") for r in src.records()}
+    sa, sb = side(a), side(b)
+    names = list(sa) + [n for n in sb if n not in sa]
+    return [(n, sa.get(n, "missing"), sb.get(n, "missing")) for n in names]
 
 
-def _module(a: Source, b: Source, name: str, m: QuantModule | None, mb: QuantModule | None,
+def _module(a: Source, b: Source, name: str, m: QuantModule | str, mb: QuantModule | str,
             readings: list[tuple[str, ZeroRule | None]], be: Any,
             rng: np.random.Generator) -> ModuleEquivalence:
-    if m is None or mb is None:
-        return ModuleEquivalence(name, False, note=MISSING)
-    if (m.bits, m.in_features, m.out_features, m.groups) != \
-            (mb.bits, mb.in_features, mb.out_features, mb.groups):
-        return ModuleEquivalence(name, False, note="geometry differs")
+    if isinstance(m, str) or isinstance(mb, str):
+        if m == "missing" or mb == "missing":
+            return ModuleEquivalence(name, False, differences=[
+                f"only in {SIDES[m == 'missing']}"])
+        bad = [s for s, x in zip(SIDES, (m, mb)) if isinstance(x, str)]
+        return ModuleEquivalence(name, False, differences=[
+            f"invalid in {' and '.join(bad)}: its tensors do not form a module (see "
+            "`gptqfmt verify`)"])
+    scheme = scheme_differences(m, mb)
+    if scheme:
+        return ModuleEquivalence(name, False, differences=scheme)
     outside = outside_words(m) if readings[0][1] is None else None
     if outside:   # no form in the one model the comparison computes on
-        return ModuleEquivalence(name, False, note=f"not compared: {outside}")
+        return ModuleEquivalence(name, False, differences=[f"not compared: {outside}"])
     cols = _columns(m.out_features, rng)
     x = rng.standard_normal((ROWS, m.in_features)).astype(np.float32)
     res = ModuleEquivalence(name, True)
     try:
+        res.differences = field_differences(a, m, b, mb)
+        res.equal = not res.differences
         for label, gptq_rule in readings:
             (ta, ra), (tb, rb) = a.operands(m, gptq_rule), b.operands(mb, gptq_rule)
             res.cells_differ[label] = int(np.count_nonzero(
                 a.zeros(m, gptq_rule)[0] != b.zeros(mb, gptq_rule)[0]))
             ya, yb = be.gemm(x, F32, ta, ra, cols), be.gemm(x, F32, tb, rb, cols)
-            same_g = np.array_equal(np.asarray(ta.g_idx), np.asarray(tb.g_idx))
-            if not np.array_equal(ya, yb) or res.cells_differ[label] or not same_g:
+            if not np.array_equal(ya, yb) or res.cells_differ[label] or res.differences:
                 res.equal = False
                 res.runtimes_differ.append(label)
                 err = np.abs(yb - ya)
                 res.max_abs = max(res.max_abs, float(np.nanmax(err)))
                 res.max_rel = max(res.max_rel, float(np.linalg.norm(yb - ya) /
                                                      (np.linalg.norm(ya) or 1.0)))
-                if not same_g:
-                    res.note = "g_idx differs"
+        cells = {n: c for n, c in res.cells_differ.items() if c}
+        if cells:
+            res.differences.append("zero points: " + ", ".join(
+                f"{c} of {m.groups * m.out_features} cells differ for {n}"
+                for n, c in cells.items()))
+        if not res.equal and not res.differences:
+            res.differences.append("Y = X @ W differs")
     finally:
         a.store.release(m.tensors.values())
         b.store.release(mb.tensors.values())

@@ -88,11 +88,12 @@ def test_sarif_of_a_failure_and_of_verify_against(run_cli, tmp_path):
     inv = log["runs"][0]["invocations"][0]
     assert code == 2 and inv["exitCode"] == 2 and not inv["executionSuccessful"]
     assert "missing" in inv["toolExecutionNotifications"][0]["message"]["text"]
-    # two checkpoints that differ: one GQ504 per module that differs
+    # two checkpoints that differ: one GQ504 per difference of a module, one GQ507 per
+    # tensor outside the modules that differs
     code, log = sarif(run_cli, "verify", CKPT / "mislabelled-b4-sym-v2-as-gptq", "--against",
                       CKPT / "b4-sym-noact-gptq-single")
     codes = {r["ruleId"] for r in log["runs"][0]["results"]}
-    assert code == 1 and codes == {"GQ504"}
+    assert code == 1 and codes == {"GQ504", "GQ507"}
 
 
 # ---- GitHub workflow commands ------------------------------------------------------------

@@ -151,12 +151,13 @@ def test_a_module_only_dst_has_differs(tmp_path):
     rewrite(tmp_path / "less" / "model.safetensors",
             lambda t: [t.pop(k) for k in [k for k in t if k.startswith(q)]])
     less = tmp_path / "less"
-    for a, b in ((less, CKPT / name), (CKPT / name, less)):
+    for a, b, side in ((less, CKPT / name, "DST"), (CKPT / name, less, "SRC")):
         rep = compare(a, b, backend="cpu")
         mods = {m.name: m for m in rep.modules}
         assert len(mods) == len(MANIFEST[name]["modules"]) and not rep.equivalent
         assert [n for n, m in mods.items() if not m.equal] == [q[:-1]]
-        assert mods[q[:-1]].note == "missing or invalid in one file"
+        assert mods[q[:-1]].differences == [f"only in {side}"]
+        assert [(d.where, d.what) for d in rep.tensors] == [(q + "bias", f"only in {side}")]
 
 
 def test_a_g_idx_that_differs_alone_differs(tmp_path):
@@ -176,5 +177,109 @@ def test_a_g_idx_that_differs_alone_differs(tmp_path):
         rewrite(tmp_path / side / "model.safetensors", same_groups)
     rep = compare(tmp_path / "a", tmp_path / "b", backend="cpu")
     assert not rep.equivalent
-    assert all(not m.equal and m.note == "g_idx differs" and m.max_abs == 0.0
-               for m in rep.modules)
+    f = SafetensorsFile(tmp_path / "a" / "model.safetensors")
+    for m in rep.modules:
+        g = f.view(m.name + ".g_idx")
+        assert not m.equal and m.max_abs == 0.0
+        assert m.differences == [f"g_idx: {int((g != g[::-1]).sum())} of {g.size} entries "
+                                 "differ"]
+
+
+def _copies(tmp_path, name="b4-asym-noact-gptq-single"):
+    for side in ("a", "b"):
+        shutil.copytree(CKPT / name, tmp_path / side)
+    return tmp_path / "a", tmp_path / "b"
+
+
+def _both_orders(run_cli, a, b):
+    """The text lines of verify a --against b and of b --against a, and their exit codes."""
+    out = []
+    for x, y in ((a, b), (b, a)):
+        r = run_cli("verify", x, "--against", y, "--backend", "cpu")
+        out.append((r.exit_code, r.stdout.splitlines()))
+    return out
+
+
+def test_an_unquantized_tensor_that_differs_fails_in_either_order(tmp_path, run_cli):
+    """64 scrambled bytes in embed_tokens: every module computes the same, the checkpoints do
+    not; the line names the tensor and counts the bytes."""
+    a, b = _copies(tmp_path)
+
+    def scramble(t):
+        e = t["model.embed_tokens.weight"].view(np.uint8).reshape(-1).copy()
+        e[100:164] ^= 0x5A
+        t["model.embed_tokens.weight"] = e.view(np.float16).reshape(32, 64)
+    rewrite(b / "model.safetensors", scramble)
+    for code, lines in _both_orders(run_cli, a, b):
+        assert code == 1 and lines[-1].startswith("FAIL: 7 of 7 modules compute the same")
+        assert "model.embed_tokens.weight: DIFFERS: 64 of 4096 bytes differ" in lines
+        assert "7 of 8 other tensors identical byte for byte" in lines[-1]
+
+
+def test_a_tensor_only_one_side_has_is_named_with_its_side(tmp_path, run_cli):
+    a, b = _copies(tmp_path)
+    rewrite(b / "model.safetensors", lambda t: t.pop("model.norm.weight"))
+    (c1, l1), (c2, l2) = _both_orders(run_cli, a, b)
+    assert c1 == c2 == 1
+    assert "model.norm.weight: DIFFERS: only in SRC" in l1
+    assert "model.norm.weight: DIFFERS: only in DST" in l2
+
+
+def test_a_bits_mismatch_is_said_as_such(tmp_path, run_cli):
+    (c1, l1), (c2, l2) = _both_orders(run_cli, CKPT / "b4-asym-noact-gptq-single",
+                                      CKPT / "b8-asym-noact-gptq-single")
+    q = "model.layers.0.self_attn.q_proj: DIFFERS: "
+    assert c1 == c2 == 1
+    assert any(ln.startswith(q + "bits 4 vs 8") for ln in l1)
+    assert any(ln.startswith(q + "bits 8 vs 4") for ln in l2)
+    assert "quantization bits: DIFFERS: 4 vs 8" in l1
+
+
+@pytest.mark.parametrize("field", ["qweight", "scales"])
+def test_a_field_outside_the_sampled_columns_is_found(tmp_path, field):
+    """Every word of qweight and every scale is compared, not only the columns the product
+    samples: one changed value in the last column of a wide module fails."""
+    a, b = _copies(tmp_path)
+    mod = "model.layers.0.mlp.gate_proj"   # 128 output columns, more than the 64 sampled
+
+    def poke(t):
+        x = t[f"{mod}.{field}"]
+        if field == "qweight":
+            x[0, -1] ^= 0x10
+        else:
+            x[0, -1] = np.float16(x[0, -1] * 2)
+    rewrite(b / "model.safetensors", poke)
+    rep = compare(a, b, backend="cpu")
+    m = {m.name: m for m in rep.modules}[mod]
+    total = 8 * 128 if field == "qweight" else 2 * 128
+    unit = "words" if field == "qweight" else "values"
+    assert not rep.equivalent and not m.equal
+    assert m.differences == [f"{field}: 1 of {total} {unit} differ"]
+
+
+def test_a_model_config_that_differs_fails_and_provenance_does_not(tmp_path, run_cli):
+    a, b = _copies(tmp_path)
+    cfg = json.loads((b / "config.json").read_text())
+    cfg["_name_or_path"] = "somewhere/else"
+    (b / "config.json").write_text(json.dumps(cfg))
+    code, lines = _both_orders(run_cli, a, b)[0]
+    assert code == 0 and lines[-1].endswith(
+        "configs agree (gptq vs gptq, backend cpu, 64 columns per module)")
+    cfg["torch_dtype"] = "bfloat16"
+    (b / "config.json").write_text(json.dumps(cfg))
+    (c1, l1), (c2, l2) = _both_orders(run_cli, a, b)
+    assert c1 == c2 == 1
+    assert 'config.json torch_dtype: DIFFERS: "float16" vs "bfloat16"' in l1
+    assert 'config.json torch_dtype: DIFFERS: "bfloat16" vs "float16"' in l2
+    assert "1 config entry differs" in l1[-1]
+
+
+@pytest.mark.parametrize("to", ["gptq_v2", "compressed-tensors"])
+def test_a_conversion_is_equal_as_a_whole_in_either_order(tmp_path, run_cli, to):
+    """A lossless conversion compares equal as a whole: its label and its format's spelling of
+    the quantization config are not differences."""
+    src = CKPT / "b4-sym-noact-gptq-sharded"
+    convert(src, tmp_path / "o", to=to)
+    for code, lines in _both_orders(run_cli, src, tmp_path / "o"):
+        assert code == 0 and lines[-1].startswith("OK: 7 of 7 modules compute the same")
+        assert "8 of 8 other tensors identical byte for byte, configs agree" in lines[-1]

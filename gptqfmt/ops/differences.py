@@ -1,0 +1,174 @@
+"""What differs between two checkpoints, field by field: the primitives `verify --against` and
+convert's gate between formats share (one place for what "the same" means).
+
+Each function reads one tensor (or one module) at a time, in bounded chunks, and releases the
+pages it mapped: comparing two 100 GB checkpoints holds one chunk of each in memory.
+
+A difference is said in words, SRC's side first: "bits 4 vs 8", "only in DST",
+"64 of 4096 bytes differ".
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from ..bits.packing import unsigned
+from ..formats import QuantModule, Source
+from ..formats.configs import CONFIG_JSON, CONFIG_KEY, TGI_SCALARS
+from ..formats.relayout import BLOCK, blocks
+
+CMP_CHUNK = 4 << 20    # bytes of each side compared per step
+SIDES = ("SRC", "DST")
+# config.json keys that name where a file came from, not what a model computes
+PROVENANCE_KEYS = frozenset({"_name_or_path", "transformers_version", "_commit_hash"})
+# a module's scheme as runtimes read it, in the words a difference names it by
+SCHEME = (("bits", "bits"), ("group_size", "group_size"), ("in_features", "in_features"),
+          ("out_features", "out_features"), ("sym", "sym"), ("scale_dtype", "scales dtype"))
+# the quantization config's fields that change what a runtime computes beyond each module's
+# tensors (bits, group size and sym are read per module; these decide kernels and lm_head)
+CONFIG_FIELDS = ("bits", "group_size", "sym", "desc_act", "lm_head")
+
+
+def vs(a: Any, b: Any) -> str:
+    return f"{a} vs {b}"
+
+
+def scheme_differences(m: QuantModule, mb: QuantModule) -> list[str]:
+    """How the two modules' geometry and scheme differ ("bits 4 vs 8"); empty when alike."""
+    return [f"{word} {vs(getattr(m, attr), getattr(mb, attr))}" for attr, word in SCHEME
+            if getattr(m, attr) != getattr(mb, attr)]
+
+
+def codes_equal(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> bool:
+    """qweight of both sides equal word for word, in blocks of BLOCK output channels (memory:
+    one block; a transposed side is read row-contiguously)."""
+    return codes_differ(src, m, out, mo) == 0
+
+
+def codes_differ(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> int:
+    """How many 32-bit words of qweight differ (the one model's [K*bits/32, N]; -1 when the
+    shapes differ), in blocks of BLOCK output channels."""
+    a, at = src.stored_qweight(m)
+    b, bt = out.stored_qweight(mo)
+    a, b = unsigned(np.asarray(a)), unsigned(np.asarray(b))
+    if at == bt:  # the same layout
+        if a.shape != b.shape:
+            return -1
+        return sum(blocks(lambda i: int(np.count_nonzero(a[i:i + BLOCK] != b[i:i + BLOCK])),
+                          a.shape[0], a.nbytes))
+    if at:
+        a, b = b, a   # a: the one model's [K*bits/32, N]; b: its transpose as stored
+    if a.shape != b.shape[::-1]:
+        return -1
+    return sum(blocks(lambda n: int(np.count_nonzero(a[:, n:n + BLOCK] != b[n:n + BLOCK].T)),
+                      a.shape[1], a.nbytes))
+
+
+def field_differences(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> list[str]:
+    """The fields of two modules of the same scheme that differ, other than the zero points:
+    codes word for word, scales bit for bit, g_idx entry for entry."""
+    why = []
+    n = codes_differ(src, m, out, mo)
+    if n:
+        why.append("qweight shapes differ" if n < 0 else
+                   f"qweight: {n} of {m.in_features * m.bits // 32 * m.out_features} words "
+                   "differ")
+    sa, sb = np.asarray(src.scales(m)), np.asarray(out.scales(mo))
+    n = count_differ(sa.view(np.uint8).reshape(sa.shape[0], -1),
+                     sb.view(np.uint8).reshape(sb.shape[0], -1), sa.itemsize)
+    if n:
+        why.append(f"scales: {n} of {sa.size} values differ")
+    ga, gb = np.asarray(src.g_idx(m)), np.asarray(out.g_idx(mo))
+    n = count_differ(ga, gb)
+    if n:
+        why.append(f"g_idx: {n} of {ga.size} entries differ")
+    return why
+
+
+def count_differ(a: np.ndarray, b: np.ndarray, unit: int = 1) -> int:
+    """How many elements differ (of `unit` consecutive bytes when the arrays are byte views);
+    -1 when the shapes differ."""
+    if a.shape != b.shape:
+        return -1
+    if unit == 1:
+        return int(np.count_nonzero(a != b))
+    d = (a != b).reshape(-1, unit)
+    return int(np.count_nonzero(d.any(axis=1)))
+
+
+def bytes_differ(src: Source, out: Source, t: str) -> tuple[str | None, int]:
+    """(How tensor `t` differs between the two sides, None when it does not; its size in
+    bytes): dtype and shape, then its bytes, CMP_CHUNK at a time, counted."""
+    a, b = src.store.info(t), out.store.info(t)
+    if (a.dtype, tuple(a.shape)) != (b.dtype, tuple(b.shape)):
+        return f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}", a.nbytes
+    va = src.store.view(t).reshape(-1).view(np.uint8)
+    vb = out.store.view(t).reshape(-1).view(np.uint8)
+    n = 0
+    try:
+        for lo in range(0, va.size, CMP_CHUNK):
+            n += int(np.count_nonzero(va[lo:lo + CMP_CHUNK] != vb[lo:lo + CMP_CHUNK]))
+    finally:
+        src.store.release([t])
+        out.store.release([t])
+    return (f"{n} of {va.size} bytes differ" if n else None), va.size
+
+
+def tensor_differences(a: Source, b: Source) -> tuple[list[tuple[str, str]], int, int]:
+    """Every tensor outside the quantized modules, on both sides, byte for byte: ([(tensor, how
+    it differs)], tensors compared, bytes compared). TGI's scalar config tensors are GPTQ's
+    own: not looked for in a side of another format."""
+    pa, pb = set(a.passthrough), set(b.passthrough)
+    if (a.labelled is None) != (b.labelled is None):
+        pa, pb = pa - set(TGI_SCALARS), pb - set(TGI_SCALARS)
+    out = [(t, f"only in {side}") for side, only in zip(SIDES, (pa - pb, pb - pa))
+           for t in sorted(only)]
+    nbytes = 0
+    for t in sorted(pa & pb):
+        why, size = bytes_differ(a, b, t)
+        nbytes += size
+        if why:
+            out.append((t, why))
+    return sorted(out), len(pa & pb), nbytes
+
+
+def config_differences(a: Source, b: Source) -> list[tuple[str, str]]:
+    """What the two sides' configs say differently, as far as it changes what a runtime
+    computes: config.json's model keys (all but provenance and the quantization config, whose
+    format-specific spelling differs between formats of the same weights), and the fields of
+    the quantization scheme each side declares (CONFIG_FIELDS). [(where, how)]."""
+    out = []
+    ca, cb = _model_config(a), _model_config(b)
+    if (ca is None) != (cb is None):
+        out.append((CONFIG_JSON, f"only in {SIDES[ca is None]}"))
+    elif ca is not None and cb is not None:
+        for k in sorted(set(ca) | set(cb)):
+            if k not in cb or k not in ca:
+                out.append((f"{CONFIG_JSON} {k}", f"only in {SIDES[k not in ca]}"))
+            elif ca[k] != cb[k]:
+                out.append((f"{CONFIG_JSON} {k}", vs(_short(ca[k]), _short(cb[k]))))
+    qa, qb = a.quantization(), b.quantization()
+    for k in CONFIG_FIELDS:
+        if qa.get(k) is not None and qb.get(k) is not None and qa[k] != qb[k]:
+            out.append((f"quantization {k}", vs(qa[k], qb[k])))
+    return out
+
+
+def _model_config(src: Source) -> dict[str, Any] | None:
+    """config.json beside the weights without provenance and its quantization config; None
+    where there is none (or it is not a JSON object: verify of that side says so)."""
+    p = src.root / CONFIG_JSON
+    try:
+        doc = json.loads(p.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    return {k: v for k, v in doc.items() if k not in PROVENANCE_KEYS and k != CONFIG_KEY}
+
+
+def _short(v: Any, limit: int = 40) -> str:
+    s = json.dumps(v, sort_keys=True)
+    return s if len(s) <= limit else s[:limit - 3] + "..."
