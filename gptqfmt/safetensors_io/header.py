@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from dataclasses import dataclass
 from math import prod
 
 from ..errors import FindingError
 from ..findings import Finding
+from . import foreign
 from .dtypes import DTYPES, nbytes
 
 MAX_HEADER_LEN = 100_000_000
 METADATA_KEY = "__metadata__"
-LFS_MAGIC = b"version https://git-lfs"
+#: the bytes a header's JSON may begin with: whitespace or the object's brace
+JSON_START = b" \t\r\n{"
 _U64_MAX = 2**64 - 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per tensor: tens of thousands in a MoE checkpoint
 class TensorInfo:
     name: str
     dtype: str
@@ -51,11 +54,14 @@ class Header:
         return 8 + self.header_len
 
 
-def header_length(prefix: bytes, file_size: int, path: str) -> int:
-    """Check the 8-byte prefix (and the LFS-pointer case) and return N."""
-    if prefix.startswith(LFS_MAGIC):
-        _fail("GQ117", path, None, "starts with 'version https://git-lfs': a git-LFS pointer "
-              "file, not the shard itself", "run `git lfs pull` (or download the file again)")
+def header_length(prefix: bytes, file_size: int, path: str, location: str | None = None) -> int:
+    """Check the file's first bytes `prefix` (foreign.SNIFF_BYTES of them, or the whole file if
+    shorter) and return N. A file in another format is named as such first (GQ117, GQ130), so
+    that its magic number is never reported as a header length; `location` is the file as the
+    user reaches it, for the next step's command (default `path`)."""
+    other = other_format(prefix)
+    if other is not None:
+        raise FindingError(foreign.finding(other, path, location or path))
     if file_size < 8 or len(prefix) < 8:
         _fail("GQ101", path, None, f"file has {file_size} bytes; a safetensors file needs at least "
               "8 (the header length)")
@@ -66,6 +72,18 @@ def header_length(prefix: bytes, file_size: int, path: str) -> int:
         _fail("GQ103", path, None, f"header length {n} needs {8 + n} bytes; the file has "
               f"{file_size}", "the file is truncated or not safetensors")
     return n
+
+
+def other_format(prefix: bytes) -> foreign.Other | None:
+    """The other format that a file's first bytes name, where they cannot begin a safetensors
+    file. A header length within the limit followed by JSON's first byte (or by nothing, in a
+    truncated file) stays safetensors whatever it looks like: a header of 896 bytes begins
+    80 03, as a pickle does, and PyTorch's ZIP magic reads as 67,324,752."""
+    if len(prefix) >= 8:
+        (n,) = struct.unpack("<Q", prefix[:8])
+        if n <= MAX_HEADER_LEN and prefix[8:9] in JSON_START:  # b"" (nothing) is in it too
+            return None
+    return foreign.identify(prefix)
 
 
 def parse_header(raw: bytes, file_size: int, path: str) -> Header:
@@ -100,7 +118,8 @@ def parse_header(raw: bytes, file_size: int, path: str) -> Header:
         _check_text(k, path)
         _check_text(v, path)
 
-    infos = [_tensor_info(name, entry, path) for name, entry in doc.items()]
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+    infos = [_tensor_info(name, entry, path, shapes) for name, entry in doc.items()]
     infos.sort(key=lambda t: (t.begin, t.end))
     expected = 0
     for t in infos:
@@ -120,7 +139,10 @@ def parse_header(raw: bytes, file_size: int, path: str) -> Header:
     return Header({t.name: t for t in infos}, metadata, n, expected)
 
 
-def _tensor_info(name: str, entry, path: str) -> TensorInfo:
+def _tensor_info(name: str, entry, path: str,
+                 shapes: dict[tuple[int, ...], tuple[int, ...]]) -> TensorInfo:
+    """The entry of tensor `name`, checked; `shapes`: the shapes met so far in the file, each
+    kept once (with the dtype's one string: most tensors share both)."""
     if not isinstance(entry, dict):
         _fail("GQ106", path, name, f"entry must be an object; got {_json_type(entry)}")
     for key, kind in (("dtype", str), ("shape", list), ("data_offsets", list)):
@@ -152,7 +174,8 @@ def _tensor_info(name: str, entry, path: str) -> TensorInfo:
     if end - begin != size:
         _fail("GQ112", path, name, f"data_offsets span {end - begin} bytes; shape "
               f"{_short(shape)} of {dtype} needs {size}")
-    return TensorInfo(name, dtype, tuple(shape), begin, end)
+    shape_t = tuple(shape)
+    return TensorInfo(name, sys.intern(dtype), shapes.setdefault(shape_t, shape_t), begin, end)
 
 
 class _Duplicate(ValueError):

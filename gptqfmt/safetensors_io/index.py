@@ -19,10 +19,10 @@ import numpy as np
 from ..errors import FindingError, UsageError
 from ..findings import Finding
 from ..resources import validator
-from . import journal
+from . import foreign, journal
 from .header import TensorInfo
 from .hub import cache_root_hint, cache_root_note
-from .reader import SafetensorsFile
+from .reader import SafetensorsFile, sniff
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -110,9 +110,7 @@ def _open_store(path: str | os.PathLike) -> TensorStore:
         return _open_indexed(p)
     shards = sorted(f.name for f in _listdir(p) if f.name.endswith(SUFFIX) and f.is_file())
     if not shards:
-        raise FindingError(Finding("GQ128", f"no *{SUFFIX} file and no {INDEX_NAME} in this "
-                                   "directory" + cache_root_note(p), file=str(p),
-                                   hint=cache_root_hint(p)))
+        raise FindingError(_no_safetensors(p))
     store = TensorStore(p, {}, {})
     if SINGLE_NAME in shards:  # what transformers loads without an index; others are ignored
         for name in shards:
@@ -125,6 +123,23 @@ def _open_store(path: str | os.PathLike) -> TensorStore:
     if not store.files:
         raise FindingError(*store.findings)
     return store
+
+
+def _no_safetensors(p: Path) -> Finding:
+    """GQ128 for directory `p`: what it holds instead, where that is weights in another format
+    (the first bytes of each file named like them tell which), or a cache entry's snapshots."""
+    found = [(f, other) for f in _listdir(p)
+             if foreign.weights_name(f.name) and f.is_file() and (other := sniff(f)) is not None]
+    missing = f"no *{SUFFIX} file and no {INDEX_NAME} in this directory"
+    if not found:
+        return Finding("GQ128", missing + cache_root_note(p), file=str(p),
+                       hint=cache_root_hint(p))
+    (first, other), more = found[0], len(found) - 1
+    also = f", and {more} more file{'s' if more > 1 else ''} in another format" if more else ""
+    return Finding("GQ128", f"{missing}; it holds {first.name}, {other.what}{also}"
+                   + foreign.consequence(other), file=str(p),
+                   hint=foreign.next_step(other, str(first), then=str(p),
+                                          more=sum(o.kind == other.kind for _, o in found[1:])))
 
 
 def _open_into(store: TensorStore, name: str, expected: set[str] | None = None) -> None:

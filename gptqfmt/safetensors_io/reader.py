@@ -10,7 +10,18 @@ import numpy as np
 from ..errors import FindingError
 from ..findings import Finding
 from .dtypes import DTYPES
-from .header import Header, TensorInfo, header_length, parse_header
+from .foreign import SNIFF_BYTES, Other
+from .header import Header, TensorInfo, header_length, other_format, parse_header
+
+
+def sniff(path: str | os.PathLike) -> Other | None:
+    """The other format that the file at `path` is in, from its first bytes (None when it may
+    be safetensors, or cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            return other_format(f.read(SNIFF_BYTES))
+    except OSError:
+        return None
 
 
 class SafetensorsFile:
@@ -27,7 +38,7 @@ class SafetensorsFile:
         try:
             with open(self.path, "rb") as f:
                 self.size = os.fstat(f.fileno()).st_size
-                n = header_length(f.read(len(b"version https://git-lfs")), self.size, self.name)
+                n = header_length(f.read(SNIFF_BYTES), self.size, self.name, self.path)
                 f.seek(8)
                 raw = f.read(n)
         except OSError as e:

@@ -1,6 +1,12 @@
 """The safetensors reader: one test per rejection rule, and the official library as an oracle."""
+import io
 import json
+import pickle
+import shlex
 import struct
+import subprocess
+import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -9,7 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gptqfmt.errors import FindingError
-from gptqfmt.safetensors_io import SafetensorsFile, save_file
+from gptqfmt.safetensors_io import SafetensorsFile, reader, save_file
+from gptqfmt.safetensors_io.foreign import SNIFF_BYTES
+from gptqfmt.safetensors_io.header import other_format
 
 T2 = {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]}
 
@@ -33,6 +41,20 @@ def oracle(blob):
 
 def deep(n):
     return b"{\"a\":" + b"[" * n + b"]" * n + b"}"
+
+
+def torch_zip(archive, first="data.pkl"):
+    """The bytes torch.save writes, in miniature: a ZIP whose first entry is <archive>/data.pkl."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr(f"{archive}/{first}", pickle.dumps({}, protocol=2))
+        z.writestr(f"{archive}/version", "3\n")
+    return buf.getvalue()
+
+
+# torch.save(..., _use_new_zipfile_serialization=False) begins with the pickled magic number
+# 0x1950a86a20f9469cfc6c (PROTO 2, LONG1 of 10 bytes, STOP), then the protocol version
+TORCH_LEGACY = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19.\x80\x02M\xe9\x03.\x80\x02}q\x00."
 
 
 # (code, file bytes, whether the reference library rejects it too)
@@ -82,6 +104,10 @@ REJECTIONS = {
     "metadata-not-object": ("GQ116", raw_file({"__metadata__": ["a"]}), True),
     "lfs-pointer": ("GQ117", b"version https://git-lfs.github.com/spec/v1\noid sha256:"
                     + b"0" * 64 + b"\nsize 123\n", True),
+    "gguf": ("GQ130", b"GGUF" + struct.pack("<IQQ", 3, 0, 0), True),
+    "torch-zip": ("GQ130", torch_zip("x"), True),
+    "torch-legacy": ("GQ130", TORCH_LEGACY, True),
+    "pickle": ("GQ130", pickle.dumps({"a": 1}, protocol=4), True),
 }
 
 
@@ -180,11 +206,12 @@ def test_fuzzed_headers_agree_with_reference(tmp_path_factory, data):
 
 
 @pytest.mark.parametrize("dtype", ["F16", "BF16", "F32"])
-def test_positive_finite_max_on_the_bits(dtype):
-    """The scale check's fast path: the max when every value is finite and > 0, from integer
-    reductions over the bits; None for any 0, -0, negative, infinity or NaN (then the float
-    path names the first bad scale)."""
-    from gptqfmt.safetensors_io.dtypes import f32_to_bf16, positive_finite_max, to_float32
+def test_finite_nonzero_absmax_on_the_bits(dtype):
+    """The scale check's fast path: the largest magnitude when every value is finite and
+    nonzero, of either sign (auto-round stores negative scales), from integer reductions over
+    the bits; None for any 0, -0, infinity or NaN (then the float path names the first bad
+    scale)."""
+    from gptqfmt.safetensors_io.dtypes import f32_to_bf16, finite_nonzero_absmax, to_float32
 
     def stored(values):
         x = np.asarray(values, dtype=np.float32)
@@ -193,9 +220,134 @@ def test_positive_finite_max_on_the_bits(dtype):
     tiny = {"F16": 6e-8, "BF16": 1e-38, "F32": 1e-45}[dtype]   # the smallest subnormals
     big = {"F16": 65504.0, "BF16": 3.3895e38, "F32": 3.4028235e38}[dtype]
     ok = stored([0.5, tiny, 3.0, big])
-    assert positive_finite_max(ok, dtype) == float(to_float32(ok, dtype).max()) > 1e4
-    for bad in (0.0, -0.0, -1.0, -tiny, np.inf, -np.inf, np.nan):
-        values = stored([0.5, bad, 3.0])
-        assert positive_finite_max(values, dtype) is None, bad
-    assert positive_finite_max(stored([]), dtype) == 0.0
-    assert positive_finite_max(np.zeros(2, np.int32), "I32") is None
+    assert finite_nonzero_absmax(ok, dtype) == float(to_float32(ok, dtype).max()) > 1e4
+    # a negative extreme is the largest magnitude: 4.0, not the largest value 3.0
+    signed = stored([0.5, -tiny, 3.0, -4.0])
+    assert finite_nonzero_absmax(signed, dtype) == 4.0
+    assert finite_nonzero_absmax(stored([-big, 1.0]), dtype) == float(
+        np.abs(to_float32(stored([-big]), dtype))[0])
+    for bad in (0.0, -0.0, np.inf, -np.inf, np.nan):
+        values = stored([0.5, bad, -3.0])
+        assert finite_nonzero_absmax(values, dtype) is None, bad
+    assert finite_nonzero_absmax(stored([]), dtype) == 0.0
+    assert finite_nonzero_absmax(np.zeros(2, np.int32), "I32") is None
+
+
+# (file bytes, what the message must name, what the hint must hold); the file is x.safetensors
+OTHER_FORMATS = {
+    "gguf-v3": (b"GGUF" + struct.pack("<IQQ", 3, 0, 0),
+                "a GGUF file (version 3), llama.cpp's format, not safetensors; gptqfmt checks "
+                "GPTQ checkpoints in safetensors, so there is nothing here for it to check",
+                "`gguf-dump {path}` (pip install gguf)"),
+    "gguf-implausible-version": (b"GGUF" + b"\xff" * 20, "a GGUF file, llama.cpp's format, not",
+                                 "gguf-dump"),
+    "gguf-4-bytes": (b"GGUF", "a GGUF file, llama.cpp's format, not safetensors", "gguf-dump"),
+    "torch-zip": (torch_zip("x"), "a PyTorch checkpoint (torch.save's ZIP format, entry "
+                  "x/data.pkl), not safetensors", "torch.load(\"{path}\""),
+    "torch-legacy-protocol-2": (TORCH_LEGACY, "a PyTorch checkpoint (torch.save's legacy pickle "
+                                "format), not safetensors", "torch.load(\"{path}\""),
+    "torch-legacy-protocol-4": (b"\x80\x04\x95" + struct.pack("<Q", 13) + TORCH_LEGACY[2:],
+                                "torch.save's legacy pickle format", "torch.load("),
+    "pickle-protocol-5": (pickle.dumps([1, 2], protocol=5), "a Python pickle (protocol 5), "
+                          "not safetensors", "safetensors.torch.save_file"),
+    "zip-of-something-else": (torch_zip("x", first="notes.txt"), "a ZIP archive (first entry "
+                              "x/notes.txt), not safetensors", "`unzip {path} -d {stem}`"),
+    "zip-entry-with-control-bytes": (torch_zip("x\x1b[31m"), "a ZIP archive, not safetensors",
+                                     "unzip"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OTHER_FORMATS))
+def test_another_format_is_named_not_measured(tmp_path, case):
+    blob, what, step = OTHER_FORMATS[case]
+    p = tmp_path / "x.safetensors"
+    p.write_bytes(blob)
+    with pytest.raises(FindingError) as e:
+        SafetensorsFile(p)
+    f = e.value.finding
+    assert (f.code, f.file) == ("GQ130", str(p))
+    assert what in f.message and "header length" not in f.message
+    assert step.format(path=p, stem=tmp_path / "x") in f.hint
+    assert "\x1b" not in f.message + f.hint
+
+
+def test_a_torch_file_gets_the_command_that_converts_it(tmp_path):
+    """The hint's command is real: run as printed, it writes safetensors that gptqfmt reads,
+    holding the same tensors bit for bit (tied weights too)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors.torch")
+    w = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    state = {"a.qweight": w, "a.scales": torch.ones(2, dtype=torch.float16), "tied": w}
+    src = tmp_path / "dir with space" / "pytorch_model.bin"
+    src.parent.mkdir()
+    torch.save(state, src)
+    with pytest.raises(FindingError) as e:
+        SafetensorsFile(src)
+    hint = e.value.finding.hint
+    command = hint[hint.index("`") + 1:hint.rindex("`")]
+    subprocess.run(["bash", "-c", command.replace("python -c", f"{sys.executable} -c", 1)],
+                   check=True, cwd=tmp_path, timeout=120)
+    target = src.parent / "model.safetensors"
+    assert hint.endswith(f", then pass {shlex.quote(str(target))}")
+    out = SafetensorsFile(target)
+    assert sorted(out.tensors) == sorted(state)
+    for k, v in state.items():
+        assert np.array_equal(out.view(k), v.numpy())
+
+
+def test_lfs_pointer_hint_pulls_in_the_users_directory(tmp_path):
+    p = tmp_path / "ckpt" / "model.safetensors"
+    p.parent.mkdir()
+    p.write_bytes(REJECTIONS["lfs-pointer"][1])
+    with pytest.raises(FindingError) as e:
+        SafetensorsFile(p)
+    assert e.value.finding.code == "GQ117"
+    assert f"`cd {p.parent} && git lfs pull`" in e.value.finding.hint
+
+
+@pytest.mark.parametrize("n", [640, 896, 0x04034B50])
+def test_a_header_length_that_looks_like_a_magic_number_stays_safetensors(n):
+    """Lengths whose bytes begin like a pickle (80 02, 80 03) or a ZIP (PK 03 04): followed by
+    JSON, or by nothing (a truncated file), they are safetensors."""
+    prefix = struct.pack("<Q", n)
+    assert other_format(prefix + b'{"a"') is None
+    assert other_format(prefix + b' {"a"') is None
+    assert other_format(prefix) is None
+    assert other_format(prefix + b"\x00") is not None
+
+
+def test_a_pickle_like_header_of_896_bytes_reads_and_its_truncation_is_gq103(tmp_path):
+    body = json.dumps({"a": T2}).encode()
+    blob = raw_file(body + b" " * (896 - len(body)), b"\x00\x3c")
+    assert blob[:2] == b"\x80\x03"  # what a protocol 3 pickle begins with
+    assert sorted(ours(tmp_path, blob)) == ["a"]
+    with pytest.raises(FindingError) as e:
+        ours(tmp_path, blob[:60])
+    assert e.value.finding.code == "GQ103"
+
+
+def test_sniffing_reads_only_the_first_bytes(tmp_path, monkeypatch):
+    """A 4 GiB GGUF file (sparse here) is named from its first SNIFF_BYTES bytes: nothing
+    else is read, whether it is opened as a shard or looked at in a directory."""
+    p = tmp_path / "big.gguf"
+    with open(p, "wb") as f:
+        f.write(b"GGUF" + struct.pack("<I", 3))
+        f.truncate(4 << 30)
+    reads = []
+    real_open = open
+
+    class Counting(io.FileIO):
+        def read(self, size=-1):
+            data = super().read(size)
+            reads.append(len(data))
+            return data
+
+    def counting_open(path, mode="r", *args, **kwargs):
+        return Counting(path, "rb") if mode == "rb" else real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(reader, "open", counting_open, raising=False)
+    with pytest.raises(FindingError) as e:
+        SafetensorsFile(p)
+    assert e.value.finding.code == "GQ130"
+    assert reader.sniff(p).kind == "gguf"
+    assert reads and sum(reads) <= 2 * SNIFF_BYTES and max(reads) <= SNIFF_BYTES

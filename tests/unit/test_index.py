@@ -2,6 +2,7 @@
 import json
 import os
 import shutil
+import struct
 
 import numpy as np
 import pytest
@@ -94,6 +95,78 @@ def test_empty_directory(tmp_path):
     with pytest.raises(FindingError) as e:
         open_store(tmp_path)
     assert e.value.finding.code == "GQ128"
+
+
+TORCH_ZIP = b"PK\x03\x04" + bytes(22) + struct.pack("<HH", 16, 0) + b"archive/data.pkl"
+GGUF = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)
+LFS = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 9\n"
+NO_SAFETENSORS = "no *.safetensors file and no model.safetensors.index.json in this directory"
+
+
+def no_safetensors(d, files):
+    """GQ128 of directory `d` holding `files` (name: bytes) beside a config."""
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text("{}")
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    with pytest.raises(FindingError) as e:
+        open_store(d)
+    assert len(e.value.findings) == 1 and e.value.finding.code == "GQ128"
+    assert e.value.finding.file == str(d) and e.value.finding.message.startswith(NO_SAFETENSORS)
+    return e.value.finding
+
+
+def test_a_directory_of_pytorch_weights_names_them_and_the_conversion(tmp_path):
+    d = tmp_path / "ck"
+    f = no_safetensors(d, {"pytorch_model.bin": TORCH_ZIP, "training_args.bin": TORCH_ZIP})
+    assert f.message == f"{NO_SAFETENSORS}; it holds pytorch_model.bin, a PyTorch checkpoint " \
+        "(torch.save's ZIP format, entry archive/data.pkl)"
+    assert f.hint.startswith("convert the weights to safetensors first: `python -c ")
+    assert f'torch.load("{d}/pytorch_model.bin"' in f.hint
+    assert f'"{d}/model.safetensors")' in f.hint and f.hint.endswith(f", then pass {d}")
+
+
+def test_a_directory_of_pytorch_shards_counts_the_others(tmp_path):
+    d = tmp_path / "ck"
+    f = no_safetensors(d, {f"pytorch_model-0000{i}-of-00003.bin": TORCH_ZIP for i in (1, 2, 3)}
+                       | {"model.gguf": GGUF})
+    assert f.message.endswith("; it holds model.gguf, a GGUF file (version 3), llama.cpp's "
+                              "format, and 3 more files in another format; gptqfmt checks GPTQ "
+                              "checkpoints in safetensors, so there is nothing here for it to "
+                              "check")
+    f = no_safetensors(tmp_path / "shards",
+                       {f"pytorch_model-0000{i}-of-00003.bin": TORCH_ZIP for i in (1, 2, 3)})
+    assert "it holds pytorch_model-00001-of-00003.bin, a PyTorch checkpoint" in f.message
+    assert "and 2 more files in another format" in f.message
+    assert "first (likewise for the 2 other files): " in f.hint
+    assert "model-00001-of-00003.safetensors" in f.hint
+
+
+def test_a_directory_of_gguf_says_there_is_nothing_to_check(tmp_path):
+    d = tmp_path / "ck"
+    f = no_safetensors(d, {"model-q4_0.gguf": GGUF})
+    assert f.message == f"{NO_SAFETENSORS}; it holds model-q4_0.gguf, a GGUF file (version 3), " \
+        "llama.cpp's format; gptqfmt checks GPTQ checkpoints in safetensors, so there is " \
+        "nothing here for it to check"
+    assert f.hint == f"to see what it holds: `gguf-dump {d}/model-q4_0.gguf` (pip install gguf)"
+
+
+def test_a_directory_of_lfs_pointers_says_to_pull(tmp_path):
+    d = tmp_path / "ck"
+    f = no_safetensors(d, {"pytorch_model.bin": LFS})
+    assert f.message.endswith("; it holds pytorch_model.bin, a git-LFS pointer file")
+    assert f"`cd {d} && git lfs pull`" in f.hint
+
+
+@pytest.mark.parametrize("files", [
+    {"training_args.bin": TORCH_ZIP, "optimizer.pt": TORCH_ZIP, "rng_state_0.pth": TORCH_ZIP},
+    {"pytorch_model.bin": b"\x00" * 64},          # unrecognised content: nothing to name
+    {"notes.txt": GGUF},                           # not named like weights
+])
+def test_a_directory_without_weights_in_another_format_keeps_the_plain_message(tmp_path,
+                                                                                files):
+    f = no_safetensors(tmp_path / "ck", files)
+    assert f.message == NO_SAFETENSORS and f.hint is None
 
 
 def test_missing_path_is_usage_error(tmp_path):
