@@ -5,6 +5,8 @@ wraps a finding (FindingError) is raised where reading cannot go on, e.g. a corr
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,9 +26,32 @@ class UsageError(GptqfmtError):
 
 
 class OutputError(GptqfmtError):
-    """The output cannot be written (disk full, read-only, ...): exit 2; nothing was committed."""
+    """The output cannot be written (disk full, read-only, ...): exit 2. The message says what
+    was left as it was, or undone, and what to do next."""
 
     exit_code = 2
+
+    @classmethod
+    def of(cls, e: OSError, doing: str, then: str, path: object = None, *,
+           file: object = None) -> OutputError:
+        """The one line of an OSError on a write path: `FILE: DOING: CAUSE; THEN`, the file
+        being `file` (e's as the user knows it), else e's, else `path`; the cause as the
+        system words it; `then` what was left and the next step."""
+        return cls(f"{file or e.filename or path}: {doing}: {e.strerror or e}; {then}")
+
+
+@contextmanager
+def naming(path: object, replace: bool = False) -> Iterator[None]:
+    """An OSError raised inside, with `path` as its file name where it has none (or always,
+    with `replace`): write(2) and fsync(2) errors reach Python without one, and the line that
+    reports them has to say which file. A new exception of the same class, since a name set on
+    the old one would not cross a process boundary (--jobs pickles it)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno is None or e.filename is not None and not replace:
+            raise
+        raise type(e)(e.errno, e.strerror, str(path)) from e
 
 
 class FindingError(GptqfmtError):

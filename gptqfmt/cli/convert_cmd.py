@@ -23,6 +23,9 @@ from .progress import Progress
               default="auto", show_default=True,
               help="Source format or GPTQ convention; auto reads the configs and tensors "
                    "(for GPTQ: the declared convention, refused when the data contradict it).")
+@click.option("--trust-from", "trust_from", is_flag=True,
+              help="Convert as --from says even where the data contradict it (else refused, "
+                   "GQ422); the output is kept only when its data then agree with its label.")
 @click.option("--allow-lossy", is_flag=True,
               help="Convert fields the target cannot hold exactly, and report them.")
 @click.option("--dry-run", is_flag=True, help="Plan and report; write nothing.")
@@ -37,7 +40,7 @@ from .progress import Progress
 @DOWNLOAD_OPTION
 @guarded
 def convert_cmd(src, dst, out, to, src_convention, allow_lossy, dry_run, force, jobs, backend,
-                download, in_place):
+                download, in_place, trust_from):
     """Convert the checkpoint directory SRC into DST: GPTQ zero points between gptq and
     gptq_v2 (every byte outside qzeros copied unchanged), gptq/gptq_v2 to compressed-tensors,
     or compressed-tensors/AWQ to gptq_v2 (tensors re-laid out, every other tensor copied). DST
@@ -57,6 +60,6 @@ def convert_cmd(src, dst, out, to, src_convention, allow_lossy, dry_run, force, 
         report = convert(src, dst, to=to, src_convention=src_convention,
                          allow_lossy=allow_lossy, dry_run=dry_run, force=force, jobs=jobs,
                          backend=backend, progress=bar.update, on_module=mods.update,
-                         in_place=in_place)
+                         in_place=in_place, trust_from=trust_from)
     out.convert(report, 0)
     return 0

@@ -54,6 +54,18 @@ def alive(pid: int) -> bool:
     return True
 
 
+def in_destination(name: str | None, dst: Path) -> str | None:
+    """A file name an OSError carries, as the user knows it: a path inside the staging
+    directory beside DST (removed when the write fails) shown at its place in DST."""
+    if name is None:
+        return None
+    p = Path(name)
+    for i, part in enumerate(p.parts):
+        if part.startswith(_tmp_prefix(dst)):
+            return str(Path(dst, *p.parts[i + 1:]))
+    return str(name)
+
+
 def create(path: Path):
     """A new file for writing in the staging directory: never an existing file, never through a
     symbolic link (O_EXCL | O_NOFOLLOW)."""
@@ -123,7 +135,6 @@ def commit(tmp: Path, dst: Path, force: bool) -> None:
             raise UsageError(f"{dst}: appeared while converting, or is a symbolic link; "
                              "not replaced")
         if _exchange(tmp, dst):  # tmp now holds the old DST, which staging() removes
-            faults.point("after-rename")
             _after_rename(fsync_path, dst.parent)
             return
         old = dst.parent / f"{_tmp_prefix(dst)}{os.getpid()}-old"
@@ -133,17 +144,16 @@ def commit(tmp: Path, dst: Path, force: bool) -> None:
         except OSError:
             os.rename(old, dst)
             raise
-        faults.point("after-rename")
         _after_rename(lambda: shutil.rmtree(old, ignore_errors=True) if old.is_dir()
                       else old.unlink())
     else:
         os.rename(tmp, dst)
-        faults.point("after-rename")
     _after_rename(fsync_path, dst.parent)
 
 
 def _after_rename(fn, *args) -> None:
     try:
+        faults.point("after-rename")  # inside the try: an OSError here is one after the rename
         fn(*args)
     except OSError as e:
         raise AfterRename(e.errno, e.strerror, e.filename) from e

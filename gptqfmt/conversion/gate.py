@@ -37,6 +37,7 @@ from ..errors import FindingError
 from ..findings import ERROR
 from ..formats.gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from ..numerics.cpu import dequant_fields
+from ..ops.verify import validate
 from ..safetensors_io.dtypes import to_float32
 
 GEMM_ROWS = 4
@@ -76,16 +77,22 @@ class GateResult:
                                  "source computed")
 
 
-def check_labels(path, target: str) -> list[str]:
+def check_labels(path, target: str, reread: bool = False) -> list[str]:
     """What verify would fail the staged output at `path` for, on its configs and labels: one
     message per problem, each saying what the staged configs declare; empty when they declare
     `target` as every runtime reads it.
 
-    The output's convention is known (convert wrote `target`), so the data are not read again:
-    verify's convention_findings runs with a detection that says `target` for every module, and
+    The output's convention is known (convert wrote `target` from data that agreed with --from
+    or the label), so the data are not read again: verify's convention_findings runs with a
+    detection that says `target` for every module (`reread`: --from was trusted over data that
+    contradicted it, so the output is verified as a whole, every check over all its data), and
     the label (what vLLM, transformers and ExLlamaV2 read) must be `target`. Every
     error of opening the output counts too (config errors such as GQ204, GQ205, GQ209, and
     declared values against the shapes, GQ304-GQ307): the source had none, or was refused."""
+    if reread:
+        report = validate(path)
+        return [f"verify of the output would report {f.one_line()}" for f in report.findings
+                if f.severity == ERROR]
     try:
         out = open_checkpoint(path)
     except FindingError as e:

@@ -5,28 +5,33 @@ copy on disk.
 
     plan (plan.py, as convert) -> refuse shared files -> per module: new words computed and
     proven (gate.check_words: effective zeros per cell, Y = X @ W on lossy columns), old bytes
-    put in the undo journal -> journal sealed (journal.py) -> each range's words computed again
-    (their CRC-32 the proven words'), written and read back, fsynced -> configs replaced, read
+    put in the undo journal -> shards opened for writing, configs' new copies written beside
+    them -> journal sealed (journal.py) -> each range's words computed again (their CRC-32 the
+    proven words'), written and read back, fsynced -> configs' copies renamed over them, read
     back and hashed against the journal's record -> journal marked complete and removed
 
-A failure or a signal after the journal is sealed writes the old bytes back before the error
-is reported; a SIGKILL leaves the journal, and the next gptqfmt command that opens the
-directory finishes or undoes the change (GQ420). The source is refused, untouched, when a
-file to change is a link into a Hugging Face cache's blobs/ (content-addressed, shared between
-revisions), another symbolic link, or has other hard links."""
+Every byte the change needs on disk (the journal, the configs' new copies) is written before
+the first overwrite, so a full disk or a read-only mount stops it with nothing changed and
+nothing left behind. A failure or a signal after the journal is sealed writes back what was
+overwritten before the error is reported, and the error says how many changes that undid; a
+SIGKILL leaves the journal, and the next gptqfmt command that opens the directory finishes or
+undoes the change (GQ420). The source is refused, untouched, when a file to change is a link
+into a Hugging Face cache's blobs/ (content-addressed, shared between revisions), another
+symbolic link, or has other hard links."""
 from __future__ import annotations
 
+import errno
 import json
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from .. import faults
 from ..bits.conventions import CONVENTIONS, convert_words
-from ..errors import FindingError, UsageError
+from ..errors import FindingError, OutputError, UsageError, naming
 from ..findings import Finding
 from ..formats.configs import CONFIG_FILES
 from ..formats.gptq.checkpoint import Checkpoint
@@ -43,9 +48,10 @@ from .write import check_unchanged, snapshot
 def convert_in_place(path: str | os.PathLike[str], to: str, src_convention: str = "auto",
                      allow_lossy: bool = False, dry_run: bool = False,
                      progress: Progress | None = None,
-                     on_module: Progress | None = None) -> ConvertReport:
+                     on_module: Progress | None = None,
+                     trust_from: bool = False) -> ConvertReport:
     """Convert the GPTQ checkpoint directory `path` into convention `to`, in place (see the
-    module docstring); the ConvertReport, with `in_place` set."""
+    module docstring); the ConvertReport, with `in_place` set. `trust_from`: as convert's."""
     root = Path(path)
     if not root.is_dir():
         raise UsageError(f"{path}: " + ("a file; --in-place converts a checkpoint directory "
@@ -60,12 +66,16 @@ def convert_in_place(path: str | os.PathLike[str], to: str, src_convention: str 
                   + [n for n in CONFIG_FILES if (root / n).exists()])
     source, ckpt = open_labelled(root)
     try:
-        plan = plan_conversion(source, src_convention, to, allow_lossy)
+        plan = plan_conversion(source, src_convention, to, allow_lossy, trust_from=trust_from)
         report = ConvertReport.of(plan, str(path), str(path), dry_run, "cpu", in_place=True)
         if dry_run:
             return report
+        flags = (f" --from {src_convention}" if src_convention != "auto" else "") + \
+            (" --trust-from" if trust_from else "") + (" --allow-lossy" if allow_lossy else "")
         gate = _apply(ckpt, root, plan.from_, to, allow_lossy, report, plan.derived, progress,
-                      on_module)
+                      on_module, Commands(f"gptqfmt convert --in-place {path} --to {to}{flags}",
+                                          f"gptqfmt convert {path} DST --to {to}{flags}"),
+                      reread=plan.trusted)
     finally:
         source.close()
     return replace(report, written=True, gate=gate)
@@ -127,8 +137,28 @@ def _ranges(ckpt: Checkpoint):
     return sorted(out, key=lambda r: (r[2], r[3]))
 
 
+@dataclass(frozen=True)
+class Commands:
+    """The user's command again, and its copying form: the next steps an I/O error names."""
+    again: str
+    copy: str
+
+    def failed(self, e: OSError, undone: int, root: Path) -> OutputError:
+        """The one line for an OSError that stopped the change after `undone` changes were
+        written and then written back (0: nothing was changed), with the next step: a
+        directory that cannot be written here is converted into a copy elsewhere; anything
+        else (a full disk, an I/O error) is fixed and run again."""
+        left = (f"{journal.undone(undone)}: {root} is as it was before" if undone else
+                "nothing was changed")
+        step = (f"write a converted copy instead: {self.copy}"
+                if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else
+                f"once that is fixed, run {self.again}")
+        return OutputError.of(e, "cannot write", f"{left}; {step}", root)
+
+
 def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: bool, report,
-           derived, progress, on_module) -> GateResult:
+           derived, progress, on_module, commands: Commands, reread: bool = False
+           ) -> GateResult:
     before = {n: v for n, v in snapshot(root).items() if n not in journal.NAMES}
     gate = GateResult(method="in place: effective zeros of every cell checked on the new words "
                              "before writing (qweight, scales and g_idx are the same bytes, so "
@@ -139,9 +169,11 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
     rng = np.random.default_rng(0)
     ranges = _ranges(ckpt)
     on_module and on_module(0, len(ranges))
-    w = journal.Writer(root, f"convert {from_conv} -> {to}")
     changed = []   # (module, qzeros, shard, offset, CRC-32 of the proven words, no lossy field)
+    fds: dict[str, int] = {}   # shard -> opened for writing before the journal is sealed
+    w: journal.Writer | None = None
     try:
+        w = journal.Writer(root, f"convert {from_conv} -> {to}")
         for m, qz, name, offset in ranges:
             old = ckpt.view(qz)
             new, c = convert_words(old, m.bits, from_conv, to, allow_lossy)
@@ -158,29 +190,73 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
         configs = _new_configs(root, from_conv, to, report, derived)
         for name, old_bytes, new_bytes in configs:
             w.whole(name, old_bytes, new_bytes)
+        # a shard that cannot be opened for writing stops the change here, not half-way
+        for i, name in enumerate(dict.fromkeys(c[2] for c in changed)):
+            with naming(root / name):
+                faults.point("inplace-open", i)
+                fds[name] = os.open(root / name, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
         check_unchanged(before, root, journal.NAMES)
+        for name, _, new_bytes in configs:
+            w.stage(name, new_bytes)
         w.seal()
-    except BaseException:
-        w.abandon()  # nothing was changed: the pending journal goes
+    except BaseException as e:
+        _close(fds)
+        if w is not None:
+            w.abandon()  # nothing was changed: the pending journal and the new copies go
+        if isinstance(e, OSError):
+            raise commands.failed(e, 0, root) from None
         raise
+    assert w is not None  # sealed
     try:
         faults.point("inplace-journaled")
-        written = _write(ckpt, root, changed, from_conv, to, allow_lossy, progress)
-        for j, (name, _, new_bytes) in enumerate(configs):
-            journal.replace_file(root / name, new_bytes)
-            faults.point("inplace-config", j)
+        written = _write(ckpt, root, changed, fds, from_conv, to, allow_lossy, progress)
+        for j, (name, _, _) in enumerate(configs):
+            with naming(root / name):
+                w.commit_file(name)
+                faults.point("inplace-config", j)
         journal.fsync_path(root)
         gate.bytes_compared = written + _read_back(root, w.entries)
-        mislabelled = check_labels(root, to)
+        mislabelled = check_labels(root, to, reread)
         if mislabelled:
             raise FindingError(*[Finding("GQ503", msg, file=str(root)) for msg in mislabelled])
         journal.complete(root)
-    except BaseException:
-        journal.rollback(root)  # the source as it was, then the error or the signal
+    except BaseException as e:
+        _close(fds)
+        if journal.finished(root):  # the change is whole: nothing to undo
+            if isinstance(e, OSError):
+                raise OutputError.of(e, "cannot write", f"{root} was converted before that "
+                                     f"(the change is complete); check it with gptqfmt verify "
+                                     f"{root}", root) from None
+            raise
+        _undo(root, e, commands)  # the source as it was, then the error or the signal
         raise
     finally:
+        _close(fds)
         w.close()
     return gate
+
+
+def _undo(root: Path, cause: BaseException, commands: Commands) -> None:
+    """Roll the change back after `cause` stopped it; an OSError as the one line that says how
+    many changes were written back. When the rollback itself fails, the journal stays and the
+    line says so; other causes (a finding, a signal) go on as they are."""
+    try:
+        _, n = journal.rollback(root)
+    except OSError as e:
+        what = (f"{cause.filename or root}: cannot write: {cause.strerror or cause}"
+                if isinstance(cause, OSError) else str(cause))
+        raise OutputError(f"{what}; then {e.filename or root}: cannot write it back: "
+                          f"{e.strerror or e}; the journal {root / journal.JOURNAL} keeps the "
+                          f"old bytes of what is left to undo: once that is fixed, gptqfmt "
+                          f"verify {root} rolls it back") from None
+    if isinstance(cause, OSError):
+        raise commands.failed(cause, n, root) from None
+
+
+def _close(fds: dict[str, int]) -> None:
+    """Close the shards opened for writing (unbuffered: nothing of theirs is written later)."""
+    while fds:
+        os.close(fds.popitem()[1])
 
 
 def _bytes(words: np.ndarray) -> memoryview:
@@ -188,40 +264,38 @@ def _bytes(words: np.ndarray) -> memoryview:
     return np.ascontiguousarray(words).data.cast("B")
 
 
-def _write(ckpt: Checkpoint, root: Path, changed, from_conv, to, allow_lossy,
-           progress) -> int:
+def _write(ckpt: Checkpoint, root: Path, changed, fds: dict[str, int], from_conv, to,
+           allow_lossy, progress) -> int:
     """Overwrite each changed qzeros range with its new words, then fsync each shard; returns
     the bytes written. The words are computed again from the old ones, still on disk (one
     tensor in memory at a time): their CRC-32 must be the proven words' (else GQ503 and the
     rollback), and each range is read back right after its write and compared byte for byte
-    with what was written."""
+    with what was written. The writes are unbuffered (pwrite): no byte of a range can reach the
+    file after a rollback has written the old ones back."""
     total = sum(ckpt.store.info(qz).nbytes for _, qz, _, _, _, _ in changed)
     progress and progress(0, total)
-    handles: dict[str, BinaryIO] = {}
-    try:
-        for i, (m, qz, name, offset, proven, clean) in enumerate(changed):
-            words, _ = convert_words(ckpt.view(qz), m.bits, from_conv, to, allow_lossy, clean)
-            new = _bytes(words)
-            ckpt.store.release([qz])
-            if journal.crc32(new) != proven:
-                raise FindingError(Finding("GQ503", "the words computed for writing are not "
-                                           "the ones proven; rolled back", file=name,
-                                           tensor=qz))
-            f = handles.get(name) or handles.setdefault(name, open(root / name, "r+b"))
-            f.seek(offset)
-            f.write(new)
-            f.flush()
-            back = np.frombuffer(os.pread(f.fileno(), len(new), offset), dtype=np.uint8)
+    for i, (m, qz, name, offset, proven, clean) in enumerate(changed):
+        words, _ = convert_words(ckpt.view(qz), m.bits, from_conv, to, allow_lossy, clean)
+        new = _bytes(words)
+        ckpt.store.release([qz])
+        if journal.crc32(new) != proven:
+            raise FindingError(Finding("GQ503", "the words computed for writing are not "
+                                       "the ones proven; rolled back", file=name,
+                                       tensor=qz))
+        fd = fds[name]
+        with naming(root / name):
+            done = 0
+            while done < len(new):
+                done += os.pwrite(fd, new[done:], offset + done)
+            back = np.frombuffer(os.pread(fd, len(new), offset), dtype=np.uint8)
             if not np.array_equal(back, np.frombuffer(new, dtype=np.uint8)):
                 raise FindingError(Finding("GQ503", "holds other bytes than the ones just "
                                            "written; rolled back", file=name, tensor=qz))
             faults.point("inplace-range", i)
-            progress and progress(len(new), total)
-        for f in handles.values():
-            os.fsync(f.fileno())
-    finally:
-        for f in handles.values():
-            f.close()
+        progress and progress(len(new), total)
+    for name, fd in fds.items():
+        with naming(root / name):
+            os.fsync(fd)
     faults.point("inplace-synced")
     return total
 

@@ -52,6 +52,8 @@ class Plan:
     detection: Detection | None       # None: a format whose zero points are stored exactly
     findings: list[Finding] = field(default_factory=list)
     derived: dict[str, Any] | None = None   # the config for a GPTQ source without one
+    # --from was trusted over data that contradict it: the output's data are read again
+    trusted: bool = False
 
     @property
     def relayout(self) -> bool:
@@ -65,12 +67,14 @@ def relayout(from_: str, to: str) -> bool:
 
 
 def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
-                    jobs: int = 1) -> Plan:
+                    jobs: int = 1, trust_from: bool = False) -> Plan:
     """The Plan of converting `src` (opened; `requested`: --from, or auto) into `to`, with the
     refusals raised (FindingError, exit 1; UsageError for a --from, --to or --jobs that does
     not apply). A labelled source is checked, its convention resolved and its zero points
     planned field by field into `to` (into gptq_v2, the one model, where the tensors are
-    re-laid out); a source that stores Z itself is checked and carried exactly."""
+    re-laid out); a source that stores Z itself is checked and carried exactly.
+    `trust_from`: a --from the data contradict is converted as asked (GQ413) instead of
+    refused (GQ422)."""
     ck = src.labelled
     if ck is not None and requested not in CONVENTIONS + ("auto",):
         raise UsageError(f"{src.path}: a GPTQ checkpoint, not --from {requested}")
@@ -81,16 +85,16 @@ def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
     det = None
     if ck is None:
         _check_exact_target(src, requested, to)
-        refuse_invalid(src, None, allow_lossy)
+        refuse_invalid(src, None)
         from_, notes = src.format, list[Finding]()
         plans = [ModulePlan(m.name, m.bits, m.groups * m.out_features, 0, 0, 0, [])
                  for m in src.modules]
         findings: list[Finding] = []
     else:
         det = detect_checkpoint(ck, full=False)
-        refuse_invalid(src, det, allow_lossy)
+        refuse_invalid(src, det)
         notes = list[Finding]()
-        from_ = resolve_from(requested, ck, det, notes)
+        from_ = resolve_from(requested, ck, det, notes, trust_from)
         plans, findings = plan_zeros(ck, det, from_, to if to in CONVENTIONS else GPTQ_V2,
                                      allow_lossy)
         src = src.read_as(from_, allow_lossy)
@@ -106,7 +110,8 @@ def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
     refusals = [f for f in found if f.severity == ERROR]
     if refusals:
         raise FindingError(*refusals)
-    return Plan(src, from_, to, plans, det, found, derived)
+    trusted = any(f.code == "GQ413" for f in notes)
+    return Plan(src, from_, to, plans, det, found, derived, trusted)
 
 
 def _check_exact_target(src: Source, requested: str, to: str) -> None:
@@ -123,13 +128,25 @@ def _check_exact_target(src: Source, requested: str, to: str) -> None:
 
 
 def resolve_from(requested: str, ckpt: Checkpoint, det: Detection,
-                 findings: list[Finding] | None = None) -> str:
+                 findings: list[Finding] | None = None, trust: bool = False) -> str:
+    """The convention the source is converted from: --from where given (refused, GQ422, when
+    the data confidently say another, unless `trust`: then GQ413 in `findings`), else the
+    label (refused, GQ408, when the data contradict it)."""
     declared = ckpt.label
     if requested != "auto":
-        if det.verdict not in (AMBIGUOUS, requested) and findings is not None:
-            findings.append(Finding(
-                "GQ413", f"--from {requested}, but the data are {det.verdict} (confidence "
-                f"{det.confidence:.4f}); converting as asked", hint="check the source"))
+        if det.verdict not in (AMBIGUOUS, requested):
+            said = (f"--from {requested}, but the data are {det.verdict} (confidence "
+                    f"{det.confidence:.4f})")
+            if not trust:
+                raise FindingError(Finding(
+                    "GQ422", f"{said}: reading them as {requested} would write every zero "
+                    "point off by one; nothing written",
+                    hint=f"drop --from (the data decide: {det.verdict}), or add --trust-from "
+                         f"if you know they are {requested}"))
+            if findings is not None:
+                findings.append(Finding("GQ413", f"{said}; converting as asked (--trust-from): "
+                                        "the output is read again before it is kept",
+                                        hint="check the source"))
         return requested
     if det.verdict not in (AMBIGUOUS, declared):
         where = ckpt.config.declared_in[0].file if ckpt.config and ckpt.config.declared_in \
@@ -190,10 +207,11 @@ def _max_scale(ckpt: Checkpoint, m: Module, mask: np.ndarray) -> float:
     return float(np.abs(ckpt.float32(m.tensors["scales"])[mask]).max(initial=0.0))
 
 
-def refuse_invalid(src: Source, det: Detection | None, allow_lossy: bool) -> None:
+def refuse_invalid(src: Source, det: Detection | None) -> None:
     """Raise FindingError for input that verify would reject on its cheap checks: container,
     index, config and shape errors, then every module's (scales, zero points and writer
-    corruption; the last allowed with --allow-lossy)."""
+    corruption: --allow-lossy does not pass a GQ405, whose overwritten fields hold no zero
+    point to convert, and written as Z = 0 they would pass verify in the output)."""
     blocking = [f for f in src.findings if f.severity == ERROR
                 and f.code not in RESOLVED_BY_CONVERT]
     if blocking:
@@ -204,7 +222,7 @@ def refuse_invalid(src: Source, det: Detection | None, allow_lossy: bool) -> Non
             continue
         verdict = None if verdicts is None else verdicts[m.name]
         blocking += [f for f in module_findings(src, m, verdict)
-                     if f.severity == ERROR and not (allow_lossy and f.code == "GQ405")]
+                     if f.severity == ERROR]
         src.store.release(m.tensors.values())
     if blocking:
         raise FindingError(*blocking)

@@ -18,6 +18,7 @@ Refused (nothing written):
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -30,13 +31,13 @@ from ..bits.conventions import CONVENTIONS
 from ..detection.decide import AMBIGUOUS
 from ..detection.pool import Detection
 from ..detection.read import detect_checkpoint
-from ..errors import OutputError, UsageError
+from ..errors import OutputError, UsageError, naming
 from ..findings import Finding
 from ..formats.configs import CONFIG_FILES, CONFIG_JSON
 from ..formats.open import open_labelled
 from ..ops.reports import tool_json
 from ..ops.verify import Report, validate
-from ..safetensors_io.journal import fsync_path
+from ..safetensors_io.journal import fsync_path, rename_over, write_beside
 from ..version import __version__
 from .atomic import TMP_TAG, alive
 from .configs import dumps, quant_config, relabelled
@@ -137,35 +138,48 @@ def plan_relabel(path: str | os.PathLike, to: str = DETECTED) -> RelabelPlan:
 def apply_relabel(plan: RelabelPlan) -> list[str]:
     """Write the plan's changes, each file replaced atomically; returns the files written.
     Every new file is staged and fsynced before the first rename, so a failure while staging
-    leaves every file as it was."""
+    leaves every file as it was. An OSError is one OutputError (exit 2) that names the file
+    and says which configs it left rewritten: none, unless it came between the renames."""
     target = plan.target
     if target is None or not plan.changes:
         return []
     root = plan.root
-    _remove_stale(root)
     staged: list[tuple[Path, Path]] = []
+    renamed: list[str] = []
     try:
-        for name in plan.files:
+        _remove_stale(root)
+        for i, name in enumerate(plan.files):
             dst = root / name
             prov = {"tool": "gptqfmt", "version": __version__, "command": "fix-label",
                     "from": {c.key: c.old for c in plan.changes if c.file == name},
                     "to": plan.target}
             tmp = root / f".{name}{TMP_TAG}{os.getpid()}-{secrets.token_hex(4)}"
-            _write_new(tmp, dst, dumps(relabelled(name, plan.docs[name], target, prov)))
             staged.append((tmp, dst))
-            faults.point("relabel-staged", len(staged) - 1)
+            write_beside(dst, tmp, dumps(relabelled(name, plan.docs[name], target, prov)),
+                         ("relabel-new", i))
+            with naming(dst):
+                faults.point("relabel-staged", i)
         # config.json last: vLLM, transformers and SGLang read it first, so until the last
         # rename they still see one consistent (old) label
         for i, (tmp, dst) in enumerate(sorted(staged, key=lambda t: t[1].name == CONFIG_JSON)):
-            os.replace(tmp, dst)
-            faults.point("relabel-renamed", i)
+            rename_over(tmp, dst)
+            renamed.append(dst.name)
+            with naming(dst):
+                faults.point("relabel-renamed", i)
         fsync_path(root)
     except OSError as e:
-        raise OutputError(f"{root}: cannot rewrite the configs: {e.strerror or e}") from e
+        left = [n for n in plan.files if n not in renamed]
+        done = ("nothing was changed" if not renamed else
+                f"{', '.join(renamed)} rewritten, {', '.join(left)} not" if left else
+                "every config was rewritten")
+        again = f"gptqfmt fix-label {plan.path}" + \
+            (f" --to {target}" if target != plan.detection.verdict else "")
+        raise OutputError.of(e, "cannot write",
+                             f"{done}; once that is fixed, run {again}", root) from None
     finally:
-        for tmp, _ in staged:
-            if tmp.exists():
-                tmp.unlink()
+        for tmp, _ in staged:  # the ones not renamed (a rename leaves nothing to remove)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
     return plan.files
 
 
@@ -178,20 +192,6 @@ def _remove_stale(root: Path) -> None:
             pid = p.name[len(prefix):].split("-")[0]
             if p.is_file() and not p.is_symlink() and pid.isdigit() and not alive(int(pid)):
                 p.unlink()
-
-
-def _write_new(tmp: Path, like: Path, data: bytes) -> None:
-    mode = like.stat().st_mode & 0o777
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fd = -1
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    finally:
-        if fd != -1:
-            os.close(fd)
 
 
 def _read(p: Path):

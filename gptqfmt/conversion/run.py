@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import faults
-from ..errors import FindingError, OutputError, UsageError
+from ..errors import FindingError, OutputError, UsageError, naming
 from ..findings import Finding
 from ..formats import FORMATS, TARGETS, WRITERS, open_source
 from ..formats.configs import CONFIG_FILES
@@ -35,7 +35,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None,
             to: str = "gptq_v2", src_convention: str = "auto", allow_lossy: bool = False,
             dry_run: bool = False, force: bool = False, jobs: int = 1, backend: str = "auto",
             progress: Progress | None = None, on_module: Progress | None = None,
-            in_place: bool = False) -> ConvertReport:
+            in_place: bool = False, trust_from: bool = False) -> ConvertReport:
     """Convert the checkpoint directory `src` into `dst` (see the module docstring); with
     `in_place` (and no `dst`), rewrite `src` itself (inplace.py).
 
@@ -43,7 +43,9 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None,
     total_modules)` as the gate checks modules (each first with 0, so a bar knows its total).
 
     Raises FindingError (exit 1) when the input is invalid or the conversion is refused, and
-    UsageError (exit 2) for paths and options; nothing is written in either case."""
+    UsageError (exit 2) for paths and options; nothing is written in either case.
+    `trust_from`: convert a --from the data contradict as asked (else refused, GQ422); the
+    output is then kept only when verify's detection of its data agrees with its label."""
     if in_place:
         given = [n for n, v in (("DST", dst is not None), ("--force", force),
                                 ("--jobs", jobs > 1), ("--backend cupy", backend == "cupy"))
@@ -53,7 +55,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None,
                              "does not apply (the proof runs on the CPU before anything is "
                              "written)")
         return convert_in_place(src, to, src_convention, allow_lossy, dry_run, progress,
-                                on_module)
+                                on_module, trust_from)
     if dst is None:
         raise UsageError("missing DST: convert SRC DST writes a new directory; --in-place "
                          "rewrites SRC itself")
@@ -71,7 +73,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None,
     atomic.check_destination(dst_path, force, src_path)
     source = open_source(src_path)
     try:
-        plan = plan_conversion(source, src_convention, to, allow_lossy, jobs)
+        plan = plan_conversion(source, src_convention, to, allow_lossy, jobs, trust_from)
         report = ConvertReport.of(plan, str(src), str(dst), dry_run, backend)
         if dry_run:
             return report
@@ -88,15 +90,16 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None,
 
 @contextmanager
 def _output_errors(dst: Path) -> Iterator[None]:
-    """An OSError while writing, as the one-line OutputError the CLI reports (exit 1)."""
+    """An OSError while writing, as the one-line OutputError the CLI reports (exit 2), naming
+    the file as it would be in DST (the staging directory is gone by then)."""
     try:
         yield
     except atomic.AfterRename as e:
         raise OutputError(f"{e.filename or dst}: {e.strerror or e} after {dst} was put in "
-                          "place; check it with `gptqfmt verify`") from None
+                          f"place; check it with `gptqfmt verify {dst}`") from None
     except OSError as e:
-        raise OutputError(f"{e.filename or dst}: cannot write the output: "
-                          f"{e.strerror or e}; nothing was written") from None
+        raise OutputError.of(e, "cannot write the output", "nothing was written", dst,
+                             file=atomic.in_destination(e.filename, dst)) from None
 
 
 def _write_format(plan: Plan, report: ConvertReport, dst: Path, force: bool,
@@ -130,12 +133,14 @@ class Job:
     force: bool
     jobs: int
     derived_config: dict[str, Any] | None = None  # quantize_config.json where SRC has none
+    trusted: bool = False                          # --from trusted over the data (Plan)
 
     @classmethod
     def of(cls, plan: Plan, dst: Path, allow_lossy: bool, force: bool, jobs: int) -> Job:
         ck = plan.source.labelled
         assert ck is not None   # a plan between conventions reads a labelled source
-        return cls(ck, dst, plan.from_, plan.to, allow_lossy, force, jobs, plan.derived)
+        return cls(ck, dst, plan.from_, plan.to, allow_lossy, force, jobs, plan.derived,
+                   plan.trusted)
 
     def shard_args(self, tmp: Path) -> list[tuple[Any, ...]]:
         """write_shard's arguments for every shard, with the qzeros each one holds."""
@@ -174,7 +179,7 @@ def _write_verify_commit(job: Job, report: ConvertReport, progress: Progress | N
         rewrite_configs(root, tmp, job.dst_conv,
                         provenance(job.src_conv, job.dst_conv, report.totals), job.derived_config)
         # the staged configs must declare what the shards hold, as verify reads them
-        mislabelled = check_labels(tmp, job.dst_conv)
+        mislabelled = check_labels(tmp, job.dst_conv, reread=job.trusted)
         if mislabelled:
             raise FindingError(*[Finding("GQ503", msg, file=str(job.dst)) for msg in mislabelled])
         faults.point("before-gate")
@@ -235,7 +240,8 @@ def _shard_writers(jobs: int, shards: int) -> Iterator[Callable[..., Iterator[An
 
 
 def _write_shard_args(a: tuple[Any, ...]) -> ShardWritten:
-    return write_shard(*a)
+    with naming(a[1]):  # a write(2) that fails says which shard it was writing
+        return write_shard(*a)
 
 
 def _ignore_interrupts() -> None:

@@ -7,17 +7,22 @@ and says so (GQ420).
 The protocol, in the checkpoint directory:
 
 1. `.gptqfmt-journal.tmp` gets the old bytes of every range and the old content of every file,
-   then a trailer that says where each is; fsync; renamed to `.gptqfmt-journal`; the directory
-   fsynced. From here on the change can be undone. (A .tmp left over: nothing was changed yet;
-   it is removed.)
-2. The ranges are overwritten and the files fsynced; each replaced file is written beside its
-   old name, fsynced and renamed over it; the directory fsynced.
+   then a trailer that says where each is; each replaced file's new content is written beside
+   it (`.NAME.gptqfmt-journal-new`) and fsynced, so that the space the change needs is taken
+   before anything is changed; the journal is fsynced, renamed to `.gptqfmt-journal`, the
+   directory fsynced. From here on the change can be undone. (A .tmp or a -new copy left over:
+   nothing was changed yet; they are removed.)
+2. The ranges are overwritten and the files fsynced; each new copy is renamed over its file;
+   the directory fsynced.
 3. `.gptqfmt-journal` is renamed to `.gptqfmt-journal-complete` (directory fsynced): the new
    state is durable. Then that file is removed.
 
 Recovery: `-complete` present: the change is whole; remove it (rolled forward). `.gptqfmt-
-journal` present: write every old range and old file back, fsync, remove it (rolled back).
-Both steps are idempotent, so a kill during recovery is recovered from the same way.
+journal` present: write back every range and file that no longer holds its old bytes, fsync,
+remove it (rolled back; the changes counted are the ones written back, so a change stopped
+before its first write is reported as such). Both steps are idempotent, so a kill during
+recovery is recovered from the same way, and an I/O error during it (a full disk, a read-only
+mount) leaves the journal for the next command once the cause is fixed.
 
 A kill can land inside the write of one range (the kernel copies a write page by page and
 stops between pages for a fatal signal), in the convert or in a recovery: that range then
@@ -41,6 +46,7 @@ instructions sha256 runs at 0.18 GB/s against CRC-32's 1.15 GB/s, and a 70B chec
 qzeros are 267 MB, hashed old and new."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import mmap
@@ -51,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import faults
-from ..errors import FindingError
+from ..errors import FindingError, naming
 from ..findings import Finding
 
 #: roots this process is changing in place right now: its own reads of them (the label check
@@ -72,7 +78,8 @@ def fsync_path(path: Path) -> None:
     The one such helper: conversion.atomic uses it too."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        with naming(path):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -96,18 +103,35 @@ class Entry:
 @dataclass
 class Writer:
     """Builds `.gptqfmt-journal.tmp` one entry at a time (old bytes streamed, never all held),
-    then `seal()` makes it the journal."""
+    with the new copies of the files it replaces beside them (`stage`); then `seal()` makes it
+    the journal. Until then nothing is changed, and `abandon()` removes what it wrote."""
     root: Path
     what: str
     entries: list[Entry] = field(default_factory=list)
 
     def __post_init__(self):
-        self._f = open(self.root / PENDING, "wb")
+        path = self.root / PENDING
+        # O_EXCL: opening a checkpoint removed any leftover, so one here is another gptqfmt's
+        # journal under way, which truncating would destroy
+        try:
+            with naming(path):
+                faults.point("inplace-journal", 0)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                             | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except FileExistsError:
+            raise _busy(PENDING, "appeared while this one was planning") from None
+        self._f = os.fdopen(fd, "wb")
         # held until the change is complete or undone (the lock stays with the file through
         # its renames; a killed process drops it): another gptqfmt that opens the directory
         # meanwhile is told the change is under way instead of undoing it
-        fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another gptqfmt's recovery got to the new file first
+            self._f.close()
+            path.unlink(missing_ok=True)
+            raise _busy(PENDING, "is locked") from None
         self._pos = 0
+        self.staged: dict[str, Path] = {}   # file -> its new copy beside it
         ACTIVE.add(self.root.resolve())
 
     def range(self, file: str, offset: int, old: bytes | memoryview,
@@ -116,51 +140,83 @@ class Writer:
         object: a memoryview of the tensor saves a copy); returns the entry."""
         assert len(old) == len(new), "a range keeps its length"
         e = Entry(file, offset, len(old), crc32(old), crc32(new))
-        self._add(e, old)
-        e.pages_at = self._pos
         cut = pages(offset, len(new))
         digests = struct.pack(f"<{len(cut)}I", *(crc32(new[a:b]) for a, b in cut))
-        self._f.write(digests)
-        self._pos += len(digests)
+        self._add(e, old, digests)
         return e
 
     def whole(self, file: str, old: bytes | None, new: bytes) -> None:
         self._add(Entry(file, None, len(old or b""), None if old is None else crc32(old),
                         crc32(new)), old or b"")
 
-    def _add(self, e: Entry, old: bytes | memoryview) -> None:
+    def _add(self, e: Entry, old: bytes | memoryview, digests: bytes = b"") -> None:
         e.at = self._pos
-        self._f.write(old)
-        self._pos += len(old)
-        self.entries.append(e)
+        with naming(self.root / PENDING):
+            self._f.write(old)
+            self._pos += len(old)
+            if digests:
+                e.pages_at = self._pos
+                self._f.write(digests)
+                self._pos += len(digests)
+            self.entries.append(e)
+            faults.point("inplace-journal", len(self.entries))
+
+    def stage(self, file: str, new: bytes) -> None:
+        """Write `file`'s new content beside it now, so that a full disk stops the change
+        before anything is changed; `commit_file` renames it over `file` later."""
+        target = self.root / file
+        tmp = beside(target)
+        self.staged[file] = tmp
+        write_beside(target, tmp, new, ("inplace-config-new", len(self.staged) - 1))
 
     def seal(self) -> None:
         trailer = json.dumps({"what": self.what, "page": PAGE,
                               "entries": [e.to_json() for e in self.entries]}).encode()
-        self._f.write(trailer + struct.pack("<Q", len(trailer)) + MAGIC)
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        os.replace(self.root / PENDING, self.root / JOURNAL)
+        with naming(self.root / PENDING):
+            self._f.write(trailer + struct.pack("<Q", len(trailer)) + MAGIC)
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            os.replace(self.root / PENDING, self.root / JOURNAL)
         fsync_path(self.root)
 
+    def commit_file(self, file: str) -> None:
+        """Rename `file`'s staged new copy over it (after `seal`)."""
+        rename_over(self.staged.pop(file), self.root / file)
+
     def abandon(self) -> None:
-        """Nothing was changed: the pending journal goes."""
-        (self.root / PENDING).unlink(missing_ok=True)
+        """Nothing was changed: the pending journal and the staged copies go. Best effort: a
+        second error here would hide the one that stopped the change, and the next gptqfmt
+        that opens the directory removes what is left (recover)."""
+        with contextlib.suppress(OSError):
+            self._f.close()
+        for p in [*self.staged.values(), self.root / PENDING]:
+            with contextlib.suppress(OSError):
+                p.unlink(missing_ok=True)
         self.close()
 
     def close(self) -> None:
         """The change is complete or undone: drop the lock."""
-        self._f.close()
-        ACTIVE.discard(self.root.resolve())
+        try:
+            self._f.close()
+        finally:
+            ACTIVE.discard(self.root.resolve())
 
 
 def complete(root: Path) -> None:
-    """Step 3: the new state is durable; the journal goes."""
-    os.replace(root / JOURNAL, root / COMPLETE)
+    """Step 3: the new state is durable; the journal goes. Once COMPLETE exists (`finished`)
+    the change is whole, whatever fails after it."""
+    with naming(root / JOURNAL):
+        os.replace(root / JOURNAL, root / COMPLETE)
     fsync_path(root)
-    faults.point("inplace-complete")
-    (root / COMPLETE).unlink()
+    with naming(root / COMPLETE):
+        faults.point("inplace-complete")
+        (root / COMPLETE).unlink()
     fsync_path(root)
+
+
+def finished(root: Path) -> bool:
+    """Whether the change in `root` was marked complete (step 3 begun): never to be undone."""
+    return (root / COMPLETE).exists()
 
 
 def read(path: Path) -> tuple[dict, int]:
@@ -182,44 +238,70 @@ def read(path: Path) -> tuple[dict, int]:
     return doc, size - 16 - n
 
 
-def rollback(root: Path) -> dict:
-    """Write every old range and file of `.gptqfmt-journal` back (fsynced), then remove the
-    journal; returns its trailer. Refuses (GQ421) when a target is not what the journal
-    describes (a file shorter than a range, a range that holds neither the old nor the new
-    bytes): then something else changed the files, and writing back could make it worse."""
+def rollback(root: Path) -> tuple[dict, int]:
+    """Write back every range and file of `.gptqfmt-journal` that does not hold its old bytes
+    (fsynced), then remove the journal and any staged new copies; returns its trailer and the
+    number of changes written back (0: the change had not begun). Refuses (GQ421) when a
+    target is not what the journal describes (a file shorter than a range, a range that holds
+    neither the old nor the new bytes): then something else changed the files, and writing
+    back could make it worse. An OSError leaves the journal, to be applied again."""
     path = root / JOURNAL
-    doc, _ = read(path)
+    with naming(path):
+        doc, _ = read(path)
     entries = [Entry(**e) for e in doc["entries"]]
+    remove_strays(root)
     with open(path, "rb") as j:
-        for e in entries:
+        undo = [(i, e) for i, e in enumerate(entries) if _changed(root, e, j, doc, path)]
+        for i, e in undo:
             target = root / e.file
-            if e.offset is None:
-                continue
-            with open(target, "r+b") as f:
-                f.seek(e.offset)
-                now = f.read(e.length)
-            if len(now) != e.length or not _whole(now, e, j, doc.get("page", PAGE)):
-                raise _unusable(path, f"{e.file} at {e.offset}: holds neither the old nor "
-                                "the new bytes; restore the checkpoint from a copy")
-        for i, e in enumerate(entries):
-            target = root / e.file
-            j.seek(e.at)
-            old = j.read(e.length)
-            if e.offset is not None:
-                with open(target, "r+b") as f:
-                    f.seek(e.offset)
-                    f.write(old)
-                    f.flush()
-                    os.fsync(f.fileno())
-            elif e.old_crc32 is None:
-                target.unlink(missing_ok=True)
-            else:
-                replace_file(target, old)
-            faults.point("inplace-rollback", i)
+            with naming(path):
+                j.seek(e.at)
+                old = j.read(e.length)
+            with naming(target):
+                if e.offset is not None:
+                    with open(target, "r+b") as f:
+                        f.seek(e.offset)
+                        f.write(old)
+                        f.flush()
+                        os.fsync(f.fileno())
+                elif e.old_crc32 is None:
+                    target.unlink(missing_ok=True)
+                else:
+                    replace_file(target, old)
+                faults.point("inplace-rollback", i)
     fsync_path(root)
-    path.unlink()
+    with naming(path):
+        path.unlink()
     fsync_path(root)
-    return doc
+    return doc, len(undo)
+
+
+def undone(n: int) -> str:
+    """What a rollback that wrote `n` changes back did, in the words every report uses."""
+    return f"rolled back ({n} change{'s' if n != 1 else ''} undone)"
+
+
+def _changed(root: Path, e: Entry, journal_file, doc: dict, path: Path) -> bool:
+    """Whether change `e` has to be written back: its target does not hold the old bytes.
+    FindingError GQ421 for a range that holds neither its old nor its new bytes."""
+    target = root / e.file
+    if e.offset is None:
+        try:
+            now = target.read_bytes()
+        except FileNotFoundError:
+            return e.old_crc32 is not None
+        return e.old_crc32 is None or crc32(now) != e.old_crc32
+    with open(target, "rb") as f, naming(target):
+        f.seek(e.offset)
+        now = f.read(e.length)
+    if len(now) == e.length and crc32(now) == e.old_crc32:
+        return False
+    with naming(path):
+        whole = len(now) == e.length and _whole(now, e, journal_file, doc.get("page", PAGE))
+    if not whole:
+        raise _unusable(path, f"{e.file} at {e.offset}: holds neither the old nor the new "
+                        "bytes; restore the checkpoint from a copy")
+    return True
 
 
 def pages(offset: int, length: int, size: int | None = None) -> list[tuple[int, int]]:
@@ -246,47 +328,97 @@ def _whole(now: bytes, e: Entry, journal_file, page: int) -> bool:
     return all(now[a:b] == old[a:b] or crc32(now[a:b]) == d for (a, b), d in zip(cut, new))
 
 
+def beside(target: Path) -> Path:
+    """Where `target`'s new content waits until it is renamed over it."""
+    return target.with_name(f".{target.name}{NEW_TAG}")
+
+
 def replace_file(target: Path, content: bytes) -> None:
     """`target` now holds `content`: written beside it, fsynced, renamed over it (never
     through a symbolic link)."""
-    tmp = target.with_name(f".{target.name}{NEW_TAG}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
-                 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(content)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    tmp = beside(target)
+    write_beside(target, tmp, content)
+    rename_over(tmp, target)
+
+
+def write_beside(target: Path, tmp: Path, content: bytes,
+                 fault: tuple[str, int] | None = None) -> None:
+    """Write `content` into the new file `tmp` beside `target` and fsync it, for a rename over
+    `target` (rename_over): never through a link (a leftover `tmp` is removed, then it is
+    created with O_EXCL | O_NOFOLLOW), with `target`'s permissions where it exists. Nothing is
+    left when it fails, and the OSError names `target`, the file the user knows. `fault`: the
+    fault hook's stage (faults.py) once `tmp` exists, empty."""
+    with naming(target, replace=True):
+        try:
+            mode = target.stat().st_mode & 0o777
+        except FileNotFoundError:
+            mode = 0o644
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                     mode)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                if fault:
+                    faults.point(*fault)
+                f.write(content)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+
+
+def rename_over(tmp: Path, target: Path) -> None:
+    """Rename the written `tmp` over `target`; an OSError names `target`."""
+    with naming(target, replace=True):
+        os.replace(tmp, target)
+
+
+def remove_strays(root: Path) -> None:
+    """Remove the new copies (`.NAME.gptqfmt-journal-new`) a stopped change left beside their
+    files: never renamed, so never part of the checkpoint."""
+    for stray in root.glob(f".*{NEW_TAG}"):
+        with naming(stray):
+            stray.unlink(missing_ok=True)
 
 
 def recover(root: Path) -> list[Finding]:
     """Finish or undo an in-place change that a killed gptqfmt left in `root` (see the module
-    docstring); a GQ420 that says which, or nothing when there was none."""
+    docstring); a GQ420 that says which, or nothing when there was none. An OSError on the
+    way (a full disk, a read-only mount) is GQ421, with the journal kept."""
     root = Path(root)
     if not any((root / n).exists() for n in NAMES) or root.resolve() in ACTIVE:
         return []
     held = _lock(root)
-    for stray in root.glob(f".*{NEW_TAG}"):  # a kill inside replace_file left its new copy
-        stray.unlink(missing_ok=True)
     try:
         if (root / COMPLETE).exists():
-            doc, _ = read(root / COMPLETE)
-            (root / COMPLETE).unlink()
+            with naming(root / COMPLETE):
+                doc, _ = read(root / COMPLETE)
+            remove_strays(root)
+            with naming(root / COMPLETE):
+                (root / COMPLETE).unlink()
             fsync_path(root)
             return [Finding("GQ420", f"an in-place {doc['what']} had finished when it was "
                             "stopped; its journal was removed (rolled forward)",
                             file=COMPLETE)]
         if (root / JOURNAL).exists():
-            doc = rollback(root)
-            n = len(doc["entries"])
+            doc, n = rollback(root)
+            what = undone(n) if n else "nothing was left to undo, and its journal was removed"
             return [Finding("GQ420", f"an in-place {doc['what']} was stopped before it "
-                            f"finished; rolled back ({n} change{'s' if n != 1 else ''} "
-                            "undone): the checkpoint is as it was before", file=JOURNAL,
-                            hint="run the command again")]
-        (root / PENDING).unlink(missing_ok=True)  # stopped before any change: nothing to undo
+                            f"finished; {what}: the checkpoint is as it was before",
+                            file=JOURNAL, hint="run the command again")]
+        remove_strays(root)  # stopped before any change: nothing to undo
+        with naming(root / PENDING):
+            (root / PENDING).unlink(missing_ok=True)
         return []
     except OSError as e:
-        raise _unusable(root / JOURNAL, f"cannot be applied: {e.strerror or e}") from None
+        where = e.filename or root / JOURNAL
+        raise FindingError(Finding(
+            "GQ421", f"journal of an interrupted in-place convert cannot be applied: {where}: "
+            f"{e.strerror or e}", file=JOURNAL,
+            hint=f"the journal stays, so nothing is lost; once {where} can be written (free "
+                 f"space, a writable mount), gptqfmt verify {root} applies it")) from None
     finally:
         if held is not None:
             held.close()
@@ -304,12 +436,15 @@ def _lock(root: Path):
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
-            raise FindingError(Finding(
-                "GQ421", "another gptqfmt is converting this checkpoint in place right now "
-                f"({name} is locked)", file=name,
-                hint="wait for it to end, then run the command again")) from None
+            raise _busy(name, "is locked") from None
         return f
     return None
+
+
+def _busy(name: str, why: str) -> FindingError:
+    return FindingError(Finding(
+        "GQ421", f"another gptqfmt is converting this checkpoint in place right now ({name} "
+        f"{why})", file=name, hint="wait for it to end, then run the command again"))
 
 
 def _unusable(path: Path, why: str) -> FindingError:

@@ -15,7 +15,14 @@ from gptqfmt.bits.packing import pack
 from gptqfmt.conversion import NotRepresentable, convert, convert_qzeros
 from gptqfmt.errors import FindingError, UsageError
 from gptqfmt.safetensors_io import SafetensorsFile
-from tests.support import CKPT, MANIFEST, SPECS, slow_pack_column, slow_unpack_column
+from tests.support import (
+    CKPT,
+    MANIFEST,
+    SPECS,
+    slow_pack_column,
+    slow_unpack_column,
+    staging_dirs,
+)
 
 
 # ---------------------------------------------------------------- the slow reference
@@ -126,8 +133,9 @@ def stored_maxq_count(path, tensor, bits):
 
 # writer bugs the detector finds (tests/unit/test_read.py): convert refuses them (GQ405, and GQ403
 # for sym files whose constants were corrupted) before it plans anything
-CORRUPTED = {"autogptq-b2-asym-gptq", "autogptq-b4-asym-gptq", "gptqmodel-b4-asym-gptq",
-             "gptqmodel603-b3-asym-gptq", "gptqmodel603-b3-sym-gptq"}
+CORRUPTED = {"autogptq-b2-asym-gptq", "autogptq-b3-asym-act-gptq", "autogptq-b4-asym-gptq",
+             "gptqmodel-b4-asym-gptq", "gptqmodel603-b3-asym-gptq",
+             "gptqmodel603-b3-sym-gptq"}
 
 
 @pytest.mark.parametrize("to", ["gptq_v2", "gptq"])
@@ -410,11 +418,37 @@ def test_json_report_validates_and_dry_run_checks_dst(run_cli, tmp_path):
     assert r.exit_code == 2 and "already exists" in r.stderr
 
 
-def test_explicit_from_against_the_data_is_warned(tmp_path):
-    rep = convert(CKPT / "b4-sym-noact-gptq-single", tmp_path / "o", src_convention="gptq_v2",
-                  to="gptq_v2")
-    assert [f.code for f in rep.findings] == ["GQ413"] and "the data are gptq" in \
-        rep.findings[0].message
+@pytest.mark.parametrize("to", ["gptq", "gptq_v2"])
+def test_a_from_the_data_contradict_is_refused_with_nothing_written(tmp_path, run_cli, to):
+    """--from gptq on gptq_v2 data: read as asked, every zero point would be written off by one
+    (or, into gptq, a gptq label over gptq_v2 data): refused, nothing written, the way out named."""
+    src = CKPT / "b4-asym-noact-gptq_v2-single"
+    r = run_cli("convert", src, tmp_path / "o", "--from", "gptq", "--to", to)
+    assert r.exit_code == 1 and not (tmp_path / "o").exists()
+    assert r.stdout.splitlines()[0].startswith(
+        "GQ422 --from gptq, but the data are gptq_v2 (confidence 1.0000)")
+    assert "drop --from (the data decide: gptq_v2), or add --trust-from" in r.stdout
+    assert staging_dirs(tmp_path) == []
+
+
+@pytest.mark.parametrize(("name", "to"), [("b4-asym-noact-gptq_v2-single", "gptq"),
+                                          ("b4-sym-noact-gptq_v2-single", "gptq_v2")])
+def test_a_trusted_from_is_kept_only_when_verify_passes_the_output(tmp_path, run_cli, name,
+                                                                   to):
+    """With --trust-from the conversion runs as asked (GQ413), and the staged output is
+    verified as a whole: an output verify would fail is never written."""
+    r = run_cli("convert", CKPT / name, tmp_path / "o", "--from", "gptq", "--to", to,
+                "--trust-from", "--allow-lossy")
+    assert r.exit_code == 1 and not (tmp_path / "o").exists()
+    assert r.stdout.splitlines()[0].startswith(
+        f"{tmp_path / 'o'}: GQ503 verify of the output would report ")
+    assert staging_dirs(tmp_path) == []
+
+
+def test_a_trusted_from_the_data_agree_with_converts(tmp_path):
+    rep = convert(CKPT / "b4-sym-noact-gptq-single", tmp_path / "o", src_convention="gptq",
+                  to="gptq_v2", trust_from=True)
+    assert rep.written and rep.findings == []
 
 
 def test_converts_from_a_hugging_face_cache_snapshot(tmp_path):
@@ -457,3 +491,15 @@ def test_a_disk_error_says_whether_dst_was_put_in_place(tmp_path, monkeypatch, a
     else:
         assert "cannot write the output: Input/output error; nothing was written" in str(e.value)
         assert not dst.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_trusted_from_in_place_is_rolled_back_when_verify_would_fail(tmp_path, run_cli):
+    """In place, the trusted output is verified as a whole before the journal completes: the
+    checkpoint is left byte for byte as it was."""
+    src = tmp_path / "c"
+    shutil.copytree(CKPT / "b4-sym-noact-gptq_v2-single", src)
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    r = run_cli("convert", src, "--in-place", "--from", "gptq", "--to", "gptq_v2",
+                "--trust-from")
+    assert r.exit_code == 1 and f"{src}: GQ503 verify of the output would report" in r.stdout
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before

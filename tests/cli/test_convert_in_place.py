@@ -33,11 +33,12 @@ def copy(tmp_path, src=SRC, name="m"):
 
 
 # (source, target, options, verify OUT --against SOURCE's exit: 1 where the output differs
-# on purpose: lossy cells, or a source without configs that runtimes read as gptq)
+# on purpose: lossy cells, or a source without configs, which declares no sym, where the
+# derived config declares the sym its data show)
 @pytest.mark.parametrize("src,to,extra,against", [
     (SRC, "gptq", [], 0), (CKPT / "b4-asym-act-gptq-sharded", "gptq_v2", ["--allow-lossy"], 1),
     (CKPT / "b4-sym-noact-gptq-single", "gptq_v2", [], 0),
-    (FIXTURES / "invalid" / "no-config-at-all", "gptq", ["--from", "gptq_v2"], 1)],
+    (FIXTURES / "invalid" / "no-config-at-all", "gptq_v2", ["--from", "gptq"], 1)],
     ids=["v2-to-gptq", "lossy", "single", "derived-config"])
 def test_in_place_writes_what_the_copying_convert_writes(tmp_path, run_cli, src, to, extra,
                                                          against):
@@ -127,6 +128,16 @@ def test_shared_files_are_refused(tmp_path, run_cli):
 
 KILLS = ["inplace-journaled", *[f"inplace-range:{i}" for i in range(RANGES)], "inplace-synced",
          *[f"inplace-config:{j}" for j in range(CONFIGS)], "inplace-complete"]
+# the changes a kill at each stage leaves written, which the recovery writes back and counts
+WRITTEN = {"inplace-journaled": 0, **{f"inplace-range:{i}": i + 1 for i in range(RANGES)},
+           "inplace-synced": RANGES,
+           **{f"inplace-config:{j}": RANGES + j + 1 for j in range(CONFIGS)}}
+
+
+def undone(n):
+    """How GQ420 and the error lines count a rollback that wrote `n` changes back."""
+    return f"rolled back ({n} change{'s' if n != 1 else ''} undone)" if n else \
+        "nothing was left to undo, and its journal was removed"
 
 
 def recovered(run_cli, d):
@@ -153,7 +164,8 @@ def test_a_sigkill_at_every_stage_leaves_one_whole_checkpoint(tmp_path, run_cli,
         finished = fault == "inplace-complete"
         assert digest(d) == want["converted" if finished else "original"], fault
         assert found["code"] == "GQ420" and no_journal(d), fault
-        assert ("rolled forward" if finished else "rolled back") in found["message"], fault
+        assert ("rolled forward" if finished else undone(WRITTEN[fault])) in \
+            found["message"], fault
         assert recovered(run_cli, d) is None  # said once; nothing left to do
 
 
@@ -180,7 +192,10 @@ def test_a_sigkill_during_the_recovery_is_recovered_from(tmp_path, run_cli, fork
         code, output = forked_cli(f"inplace-rollback:{k}", "verify", d, "-q")
         assert code == -signal.SIGKILL, (k, output)
         assert not no_journal(d), k  # the journal survives a recovery cut short
-        assert recovered(run_cli, d)["code"] == "GQ420"
+        found = recovered(run_cli, d)
+        # only what the first recovery had not yet written back is counted
+        assert found["code"] == "GQ420" and undone(RANGES + CONFIGS - k - 1) in \
+            found["message"], (k, found)
         assert digest(d) == want["original"] and no_journal(d), k
 
 
@@ -317,3 +332,166 @@ def test_a_range_torn_by_a_kill_inside_its_write(tmp_path, run_cli, monkeypatch,
         return
     assert recovered(run_cli, d)["code"] == "GQ420"
     assert digest(d) == want["original"] and no_journal(d)
+
+
+# ---- I/O errors: one line, exit 2, nothing left behind, every overwrite written back -------
+# Injected through the fault hook (faults.py, `stage:ERRNO`): the I/O step at that stage fails
+# with that errno, as write(2) and fsync(2) fail, without a file name.
+
+SHARD1, SHARD2 = "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors"
+COPY, AGAIN = "write a converted copy instead: gptqfmt convert {d} DST --to gptq", \
+    "once that is fixed, run gptqfmt convert --in-place {d} --to gptq"
+
+
+def inject(monkeypatch, spec=None):
+    """Arm the fault hook with `spec` in this process; None disarms it."""
+    from gptqfmt import faults
+    monkeypatch.setattr(faults, "point", faults._armed(spec) if spec else faults._unset)
+
+
+def error_line(d, file, cause, then):
+    return f"gptqfmt: error: {d / file if file else d}: cannot write: {cause}; " \
+           f"{then.format(d=d)}\n"
+
+
+# (fault, the file the line names, its cause, the changes written back, then the next step)
+IO_ERRORS = [
+    # before the first overwrite: nothing changed, nothing left (no journal, no new copies)
+    ("inplace-journal:0:EROFS", journal.PENDING, "Read-only file system", 0, COPY),
+    ("inplace-journal:0:EACCES", journal.PENDING, "Permission denied", 0, COPY),
+    ("inplace-journal:3:ENOSPC", journal.PENDING, "No space left on device", 0, AGAIN),
+    ("inplace-open:1:EACCES", SHARD2, "Permission denied", 0, COPY),
+    ("inplace-open:0:ENOENT", SHARD1, "No such file or directory", 0, AGAIN),  # vanished
+    ("inplace-config-new:0:ENOSPC", "quantize_config.json", "No space left on device", 0,
+     AGAIN),
+    ("inplace-config-new:1:EIO", "config.json", "Input/output error", 0, AGAIN),
+    ("inplace-journaled:EIO", None, "Input/output error", 0, AGAIN),
+    # after overwrites: each written back, and only those counted
+    ("inplace-range:0:EIO", SHARD1, "Input/output error", 1, AGAIN),
+    ("inplace-range:3:ENOSPC", SHARD2, "No space left on device", 4, AGAIN),
+    ("inplace-synced:EIO", None, "Input/output error", RANGES, AGAIN),
+    ("inplace-config:0:ENOENT", "quantize_config.json", "No such file or directory",
+     RANGES + 1, AGAIN),
+    ("inplace-config:1:EROFS", "config.json", "Read-only file system", RANGES + 2, COPY),
+]
+
+
+@pytest.mark.parametrize("fault,file,cause,done,step", IO_ERRORS, ids=[e[0] for e in IO_ERRORS])
+def test_an_io_error_is_one_line_and_leaves_the_checkpoint_as_it_was(
+        tmp_path, monkeypatch, run_cli, fault, file, cause, done, step):
+    d = copy(tmp_path)
+    inject(monkeypatch, fault)
+    r = run_cli("convert", "--in-place", d, "--to", "gptq")
+    then = f"{undone(done)}: {d} is as it was before; {step}" if done else \
+        f"nothing was changed; {step}"
+    assert (r.exit_code, r.stdout, r.stderr) == (2, "", error_line(d, file, cause, then))
+    assert digest(d) == digest(SRC)  # every byte, and no other file (journal, new copies)
+    inject(monkeypatch)
+    v = run_cli("verify", d, "--format", "json")
+    assert v.exit_code == 0 and not [f for f in json.loads(v.stdout)["findings"]
+                                     if f["code"].startswith("GQ42")]
+
+
+def test_an_io_error_in_json_is_one_document(tmp_path, monkeypatch, run_cli):
+    d = copy(tmp_path)
+    inject(monkeypatch, "inplace-config-new:0:ENOSPC")
+    r = run_cli("convert", "--in-place", d, "--to", "gptq", "--format", "json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 2 and doc["exit_code"] == 2 and doc["findings"] == []
+    assert doc["error"] == error_line(d, "quantize_config.json", "No space left on device",
+                                      f"nothing was changed; {AGAIN}")[len("gptqfmt: error: "):-1]
+    assert digest(d) == digest(SRC)
+
+
+@pytest.mark.faults
+def test_a_file_size_limit_stops_it_before_anything_is_changed(tmp_path):
+    """A real write error, not an injected one: RLIMIT_FSIZE makes every write past 256 bytes
+    fail with EFBIG, as a full disk fails them with ENOSPC. The configs' new copies are written
+    before the first overwrite, so the change stops there."""
+    import resource
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+    d = copy(tmp_path)
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256, 256))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("GPTQFMT_FAULT", None)
+    r = subprocess.run([sys.executable, "-m", "gptqfmt", "convert", "--in-place", str(d),
+                        "--to", "gptq"], capture_output=True, text=True, env=env,
+                       preexec_fn=small_files)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr == error_line(d, "quantize_config.json", "File too large",
+                                  f"nothing was changed; {AGAIN}")
+    assert digest(d) == digest(SRC)
+
+
+def test_a_failed_rollback_keeps_the_journal_and_says_so(tmp_path, monkeypatch, run_cli):
+    """The write back fails too (after the first two changes were written back): the journal
+    stays, the line names both errors, and the next command writes back the rest, counting
+    only those."""
+    d = copy(tmp_path)
+    inject(monkeypatch, "inplace-range:3:EIO,inplace-rollback:1:ENOSPC")
+    r = run_cli("convert", "--in-place", d, "--to", "gptq")
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == (
+        f"gptqfmt: error: {d / SHARD2}: cannot write: Input/output error; then {d / SHARD2}: "
+        f"cannot write it back: No space left on device; the journal {d / journal.JOURNAL} "
+        f"keeps the old bytes of what is left to undo: once that is fixed, gptqfmt verify {d} "
+        "rolls it back\n")
+    assert sorted(set(os.listdir(d)) - set(os.listdir(SRC))) == [journal.JOURNAL]
+    inject(monkeypatch)
+    found = recovered(run_cli, d)
+    assert found["code"] == "GQ420" and undone(2) in found["message"]  # 4 written, 2 back
+    assert digest(d) == digest(SRC) and recovered(run_cli, d) is None
+
+
+def test_a_recovery_that_cannot_write_keeps_the_journal(tmp_path, monkeypatch, run_cli):
+    """A later command finds the journal but cannot write (a full disk, a read-only mount):
+    GQ421 says so and how to go on, not to restore from a copy; once it can, the rest is
+    rolled back and counted."""
+    d = copy(tmp_path)
+    inject(monkeypatch, "inplace-config:1:EIO,inplace-rollback:0:EROFS")  # 9 written, 1 back
+    assert run_cli("convert", "--in-place", d, "--to", "gptq").exit_code == 2
+    inject(monkeypatch, "inplace-rollback:3:ENOSPC")  # 3 more back, then the disk is full
+    r = run_cli("verify", d, "--format", "json")
+    [f] = json.loads(r.stdout)["findings"]
+    assert r.exit_code == 1 and (f["code"], f["file"]) == ("GQ421", journal.JOURNAL)
+    assert f["message"] == ("journal of an interrupted in-place convert cannot be applied: "
+                            f"{d / SHARD2}: No space left on device")
+    assert f["hint"] == (f"the journal stays, so nothing is lost; once {d / SHARD2} can be "
+                         "written (free space, a writable mount), gptqfmt verify "
+                         f"{d} applies it")
+    assert not no_journal(d)
+    inject(monkeypatch)
+    found = recovered(run_cli, d)
+    assert found["code"] == "GQ420" and undone(RANGES + CONFIGS - 4) in found["message"]
+    assert digest(d) == digest(SRC) and recovered(run_cli, d) is None
+
+
+def test_an_io_error_after_the_change_is_complete_is_not_undone(tmp_path, monkeypatch,
+                                                                 run_cli, want):
+    d = copy(tmp_path)
+    inject(monkeypatch, "inplace-complete:EIO")
+    r = run_cli("convert", "--in-place", d, "--to", "gptq")
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == (f"gptqfmt: error: {d / journal.COMPLETE}: cannot write: Input/output "
+                        f"error; {d} was converted before that (the change is complete); "
+                        f"check it with gptqfmt verify {d}\n")
+    inject(monkeypatch)
+    assert "rolled forward" in recovered(run_cli, d)["message"]
+    assert digest(d) == want["converted"]
+
+
+@pytest.mark.faults
+def test_a_signal_after_the_change_is_complete_leaves_it_complete(tmp_path, run_cli,
+                                                                  forked_cli, want):
+    d = copy(tmp_path)
+    code, output = forked_cli("inplace-complete:SIGTERM", "convert", "--in-place", d, "--to",
+                              "gptq")
+    assert code == 143 and output == "gptqfmt: error: interrupted by SIGTERM\n", output
+    assert "rolled forward" in recovered(run_cli, d)["message"]
+    assert digest(d) == want["converted"]

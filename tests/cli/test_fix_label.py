@@ -170,8 +170,48 @@ def test_unwritable_directory_is_an_output_error(run_cli, tmp_path):
         r = run_cli("fix-label", "--format", "json", d)
     finally:
         d.chmod(0o755)
-    assert r.exit_code == 2 and "cannot rewrite the configs" in json.loads(r.stdout)["error"]
+    assert r.exit_code == 2 and json.loads(r.stdout)["error"] == (
+        f"{d / 'quantize_config.json'}: cannot write: Permission denied; nothing was changed; "
+        f"once that is fixed, run gptqfmt fix-label {d}")
     assert digest(d) == before
+
+
+# (fault through the hook, `stage:ERRNO`: that I/O step fails with that errno; the file named;
+# its cause; the configs it leaves rewritten)
+IO_ERRORS = [
+    ("relabel-new:0:EROFS", "quantize_config.json", "Read-only file system", []),
+    ("relabel-new:1:ENOSPC", "config.json", "No space left on device", []),
+    ("relabel-staged:0:EACCES", "quantize_config.json", "Permission denied", []),
+    ("relabel-staged:1:ENOENT", "config.json", "No such file or directory", []),
+    ("relabel-renamed:0:EIO", "quantize_config.json", "Input/output error",
+     ["quantize_config.json"]),
+]
+
+
+@pytest.mark.parametrize("fault,file,cause,rewritten", IO_ERRORS,
+                         ids=[e[0] for e in IO_ERRORS])
+def test_an_io_error_is_one_line_and_says_what_it_left(run_cli, tmp_path, monkeypatch, fault,
+                                                       file, cause, rewritten):
+    from gptqfmt import faults
+
+    d = copy(MISLABELLED, tmp_path)
+    monkeypatch.setattr(faults, "point", faults._armed(fault))
+    r = run_cli("fix-label", d)
+    monkeypatch.setattr(faults, "point", faults._unset)
+    done = ("quantize_config.json rewritten, config.json not" if rewritten else
+            "nothing was changed")
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == (f"gptqfmt: error: {d / file}: cannot write: {cause}; {done}; once "
+                        f"that is fixed, run gptqfmt fix-label {d}\n")
+    after = digest(d)  # every file: no staged copy is left
+    assert {n for n in after if after[n] != digest(MISLABELLED).get(n)} == set(rewritten)
+    if rewritten:  # config.json (what runtimes read first) still old; the rerun finishes it
+        r = run_cli("fix-label", "--quiet", d)
+        assert r.exit_code == 0, r.output
+        assert json.loads((d / "config.json").read_text())["quantization_config"][
+            "checkpoint_format"] == "gptq_v2"
+    v = run_cli("verify", "--format", "json", d)
+    assert not [f for f in json.loads(v.stdout)["findings"] if f["code"].startswith("GQ42")]
 
 
 @pytest.mark.faults

@@ -149,14 +149,28 @@ def test_closed_stdout_exits_quietly(args):
 
 # ------------------------------------------------------------------ the hook itself (in-process)
 def test_fault_spec_parsing():
-    from gptqfmt.faults import _parse
+    import errno
+
+    from gptqfmt.faults import Fail, _armed, _parse
 
     assert _parse("mid-shard:2.1:SIGTERM") == ("mid-shard", (2, 1), signal.SIGTERM)
+    assert _parse("inplace-range:3:EIO") == ("inplace-range", (3,), Fail(errno.EIO))
+    assert _parse("before-rename:enospc") == ("before-rename", (), Fail(errno.ENOSPC))
+    hook = _armed("inplace-range:3:EROFS,inplace-rollback:1:EACCES")  # each fires once
+    hook("inplace-range", 2)
+    for stage, index, code in (("inplace-range", 3, errno.EROFS),
+                               ("inplace-rollback", 1, errno.EACCES)):
+        with pytest.raises(OSError) as e:
+            hook(stage, index)
+        assert (e.value.errno, e.value.strerror, e.value.filename) == \
+            (code, os.strerror(code), None)  # no file name, as write(2) reports
+        hook(stage, index)
     assert _parse("mid-shard:2") == ("mid-shard", (2, 0), signal.SIGKILL)
     assert _parse("gate-module:3:hup") == ("gate-module", (3,), signal.SIGHUP)
     assert _parse("before-rename:INT") == ("before-rename", (), signal.SIGINT)
     assert _parse("before-rename:0:TERM") == ("before-rename", (), signal.SIGTERM)
     for bad in ("no-such-stage", "before-rename:1", "mid-shard:1.2.3", "mid-shard:1:SIGNOPE",
+                "mid-shard:1:ENOPE",
                 "gate-module:x.1", "before-gate:TERM:extra", "mid-shard:-1"):
         with pytest.raises(ValueError, match="GPTQFMT_FAULT"):
             _parse(bad)

@@ -1,0 +1,79 @@
+"""The undo journal of in-place changes (gptqfmt/safetensors_io/journal.py): a rollback writes
+back and counts only the changes that no longer hold their old bytes; a file's new copy is
+never left behind by a failed write and keeps the file's permissions; a journal another
+process is writing is never truncated."""
+import errno
+import os
+
+import pytest
+
+from gptqfmt import faults
+from gptqfmt.errors import FindingError
+from gptqfmt.safetensors_io import journal
+
+OLD, NEW = bytes(range(64)), bytes(range(64, 128))
+
+
+def journaled(root, ranges=3):
+    """A file of `ranges` 64-byte ranges and a config, their changes journaled and sealed (as
+    convert --in-place leaves it before its first overwrite); the file's bytes and the
+    config's before."""
+    root.mkdir()
+    data = OLD * ranges
+    (root / "shard").write_bytes(data)
+    (root / "cfg.json").write_bytes(b'{"a": 1}')
+    w = journal.Writer(root, "test")
+    for i in range(ranges):
+        w.range("shard", 64 * i, OLD, NEW)
+    w.whole("cfg.json", b'{"a": 1}', b'{"a": 2}')
+    w.stage("cfg.json", b'{"a": 2}')
+    w.seal()
+    w.close()
+    return data
+
+
+@pytest.mark.parametrize("written", [0, 1, 3])
+def test_a_rollback_counts_only_what_was_written(tmp_path, written):
+    root = tmp_path / "c"
+    data = journaled(root)
+    with open(root / "shard", "r+b") as f:  # the first `written` ranges overwritten
+        for i in range(written):
+            f.seek(64 * i)
+            f.write(NEW)
+    doc, n = journal.rollback(root)
+    assert (doc["what"], n) == ("test", written)
+    assert (root / "shard").read_bytes() == data
+    assert sorted(os.listdir(root)) == ["cfg.json", "shard"]  # no journal, no staged copy
+
+
+def test_a_replaced_file_is_written_back_and_counted(tmp_path):
+    root = tmp_path / "c"
+    journaled(root, ranges=1)
+    os.replace(root / f".cfg.json{journal.NEW_TAG}", root / "cfg.json")
+    assert journal.rollback(root)[1] == 1
+    assert (root / "cfg.json").read_bytes() == b'{"a": 1}'
+
+
+def test_a_failed_write_of_a_new_copy_leaves_nothing(tmp_path, monkeypatch):
+    target = tmp_path / "cfg.json"
+    target.write_bytes(b"old")
+    target.chmod(0o600)
+    tmp = journal.beside(target)
+    monkeypatch.setattr(faults, "point", faults._armed("inplace-config-new:0:ENOSPC"))
+    with pytest.raises(OSError) as e:
+        journal.write_beside(target, tmp, b"new", ("inplace-config-new", 0))
+    assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(target))  # the user's file
+    assert sorted(os.listdir(tmp_path)) == ["cfg.json"] and target.read_bytes() == b"old"
+    journal.replace_file(target, b"new")  # the hook fired once
+    assert target.read_bytes() == b"new" and target.stat().st_mode & 0o777 == 0o600
+    assert sorted(os.listdir(tmp_path)) == ["cfg.json"]
+
+
+def test_a_journal_being_written_is_never_truncated(tmp_path):
+    root = tmp_path / "c"
+    root.mkdir()
+    (root / journal.PENDING).write_bytes(b"another gptqfmt's journal")
+    with pytest.raises(FindingError) as e:
+        journal.Writer(root, "test")
+    assert e.value.finding.code == "GQ421" and "appeared while" in e.value.finding.message
+    assert (root / journal.PENDING).read_bytes() == b"another gptqfmt's journal"
