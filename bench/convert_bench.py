@@ -41,10 +41,13 @@ from synth import build  # noqa: E402
 RSS = ("import runpy, sys, time\n"
        "t = time.perf_counter()\n"
        "sys.argv = {argv!r}\n"
+       "code = 0\n"
        "try:\n    runpy.run_module({mod!r}, run_name='__main__')\n"
-       "except SystemExit as e:\n    assert not e.code, e.code\n"
+       "except SystemExit as e:\n    code = e.code or 0\n"
        "hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
-       "print(time.perf_counter() - t, hwm)\n")
+       "import resource\n"  # the largest of its own children (worker processes), KiB
+       "workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+       "print(time.perf_counter() - t, hwm, code, workers)\n")
 
 PLAIN = '''
 import shutil, sys
@@ -75,13 +78,19 @@ def child_env(tmp: Path) -> dict:
 
 
 def timed(cmd, env: dict) -> tuple[float, int]:
-    """(seconds, peak RSS in KiB) of a child process."""
+    """(seconds, peak RSS in KiB) of a child process running RSS."""
+    return measured(cmd, env)[:2]
+
+
+def measured(cmd, env: dict, exits: tuple[int, ...] = (0,)) -> tuple[float, int, int]:
+    """(seconds, peak RSS in KiB, the largest peak RSS of its own worker processes in KiB) of a
+    child process running RSS, which must end with one of `exits` (the command's exit code)."""
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if r.returncode:
+    last = r.stdout.strip().splitlines()[-1:] if not r.returncode else []
+    if not last or int(last[0].split()[2]) not in exits:
         raise SystemExit(f"{cmd[-1][:200]}...: exit {r.returncode}\n{r.stdout}{r.stderr}")
-    out = r.stdout
-    secs, rss = out.strip().splitlines()[-1].split()
-    return float(secs), int(rss)
+    secs, rss, _, workers = last[0].split()
+    return float(secs), int(rss), int(workers)
 
 
 def main():

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """inspect on a 70B-Llama-shaped GPTQ checkpoint (80 layers x 7 linears, 4-bit, group 128).
 
-Built in a temporary directory as 16 shards whose qweight and scales are holes in sparse files
-(nothing reads them); qzeros (the symmetric gptq pattern) and g_idx are real data. Reports
+Built in a temporary directory as 16 shards whose qweight and scales (past their first page)
+are holes in sparse files (nothing reads them); qzeros (the symmetric gptq pattern) and g_idx
+are real data. Reports
 inspect's wall time, first run and warm (page cache), and the ratio to a baseline that does the
 least any reader must: the official safetensors library opening every shard and reading every
 qzeros and g_idx tensor, in the same process.
@@ -35,24 +36,35 @@ LINEARS = [("self_attn.q_proj", HIDDEN, HIDDEN), ("self_attn.k_proj", HIDDEN, KV
 SHARDS = 16
 
 
+def module_tensors(p: str, k: int, n: int, rng, asym: bool = False,
+                   scale: float | None = None):
+    """(name, dtype, shape, data-or-None) of the 4-bit, group-128 module `p` (K x N); None =
+    a hole, data shorter than the tensor = its first bytes, the rest a hole. qzeros and g_idx
+    are real data; qweight and scales their first page (codes 8, scales 0.01: a tensor of zeros
+    alone is GQ318's never written one), or every scale `scale`."""
+    g = k // GS
+    if asym:  # zero points as asymmetric quantization leaves them (around the middle,
+        # with the extremes of one-signed groups): the detector has to sample qweight
+        z = np.clip(np.rint(rng.normal(7.5, 2.0, (g, n))), 0, 15).astype(np.uint8)
+        zeros = pack(z, BITS, 32, axis=1)
+    else:
+        zeros = np.broadcast_to(constant_words(7, BITS, 32).view(np.int32),
+                                (g, n * BITS // 32))
+    scales = np.full(min(2048, g * n), 0.01, np.float16) if scale is None else \
+        np.full((g, n), scale, np.float16)
+    codes = np.full(min(1024, k * n * BITS // 32), constant_words(8, BITS, 32).view(np.int32))
+    return [(f"{p}.qweight", "I32", (k * BITS // 32, n), codes),
+            (f"{p}.qzeros", "I32", (g, n * BITS // 32), zeros),
+            (f"{p}.scales", "F16", (g, n), scales),
+            (f"{p}.g_idx", "I32", (k,), (np.arange(k, dtype=np.int32) // GS))]
+
+
 def layer_tensors(i: int, asym: bool = False):
     """(name, dtype, shape, data-or-None) for one decoder layer; None = a hole."""
     out = []
     rng = np.random.default_rng(i)
     for lin, k, n in LINEARS:
-        p = f"model.layers.{i}.{lin}"
-        g = k // GS
-        if asym:  # zero points as asymmetric quantization leaves them (around the middle,
-            # with the extremes of one-signed groups): the detector has to sample qweight
-            z = np.clip(np.rint(rng.normal(7.5, 2.0, (g, n))), 0, 15).astype(np.uint8)
-            zeros = pack(z, BITS, 32, axis=1)
-        else:
-            zeros = np.broadcast_to(constant_words(7, BITS, 32).view(np.int32),
-                                    (g, n * BITS // 32))
-        out += [(f"{p}.qweight", "I32", (k * BITS // 32, n), None),
-                (f"{p}.qzeros", "I32", (g, n * BITS // 32), zeros),
-                (f"{p}.scales", "F16", (g, n), None),
-                (f"{p}.g_idx", "I32", (k,), (np.arange(k, dtype=np.int32) // GS))]
+        out += module_tensors(f"model.layers.{i}.{lin}", k, n, rng, asym)
     for ln in ("input_layernorm", "post_attention_layernorm"):
         out.append((f"model.layers.{i}.{ln}.weight", "F16", (HIDDEN,), None))
     return out
@@ -75,17 +87,21 @@ def write_shard(path: Path, tensors) -> int:
     return sum(e.nbytes for e in entries)
 
 
-def build(root: Path, asym: bool = False) -> None:
-    per = LAYERS // SHARDS
+def write_checkpoint(root: Path, shards: int, shard_tensors, asym: bool, vocab: int,
+                     hidden: int, model_type: str, **config) -> None:
+    """`shards` shards of `shard_tensors(s)` (layer_tensors' form, built one shard at a time),
+    the embedding in the first and the final norm and lm_head in the last (holes), the index
+    and the configs: 4-bit gptq, group 128, symmetric unless `asym`; `config`: more keys of
+    config.json."""
     weight_map, total = {}, 0
-    for s in range(SHARDS):
-        name = f"model-{s + 1:05d}-of-{SHARDS:05d}.safetensors"
-        tensors = [t for i in range(s * per, (s + 1) * per) for t in layer_tensors(i, asym)]
+    for s in range(shards):
+        name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        tensors = shard_tensors(s)
         if s == 0:
-            tensors.append(("model.embed_tokens.weight", "F16", (VOCAB, HIDDEN), None))
-        if s == SHARDS - 1:
-            tensors += [("model.norm.weight", "F16", (HIDDEN,), None),
-                        ("lm_head.weight", "F16", (VOCAB, HIDDEN), None)]
+            tensors.append(("model.embed_tokens.weight", "F16", (vocab, hidden), None))
+        if s == shards - 1:
+            tensors += [("model.norm.weight", "F16", (hidden,), None),
+                        ("lm_head.weight", "F16", (vocab, hidden), None)]
         total += write_shard(root / name, tensors)
         weight_map.update({t[0]: name for t in tensors})
     (root / "model.safetensors.index.json").write_text(json.dumps(
@@ -93,8 +109,15 @@ def build(root: Path, asym: bool = False) -> None:
     q = {"bits": BITS, "group_size": GS, "desc_act": False, "sym": not asym, "quant_method": "gptq",
          "checkpoint_format": "gptq"}
     (root / "quantize_config.json").write_text(json.dumps(q))
-    (root / "config.json").write_text(json.dumps({"model_type": "llama",
+    (root / "config.json").write_text(json.dumps({"model_type": model_type, **config,
                                                   "quantization_config": q}))
+
+
+def build(root: Path, asym: bool = False) -> None:
+    per = LAYERS // SHARDS
+    write_checkpoint(root, SHARDS, lambda s: [t for i in range(s * per, (s + 1) * per)
+                                              for t in layer_tensors(i, asym)],
+                     asym, VOCAB, HIDDEN, "llama")
 
 
 def baseline(root: Path) -> float:
@@ -149,8 +172,8 @@ def main():
         base = min(baseline(root) for _ in range(3))
         assert len(doc["modules"]) == LAYERS * len(LINEARS), len(doc["modules"])
         assert doc["checkpoint_format"]["detected"] == "gptq" and doc["status"] == "ok"
-        qz = sum(int(np.prod(s)) * 4 for i in range(1) for _, _, s, a in layer_tensors(i)
-                 if a is not None) * LAYERS
+        qz = sum(int(np.prod(s)) * 4 for n, _, s, _ in layer_tensors(0)
+                 if n.endswith((".qzeros", ".g_idx"))) * LAYERS
         print(f"checkpoint: {SHARDS} shards, {LAYERS * len(LINEARS)} quantized modules, "
               f"{apparent / 2**30:.1f} GiB apparent, {on_disk / 2**20:.0f} MiB on disk "
               f"(qzeros + g_idx {qz / 2**20:.0f} MiB); built in {t_build:.1f} s")

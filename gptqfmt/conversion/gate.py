@@ -39,6 +39,7 @@ from ..formats.gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from ..numerics.cpu import dequant_fields
 from ..ops.verify import validate
 from ..safetensors_io.dtypes import to_float32
+from ..safetensors_io.index import TensorStore
 
 GEMM_ROWS = 4
 
@@ -77,7 +78,8 @@ class GateResult:
                                  "source computed")
 
 
-def check_labels(path, target: str, reread: bool = False) -> list[str]:
+def check_labels(path, target: str, reread: bool = False,
+                 store: TensorStore | None = None) -> list[str]:
     """What verify would fail the staged output at `path` for, on its configs and labels: one
     message per problem, each saying what the staged configs declare; empty when they declare
     `target` as every runtime reads it.
@@ -88,20 +90,23 @@ def check_labels(path, target: str, reread: bool = False) -> list[str]:
     contradicted it, so the output is verified as a whole, every check over all its data), and
     the label (what vLLM, transformers and ExLlamaV2 read) must be `target`. Every
     error of opening the output counts too (config errors such as GQ204, GQ205, GQ209, and
-    declared values against the shapes, GQ304-GQ307): the source had none, or was refused."""
+    declared values against the shapes, GQ304-GQ307): the source had none, or was refused.
+    `store`: the output's tensors where they are open already (in place: the source's own, whose
+    headers the conversion leaves as they are), so that tens of thousands of header entries are
+    not held twice; it stays open."""
     if reread:
         report = validate(path)
         return [f"verify of the output would report {f.one_line()}" for f in report.findings
                 if f.severity == ERROR]
     try:
-        out = open_checkpoint(path)
+        out = open_checkpoint(path, store)
     except FindingError as e:
         return [f"the output cannot be opened: {f.one_line()}" for f in e.findings]
     try:
         says = declarations(out)
+        written = f"written as {target} by convert"   # one string for every module
         det = combine([ModuleVerdict(name=m.name, verdict=target, confidence=1.0,
-                                     evidence=[f"written as {target} by convert"])
-                       for m in out.valid_modules])
+                                     evidence=[written]) for m in out.valid_modules])
         errors = [f for f in out.findings + convention_findings(out, det) if f.severity == ERROR]
         msgs = [f"{says}; verify would report {f.one_line()}" for f in errors]
         declared = out.label
@@ -109,7 +114,8 @@ def check_labels(path, target: str, reread: bool = False) -> list[str]:
             msgs.append(f"{says}: runtimes read {declared}, but the output holds {target}")
         return msgs
     finally:
-        out.close()
+        if store is None:
+            out.close()
 
 
 def declarations(ckpt: Checkpoint) -> str:

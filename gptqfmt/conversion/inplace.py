@@ -216,7 +216,7 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
                 faults.point("inplace-config", j)
         journal.fsync_path(root)
         gate.bytes_compared = written + _read_back(root, w.entries)
-        mislabelled = check_labels(root, to, reread)
+        mislabelled = check_labels(root, to, reread, ckpt.store)
         if mislabelled:
             raise FindingError(*[Finding("GQ503", msg, file=str(root)) for msg in mislabelled])
         journal.complete(root)

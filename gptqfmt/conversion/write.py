@@ -65,10 +65,42 @@ def write_shard(src: Path, out: Path, jobs: list[QzerosJob], src_conv: str, dst_
 
 
 def copy_range(fin, fout, offset: int, length: int) -> None:
-    """Copy `length` bytes of fin from `offset` to fout's current position."""
+    """Copy `length` bytes of fin from `offset` to fout's current position. The holes of a
+    sparse fin stay holes (as `cp` leaves them): the kernel's copy would write their zeros."""
     if length <= 0:
         return
     fout.flush()
+    end = offset + length
+    while offset < end:
+        data, hole = _data_extent(fin.fileno(), offset, end)
+        if data > offset:  # zeros by definition: fout gets a hole of the same length
+            at = fout.seek(data - offset, os.SEEK_CUR)
+            if at > os.fstat(fout.fileno()).st_size:
+                fout.truncate(at)
+        _copy_data(fin, fout, data, hole - data)
+        offset = hole
+
+
+def _data_extent(fd: int, offset: int, end: int) -> tuple[int, int]:
+    """The first extent of data of fd at or after `offset`, within `end`: (start, stop); all of
+    it where the filesystem cannot tell holes (SEEK_DATA)."""
+    if not hasattr(os, "SEEK_DATA"):
+        return offset, end
+    try:
+        data = os.lseek(fd, offset, os.SEEK_DATA)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # only a hole from here to the end of the file
+            return end, end
+        return offset, end
+    if data >= end:
+        return end, end
+    return data, min(end, os.lseek(fd, data, os.SEEK_HOLE))
+
+
+def _copy_data(fin, fout, offset: int, length: int) -> None:
+    """copy_range of data: by the kernel where it can, else read and written here."""
+    if length <= 0:
+        return
     if hasattr(os, "copy_file_range"):
         done = 0
         while done < length:
@@ -99,7 +131,7 @@ def copy_range(fin, fout, offset: int, length: int) -> None:
 def copy_plain(src: str | Path, out: str | Path) -> None:
     """Copy a non-tensor file, reading through symbolic links (the HF cache is made of them)."""
     with open(src, "rb") as fin, create(Path(out)) as fout:
-        shutil.copyfileobj(fin, fout, COPY_CHUNK)
+        copy_range(fin, fout, 0, os.fstat(fin.fileno()).st_size)  # no 64 MB buffer a file
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int, int]]:

@@ -21,7 +21,7 @@ from ..bits.layout import stored_fields
 from ..bits.packing import block
 from ..errors import GptqfmtError
 from ..formats.gptq.checkpoint import Checkpoint, Module
-from ..parallel import cpus
+from ..parallel import bounded_map, cpus
 from . import codestats
 from .decide import AMBIGUOUS, ModuleVerdict, decide
 from .pool import Detection, combine, runs_chance_missing, with_runs_chance
@@ -105,9 +105,9 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
         pool = ThreadPoolExecutor(max_workers=workers)
 
         def run(fn, args):
-            return list(pool.map(lambda a: fn(work, *a), args))
+            return list(bounded_map(pool, lambda a: fn(work, *a), args))
     try:
-        det = detect_sequential(ModuleReads(run), sizes, full)
+        det = detect_sequential(ModuleReads(run, [m.name for m in mods]), sizes, full)
     except BrokenProcessPool:
         raise GptqfmtError(f"{ckpt.store.root}: a worker process reading its modules ended "
                            "abruptly (killed, or out of memory?); run again") from None
@@ -169,11 +169,13 @@ def _forks_safely() -> bool:
 
 class ModuleReads:
     """Module reads for detect_sequential, in batches run by `run(fn, args)` (threads or
-    processes: it calls fn(work, *a) for each a and gives the results in order). Remembers what
-    each module's qzeros gave (symmetric pattern, FieldCounts), which more rows do not change."""
+    processes: it calls fn(work, *a) for each a and gives the results in order); `names`: the
+    modules' names, by index. Remembers what each module's qzeros gave (symmetric pattern,
+    FieldCounts), which more rows do not change."""
 
-    def __init__(self, run):
+    def __init__(self, run, names: list[str]):
         self.run = run
+        self.names = names
         self.known: dict[int, tuple[str | None, FieldCounts | None]] = {}
         self.rounds = 0
 
@@ -181,6 +183,7 @@ class ModuleReads:
         out = self.run(_read_one, [(i, sample, self.known.get(i)) for i in indices])
         for i, v in zip(indices, out):
             self.known[i] = (v.pattern, v.stats.field_counts() if v.stats else None)
+            v.name = self.names[i]  # the module's own string, not a worker process's copy
         faults.point("detect-round", self.rounds)
         self.rounds += 1
         return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from ..detection.decide import AMBIGUOUS, ModuleVerdict
 from ..detection.pool import Detection
 from ..findings import CATALOGUE, Finding
 from ..formats.gptq.checkpoint import Checkpoint, Module
-from ..parallel import cpus
+from ..parallel import bounded_map, cpus
 from ..safetensors_io.dtypes import to_float32
 from . import rules as rt
 from .readings import (
@@ -234,7 +234,8 @@ class PathVerdict:
     decodes_correctly: bool | None = None
     reasons: list[str] = field(default_factory=list)
     failed: list[tuple[rt.Rule, str]] = field(default_factory=list)   # rules that refuse it
-    causes: dict[str, list[str]] = field(default_factory=dict)        # finding code -> modules
+    # finding code -> (modules it names, the first of them)
+    causes: dict[str, tuple[int, str]] = field(default_factory=dict)
     modules_affected: int = 0
     cells_affected: int = 0
     max_weight_change: float | None = None
@@ -322,61 +323,47 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
            runtimes: Iterable[rt.Runtime] | None = None) -> list[RuntimeVerdict]:
     """Every runtime's verdict on `ckpt` (detected as `det`; the modules of `det` are the
     ones judged). `scales`: compute the largest weight change (reads the scales of the modules
-    a runtime misreads; verify). `capability`: the GPU's compute capability (10 * major)."""
+    a runtime misreads; verify). `capability`: the GPU's compute capability (10 * major).
+
+    Modules are summed up as they are read (_Refused, _Tally), in module order: nothing per
+    module outlives its turn, whatever the module count."""
     cfg = config_facts(ckpt, capability)
     by_name = {v.name: v for v in det.modules}
     mods = [m for m in ckpt.valid_modules if m.declared is not None and m.name in by_name]
-    facts = {m.name: module_facts(cfg, m) for m in mods}
     truth = det.verdict if det.verdict != AMBIGUOUS else None
-    cache: dict[tuple[str, Reading, bool], Misread] = {}
-
-    def misread_of(m: Module, reading: Reading, label_right: bool) -> Misread:
-        key = (m.name, reading, label_right)
-        if key not in cache:
-            assert truth is not None   # a verdict decodes only once the data's convention is known
-            cache[key] = misread(ckpt, m, by_name[m.name], truth, reading, label_right, scales)
-        return cache[key]
-
     chosen = list(runtimes if runtimes is not None else RUNTIMES)
     dynamic = _dynamic_changes(ckpt, mods)
-    refused_by: dict[int, dict[str, list]] = {}   # id(path) -> module -> failed rules
+    # the paths whose config-level conditions hold: the ones a verdict is given on
+    open_paths = [p for r in chosen for p in r.paths
+                  if not _failures([x for x in p.when if x.scope != "setup"], cfg)]
+    refused = _module_refusals(cfg, mods, open_paths)
+    tallies: dict[tuple[Reading, bool], _Tally] = {}
 
-    def module_failures(path: rt.Path) -> dict[str, list]:
-        if id(path) not in refused_by:
-            refused_by[id(path)] = {m.name: f for m in mods
-                                    if (f := _failures(path.requires, facts[m.name]))}
-        return refused_by[id(path)]
+    def tally(reading: Reading, label_right: bool) -> _Tally:
+        if (reading, label_right) not in tallies:  # a reading no loading path applies
+            assert truth is not None   # a verdict decodes only once the data's convention is known
+            tallies.update(_tallies(ckpt, mods, by_name, truth, [(reading, label_right)],
+                                    scales))
+        return tallies[(reading, label_right)]
 
     if truth is not None:
-        # every reading that a path which loads would apply, computed once per module, in
-        # threads (numpy releases the GIL on the word arithmetic; inspect of a 70B model
-        # counts 560 modules)
+        # every reading that a path which loads would apply, over every module in one pass,
+        # in threads (numpy releases the GIL on the word arithmetic)
         pairs = {(p.readings[r.convention_read(cfg)], r.convention_read(cfg) == truth)
                  for r in chosen if not _refusal(r, cfg, dynamic)[0] for p in r.paths
-                 if not _failures([x for x in p.when if x.scope != "setup"], cfg)
-                 and not module_failures(p)}
-        keys = sorted(pairs, key=lambda t: (t[0].value, t[1]))
-
-        def module(m: Module) -> dict:
-            try:
-                return misreads(ckpt, m, by_name[m.name], truth, keys, scales)
-            finally:
-                ckpt.store.release(m.tensors.values())  # resident memory: one module a thread
-
-        with ThreadPoolExecutor(max_workers=cpus()) as pool:
-            for m, found in zip(mods, pool.map(module, mods)):
-                for (reading, right), r in found.items():
-                    cache[(m.name, reading, right)] = r
+                 if id(p) in refused and not refused[id(p)].modules}
+        tallies.update(_tallies(ckpt, mods, by_name, truth,
+                                sorted(pairs, key=lambda t: (t[0].value, t[1])), scales))
     out = []
     for runtime in chosen:
         refusal, failed = _refusal(runtime, cfg, dynamic)
         paths: list[tuple[bool, PathVerdict]] = []
         for path in runtime.paths:
-            if _failures([r for r in path.when if r.scope != "setup"], cfg):
+            if id(path) not in refused:
                 continue
             on_device = not _failures([r for r in path.when if r.scope == "setup"], cfg)
-            paths.append((on_device, _path_verdict(runtime, path, mods, module_failures(path),
-                                                   cfg, truth, misread_of)))
+            paths.append((on_device, _path_verdict(runtime, path, refused[id(path)], cfg,
+                                                   truth, tally)))
         taken = next((pv for ok, pv in paths if ok), None)
         if taken is None and not refusal:
             for p in runtime.paths:
@@ -392,6 +379,77 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
         taken.taken = True
         out.append(RuntimeVerdict(runtime, taken,
                                   [taken] + [pv for _, pv in paths if pv is not taken]))
+    return out
+
+
+@dataclass
+class _Refused:
+    """What one path's module rules refuse, over every module: how many modules fail one, and
+    per rule (by id, in the order first met) the rule, what the first module failing it has,
+    how many fail it and the first of them."""
+    modules: int = 0
+    rules: dict[str, tuple[rt.Rule, str, int, str]] = field(default_factory=dict)
+
+
+def _module_refusals(cfg: rt.Facts, mods: list[Module], paths: list[rt.Path]
+                     ) -> dict[int, _Refused]:
+    """id(path) -> what its module rules refuse, for each of `paths`: each module's facts
+    built once and tested against every path, then dropped."""
+    out = {id(p): _Refused() for p in paths}
+    for m in mods:
+        facts = module_facts(cfg, m)
+        for p in paths:
+            fails = _failures(p.requires, facts)
+            if not fails:
+                continue
+            r = out[id(p)]
+            r.modules += 1
+            for rule, got in fails:
+                _, first_got, n, first = r.rules.get(rule.id, (rule, got, 0, m.name))
+                r.rules[rule.id] = (rule, first_got, n + 1, first)
+    return out
+
+
+@dataclass
+class _Tally:
+    """One reading (with whether the label is read right) summed over every module: the
+    modules and cells it misreads, per cause (finding code, in the order first met) how many
+    modules and the first of them, and the largest weight change (None: none measured)."""
+    modules: int = 0
+    cells: int = 0
+    causes: dict[str, tuple[int, str]] = field(default_factory=dict)
+    max_change: float | None = None
+
+    def add(self, name: str, r: Misread) -> None:
+        if not r.cells:
+            return
+        assert r.cause is not None   # a reading that misreads cells says why
+        self.modules += 1
+        self.cells += r.cells
+        n, first = self.causes.get(r.cause, (0, name))
+        self.causes[r.cause] = (n + 1, first)
+        if r.max_change is not None:
+            self.max_change = r.max_change if self.max_change is None else \
+                max(self.max_change, r.max_change)
+
+
+def _tallies(ckpt: Checkpoint, mods: list[Module], by_name: dict[str, ModuleVerdict],
+             truth: str, keys: list[tuple[Reading, bool]], scales: bool
+             ) -> dict[tuple[Reading, bool], _Tally]:
+    """misreads of every module under each of `keys`, summed up in module order as the
+    modules are read (threads, a few modules in flight, each one's pages dropped after)."""
+    out = {k: _Tally() for k in keys}
+
+    def module(m: Module) -> dict[tuple[Reading, bool], Misread]:
+        try:
+            return misreads(ckpt, m, by_name[m.name], truth, keys, scales)
+        finally:
+            ckpt.store.release(m.tensors.values())  # resident memory: one module a thread
+
+    with ThreadPoolExecutor(max_workers=cpus()) as pool:
+        for m, found in zip(mods, bounded_map(pool, module, mods)):
+            for key, r in found.items():
+                out[key].add(m.name, r)
     return out
 
 
@@ -434,22 +492,17 @@ def _dynamic_changes(ckpt: Checkpoint, mods: list[Module]) -> list[str]:
     return out
 
 
-def _path_verdict(runtime, path, mods, failures, cfg, truth, misread_of) -> PathVerdict:
-    """`failures`: module name -> the path's rules it fails (only modules that fail one)."""
+def _path_verdict(runtime: rt.Runtime, path: rt.Path, refused: _Refused, cfg: rt.Facts,
+                  truth: str | None, tally: Callable[[Reading, bool], _Tally]) -> PathVerdict:
+    """`refused`: what the path's module rules refuse; `tally(reading, label read right)`:
+    that reading over every module."""
     pv = PathVerdict(path)
-    refused: dict[str, list[str]] = {}   # rule id -> modules
-    first: dict[str, tuple[rt.Rule, str]] = {}
-    for m in mods:
-        for rule, got in failures.get(m.name, ()):
-            refused.setdefault(rule.id, []).append(m.name)
-            first.setdefault(rule.id, (rule, got))
-    if refused:
+    if refused.modules:
         pv.loads = False
-        pv.modules_affected = len({n for names in refused.values() for n in names})
-        for rid, names in refused.items():
-            rule, got = first[rid]
+        pv.modules_affected = refused.modules
+        for rule, got, n, first in refused.rules.values():
             pv.failed.append((rule, got))
-            pv.reasons.append(f"{_modules(names)}: {_line(rule, got)}")
+            pv.reasons.append(f"{_modules(n, first)}: {_line(rule, got)}")
         pv.reasons += _next_steps(runtime, pv.failed)
         return pv
     label = runtime.convention_read(cfg)
@@ -459,19 +512,13 @@ def _path_verdict(runtime, path, mods, failures, cfg, truth, misread_of) -> Path
                           "whether it reads the zero points right is not known")
         return pv
     reading = path.readings[label]
-    changes: list[float] = []
-    for m in mods:
-        r = misread_of(m, reading, label == truth)
-        if r.cells:
-            pv.modules_affected += 1
-            pv.cells_affected += r.cells
-            pv.causes.setdefault(r.cause, []).append(m.name)
-            if r.max_change is not None:
-                changes.append(r.max_change)
+    t = tally(reading, label == truth)
+    pv.modules_affected, pv.cells_affected, pv.causes = t.modules, t.cells, dict(t.causes)
     pv.decodes_correctly = pv.cells_affected == 0
-    pv.max_weight_change = max(changes) if changes else (0.0 if pv.decodes_correctly else None)
-    for cause, names in pv.causes.items():
-        pv.reasons.append(f"{_modules(names)}: "
+    pv.max_weight_change = t.max_change if t.max_change is not None else \
+        (0.0 if pv.decodes_correctly else None)
+    for cause, (n, first) in pv.causes.items():
+        pv.reasons.append(f"{_modules(n, first)}: "
                           + cause_text(cause, reading, label, truth, path.kernel))
     if pv.decodes_correctly:
         pv.reasons.append("ignores qzeros; every zero point is the symmetric constant it "
@@ -486,8 +533,8 @@ def _next_steps(runtime: rt.Runtime, failed: list[tuple[rt.Rule, str]]) -> list[
     return hints or ([runtime.next_step] if runtime.next_step else [])
 
 
-def _modules(names: list[str]) -> str:
-    return f"{len(names)} module{'s' if len(names) != 1 else ''} (e.g. {names[0]})"
+def _modules(n: int, first: str) -> str:
+    return f"{n} module{'s' if n != 1 else ''} (e.g. {first})"
 
 
 # ---------------------------------------------------------------- findings for --runtime
@@ -513,10 +560,10 @@ def runtime_findings(verdicts: Iterable[RuntimeVerdict], where: str | None) -> l
         elif v.decodes_correctly is False:
             t = v.taken
             assert t is not None   # a verdict on decoding is the taken path's
-            for cause, names in t.causes.items():
+            for cause, (n, first) in t.causes.items():
                 out.append(Finding(
                     cause, f"{head} ({t.path.kernel}) would compute other weights than the data "
-                    f"mean: {_modules(names)}: " + cause_text(
+                    f"mean: {_modules(n, first)}: " + cause_text(
                         cause, t.path.readings[t.convention_read or 'gptq'],
                         t.convention_read or "gptq", "", t.path.kernel
                     ).replace(", but the data are ", "")
@@ -524,7 +571,7 @@ def runtime_findings(verdicts: Iterable[RuntimeVerdict], where: str | None) -> l
                     + (f", weights move by up to {t.max_weight_change:.6g}"
                        if t.max_weight_change else ""),
                     file=where, hint=CATALOGUE[cause].hint,
-                    details={**details, "kernel": t.path.kernel, "modules": len(names),
+                    details={**details, "kernel": t.path.kernel, "modules": n,
                              "zero_cells_affected": t.cells_affected,
                              "max_weight_change": _rounded(t.max_weight_change)}))
         elif v.decodes_correctly is None:

@@ -50,7 +50,7 @@ class GptqSource:
         """Every valid module; those the config's `dynamic` excludes (GQ313) unlisted."""
         return [QuantModule(m.name, m.bits, m.group_size, m.in_features, m.out_features,
                             self._symmetric(m), bool(m.act_order), m.scale_dtype,
-                            {r: t for r, t in m.tensors.items() if r != "bias"},
+                            _without_bias(m.tensors),
                             listed=m.declared is not None)
                 for m in self.ckpt.valid_modules]
 
@@ -156,3 +156,8 @@ class GptqSource:
     def close(self) -> None:
         self.ckpt.close()
 
+
+def _without_bias(tensors: dict[str, str]) -> dict[str, str]:
+    """A module's tensors but its bias (copied only where it has one: a dict a module, for tens
+    of thousands of modules, is kept once)."""
+    return {r: t for r, t in tensors.items() if r != "bias"} if "bias" in tensors else tensors
