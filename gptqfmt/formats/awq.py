@@ -9,13 +9,25 @@ with weight [N, K] and group size gs:
 and no g_idx; its config (quant_config.json, or config.json `quantization_config` as
 transformers' AwqConfig writes it) says quant_method "awq", version "gemm", w_bit/bits 4,
 q_group_size/group_size and zero_point.
+
+`zero_point: false` names a symmetric quantizer, not a layout: AutoAWQ writes it only beside
+version "marlin" (awq/modules/linear/marlin.py: qweight [K/16, 2N], no qzeros; gemm.py
+from_linear asserts zeros, at casper-hansen/AutoAWQ v0.2.9 = 88e4c76b20755db2), while auto-round
+writes it beside version "gemm" over GEMM tensors whose every zero point is 2^(bits-1)
+(intel/auto-round v0.16.0, PyPI wheel sha256 750904817e750bfb: export_to_awq/export.py
+L206-210; export_to_awq/utils.py WQLinear_GEMM.from_linear packs the constant zero). The
+version and the tensors decide the layout; the zero points of a symmetric file must be that
+constant (GQ403). vLLM reads them as stored: awq_marlin's uint4 needs zero points
+(vllm-project/vllm@0322f292b76d, awq_marlin.py is_awq_marlin_compatible; utils/marlin_utils.py
+query_marlin_supported_quant_types offers uint4b8 alone without them), so vLLM runs its AWQ
+kernels, which always read qzeros.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..bits.layout import trivial_g_idx
-from ..bits.packing import pack
+from ..bits.packing import constant_words, pack
 from ..findings import Finding
 from ..safetensors_io.index import TensorStore
 from .model import AWQ, QuantModule, discover
@@ -38,10 +50,6 @@ def parse_config(label: str, doc: dict) -> tuple[dict, list[Finding]]:
         found.append(Finding("GQ210", f"AWQ version is {doc.get('version')!r}; gptqfmt reads the "
                              "GEMM layout (GEMV, Marlin and ExLlama versions pack differently)",
                              file=label, hint=hint))
-    if doc.get("zero_point", True) is False:
-        found.append(Finding("GQ210", "AWQ zero_point is false: AutoAWQ's GEMM layout always "
-                             "stores zero points (gemm.py asserts them); symmetric AWQ is the "
-                             "Marlin layout", file=label, hint=hint))
     if bits not in (None, AWQ_BITS):
         found.append(Finding("GQ210", f"AWQ bits is {bits!r}; the GEMM layout is 4-bit",
                              file=label, hint=hint))
@@ -116,7 +124,8 @@ class AwqSource(ExactSource):
             bad("GQ305", f"config group_size {declared}; the shapes say {gs} "
                 f"({k} input channels in {groups} groups)")
             return None
-        sym = False  # AWQ stores its zero points (zero_point=false writes Z = 0: checked below)
+        # zero_point false: symmetric, its stored zero points the constant (data_findings)
+        sym = self.config["zero_point"] is False
         return QuantModule(p, AWQ_BITS, gs, k, n, sym, False, st.info(names["scales"]).dtype,
                            names)
 
@@ -134,7 +143,25 @@ class AwqSource(ExactSource):
 
     # -- what inspect and verify say of it -----------------------------------------------
     def data_findings(self, m: QuantModule, full: bool) -> list[Finding]:
-        return []   # every nibble is a valid code or zero point; the shapes were checked
+        """Every nibble is a valid code or zero point and the shapes were checked; a module
+        the config declares symmetric (zero_point false) must store the constant zero point
+        2^(bits-1) in every nibble (GQ403). qzeros is small: inspect reads it whole too."""
+        if not m.sym:
+            return []
+        t = m.tensors["qzeros"]
+        mid = 1 << (AWQ_BITS - 1)
+        words = np.asarray(self.store.view(t)).view(np.uint32)
+        # every nibble is the constant exactly when every word is 0x88888888
+        off = int(np.count_nonzero(words != np.uint32(constant_words(mid, AWQ_BITS, 32)[0])))
+        self.store.release([t])
+        if not off:
+            return []
+        return [Finding("GQ403", f"{self.label or 'the config'} says zero_point=false "
+                        f"(symmetric), so every zero point should be {mid}; {off} of "
+                        f"{words.size} qzeros words hold others (converted, sym=true would "
+                        f"have GPTQ's Marlin decode them as {mid})",
+                        file=self.store.file_of(t), tensor=t,
+                        hint="set zero_point to true in the config")]
 
     def describe(self) -> str:
         return f"AutoAWQ GEMM ({self.label or 'no config; from the tensor shapes'})"

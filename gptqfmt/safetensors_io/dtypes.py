@@ -63,24 +63,28 @@ def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
 
 
-# The largest finite positive value's bit pattern, per float dtype whose positive values order
-# as their bits do (IEEE: sign bit clear, then exponent, then mantissa).
+# The largest finite magnitude's bit pattern, per float dtype whose magnitudes order as their
+# bits do once the sign bit is cleared (IEEE: exponent, then mantissa), and the mask that
+# clears it.
 _MAX_FINITE_BITS = {"F16": 0x7BFF, "BF16": 0x7F7F, "F32": 0x7F7FFFFF}
+_MAGNITUDE_BITS = {"F16": 0x7FFF, "BF16": 0x7FFF, "F32": 0x7FFFFFFF}
 
 
-def positive_finite_max(raw: np.ndarray, dtype: str) -> float | None:
-    """The largest value of a float tensor when every value is finite and positive (> 0);
-    None when one is not (or the dtype is not F16, BF16 or F32). Two integer reductions over
-    the bits, nothing widened: a positive finite float's bits lie in [1, max finite] and order
-    as the values do (-0.0, negatives, infinities and NaNs all fall outside)."""
+def finite_nonzero_absmax(raw: np.ndarray, dtype: str) -> float | None:
+    """The largest magnitude of a float tensor when every value is finite and nonzero (either
+    sign); None when one is not (or the dtype is not F16, BF16 or F32). Integer reductions over
+    the bits with the sign bit cleared, nothing widened: a finite nonzero float's magnitude
+    bits lie in [1, max finite] and order as the magnitudes do (+0 and -0, infinities and NaNs
+    all fall outside)."""
     top = _MAX_FINITE_BITS.get(dtype)
     if top is None:
         return None
     u = np.asarray(raw).view(np.uint32 if dtype == "F32" else np.uint16)
     if u.size == 0:
         return 0.0
-    hi = u.max()
-    if u.min() < 1 or hi > top:
+    mag = u & u.dtype.type(_MAGNITUDE_BITS[dtype])
+    hi = mag.max()
+    if mag.min() < 1 or hi > top:
         return None
     return float(to_float32(np.array([hi], dtype=u.dtype).view(raw.dtype), dtype)[0])
 

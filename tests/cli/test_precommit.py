@@ -86,6 +86,17 @@ def test_a_passing_checkpoint_passes_and_full_reads_the_data(tmp_path, monkeypat
     assert r.exit_code == 1 and "GQ401" in r.output and "every tensor of 7 modules" in r.output
 
 
+def test_config_files_that_declare_different_conventions_fail_the_hook(tmp_path, monkeypatch):
+    """optimum's layout (config.json format gptq_v2, quantize_config.json gptq) is a
+    contradiction between config files, which a commit hook can see without any tensor."""
+    shutil.copytree(CKPT / "optimum-b4-sym-gptq-sharded", tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    r = run("m/config.json")
+    assert r.exit_code == 1
+    assert "m/config.json:quantization_config: GQ212 the config files declare different " \
+           "conventions" in r.output
+
+
 def test_an_lfs_pointer_fails_with_its_hint(monkeypatch):
     monkeypatch.chdir(FIXTURES / "invalid")
     r = run("lfs-pointer/config.json")

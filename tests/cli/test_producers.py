@@ -22,10 +22,14 @@ PRODUCERS = {
     "gptqmodel-sharded-b4-sym-gptq": ([CJ, QC], "gptq", 4),
     "gptqmodel-sharded-b4-asym-act-gptq_v2": ([CJ, QC], "gptq_v2", 4),
     "autogptq-metadata-only-b4-sym-act-gptq": ([MD], None, 0),
-    "optimum-b4-sym-gptq-sharded": ([CJ, QC], "gptq", 2),          # format only
+    # format only, and not the same: config.json gptq_v2, quantize_config.json gptq
+    "optimum-b4-sym-gptq-sharded": ([CJ, QC], "gptq_v2", 2),
     "transformers-b4-asym-gptq_v2-sharded": ([CJ], "gptq_v2", 2),  # format and checkpoint_format
     "transformers4-b4-sym-act-gptq-sharded": ([CJ], None, 0),      # neither
 }
+# The producers whose files contradict each other, and what verify says of them
+CONTRADICTING = {"optimum-b4-sym-gptq-sharded": ["GQ209", "GQ212"]}
+CLEAN = sorted(set(PRODUCERS) - set(CONTRADICTING))
 GPTQMODEL = [n for n in PRODUCERS if n.startswith("gptqmodel-")]
 HF_SHARDED = ["optimum-b4-sym-gptq-sharded", "transformers-b4-asym-gptq_v2-sharded",
               "transformers4-b4-sym-act-gptq-sharded"]
@@ -65,7 +69,7 @@ def test_every_producer_style_has_a_fixture():
                       "autogptq-metadata"}
 
 
-@pytest.mark.parametrize("name", sorted(PRODUCERS))
+@pytest.mark.parametrize("name", CLEAN)
 def test_clean_producer_checkpoint_passes_strict_verify(run_cli, name):
     code, doc = verify_json(run_cli, CKPT / name)
     bad = [f for f in doc["findings"] if f["severity"] != "info"]
@@ -78,13 +82,38 @@ def test_inspect_names_the_config_sources(run_cli, name):
     sources, declared, places = PRODUCERS[name]
     r = run_cli("inspect", CKPT / name, "--format", "json")
     doc = json.loads(r.stdout)
-    assert r.exit_code == 0
+    assert r.exit_code == (1 if name in CONTRADICTING else 0)
     assert doc["config_sources"] == sources
     cf = doc["checkpoint_format"]
     assert cf["declared"] == declared and len(cf["declared_in"]) == places
-    assert {d["value"] for d in cf["declared_in"]} <= {declared}
+    if name not in CONTRADICTING:
+        assert {d["value"] for d in cf["declared_in"]} <= {declared}
     assert doc["quantization"]["bits"] == SPECS[name].bits
     assert doc["quantization"]["group_size"] == SPECS[name].group_size
+
+
+def test_optimum_files_contradict_and_each_loader_reads_its_own(run_cli):
+    """optimum 2.3.0 stores `format: gptq_v2` in config.json (quantize_model, before save
+    converts the data to gptq) and `format: gptq` in quantize_config.json. verify names the
+    contradiction (GQ212) and what each loader reads there; GQ209 the missing
+    checkpoint_format. The data are gptq and the label vLLM reads says gptq: no GQ401."""
+    name = "optimum-b4-sym-gptq-sharded"
+    d = CKPT / name
+    cj = json.loads((d / "config.json").read_text())["quantization_config"]
+    qc = json.loads((d / "quantize_config.json").read_text())
+    assert (cj["format"], qc["format"]) == ("gptq_v2", "gptq")
+    assert "checkpoint_format" not in cj and "checkpoint_format" not in qc
+    code, doc = verify_json(run_cli, d)
+    assert code == 1 and sorted(f["code"] for f in doc["findings"]) == CONTRADICTING[name]
+    assert doc["checkpoint_format"]["detected"] == SPECS[name].convention == "gptq"
+    [f] = [f for f in doc["findings"] if f["code"] == "GQ212"]
+    reads = {k: (v["convention"], v["file"], v["key"]) for k, v in f["details"]["reads"].items()}
+    assert reads["gptqmodel"] == ("gptq", QC, "format")
+    assert reads["transformers"] == ("gptq_v2", CJ, "format")
+    assert reads["vllm-gptq-gemm"] == reads["exllamav2"] == ("gptq", CJ, None)
+    runtimes = {r["id"]: r for r in doc["runtimes"]}
+    torch = {p["kernel"]: p for p in runtimes["transformers"]["paths"]}["torch"]
+    assert torch["convention_read"] == "gptq_v2" and torch["decodes_correctly"] is False
 
 
 # ---------------------------------------------------------------- the layouts are the producers'
@@ -167,8 +196,9 @@ def test_total_size_of_neither_sum_is_gq127(tmp_path, run_cli, name):
     assert f"is {file_bytes + 8};" in found[0].message
     assert f"({tensor_bytes}," in found[0].message and f"({file_bytes}," in found[0].message
     code, doc = verify_json(run_cli, d)
-    assert code == 1 and [f["code"] for f in doc["findings"]
-                          if f["severity"] != "info"] == ["GQ127"]
+    assert code == 1 and sorted(f["code"] for f in doc["findings"]
+                                if f["severity"] != "info") == ["GQ127"] + CONTRADICTING.get(
+        name, [])
 
 
 @pytest.mark.parametrize("name", ["gptqmodel-sharded-b4-sym-gptq", "optimum-b4-sym-gptq-sharded"])

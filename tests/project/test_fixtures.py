@@ -32,7 +32,7 @@ def test_regenerated_fixtures_are_byte_identical(tmp_path):
 
 
 def test_committed_fixtures_stay_small():
-    # 6 MiB: the 111 checkpoints of fixtures/ckpt (the runtime-condition cases among them take
+    # 6 MiB: the 113 checkpoints of fixtures/ckpt (the runtime-condition cases among them take
     # about 0.6 MiB) and the invalid and hostile cases
     total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
     assert total < 6 * 1024 * 1024, total

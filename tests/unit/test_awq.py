@@ -15,3 +15,39 @@ def test_awq_gemv_is_refused_with_its_reason(tmp_path):
     rep = validate(d)
     assert [f.code for f in rep.findings if f.code == "GQ210"] and \
         "GEMV" in next(f.message for f in rep.findings if f.code == "GQ210")
+
+
+def test_zero_point_false_beside_gemm_tensors_is_symmetric_awq():
+    """auto-round's symmetric AWQ export: `zero_point: false` with version gemm over GEMM
+    tensors whose every zero point is 8 (make_formats.py, producer autoround). The version
+    and the tensors name the layout, so it is read as AWQ, symmetric, with nothing to report."""
+    from gptqfmt.formats import open_source
+    d = FORMATS / "autoround-awq-b4-sym-g32"
+    src = open_source(d)
+    try:
+        assert src.format == "awq" and src.findings == []
+        assert {m.sym for m in src.modules} == {True} and src.quantization()["sym"] is True
+    finally:
+        src.close()
+    assert validate(d).findings == []
+
+
+def test_zero_point_false_over_other_zero_points_is_gq403(tmp_path):
+    """A config that says symmetric over zero points that are not all 8: one GQ403 per module,
+    naming its qzeros, as for a GPTQ `sym: true` whose zeros are not the constant."""
+    d = tmp_path / "a"
+    shutil.copytree(FORMATS / "awq-b4-g32", d)
+    edit_config(d, lambda q: q.update({"zero_point": False}))
+    rep = validate(d)
+    gq403 = [f for f in rep.findings if f.code == "GQ403"]
+    assert len(gq403) == 7 and {f.code for f in rep.findings} == {"GQ403"}
+    assert all(f.tensor.endswith(".qzeros") and "zero_point=false" in f.message
+               for f in gq403)
+
+
+def test_awq_marlin_version_is_still_refused(tmp_path):
+    d = tmp_path / "a"
+    shutil.copytree(FORMATS / "autoround-awq-b4-sym-g32", d)
+    edit_config(d, lambda q: q.update({"version": "marlin"}))
+    msgs = [f.message for f in validate(d).findings if f.code == "GQ210"]
+    assert len(msgs) == 1 and "'marlin'" in msgs[0]

@@ -44,6 +44,10 @@ def test_format_only_is_read_as_gptq_by_runtimes(tmp_path):
     cfg, f = load_config(tmp_path)
     assert cfg.convention == "gptq_v2" and cfg.runtime_convention == "gptq"
     assert codes(f) == ["GQ209"]
+    # transformers >= 5 reads format where checkpoint_format is missing: the message must not
+    # say it reads gptq (tests/unit/test_labels.py names each loader from the table)
+    assert "transformers" not in f[0].message and "those that read format as gptq_v2" in \
+        f[0].message
 
 
 def test_float_bits_are_not_integers(tmp_path):
@@ -67,11 +71,13 @@ def test_format_and_checkpoint_format_disagree(tmp_path):
 
 
 def test_files_disagree(tmp_path):
+    """bits is GQ205's; the convention labels are GQ212's (checks/labels.py), which names what
+    each loader reads from the runtime table (tests/unit/test_labels.py)."""
     write(tmp_path, "quantize_config.json", BASE)
     write(tmp_path, "config.json", {"quantization_config": {**BASE, "bits": 8,
                                                             "checkpoint_format": "gptq"}})
     cfg, f = load_config(tmp_path)
-    assert codes(f) == ["GQ205", "GQ205"]
+    assert codes(f) == ["GQ205"] and f[0].message.startswith("bits: ")
     assert cfg.base.bits == 8 and cfg.convention == "gptq"  # config.json first, like vLLM
     assert [d.file for d in cfg.declared_in] == ["config.json:quantization_config",
                                                  "quantize_config.json"]

@@ -24,7 +24,8 @@ def test_inspect_and_verify_read_every_format_fixture(name):
     r = inspect_checkpoint(FORMATS / name)
     doc = r.to_json()
     assert not list(validator("inspect").iter_errors(doc))
-    assert doc["format"] == ("awq" if name.startswith("awq") else "compressed-tensors")
+    assert doc["format"] == ("awq" if truth["params"]["layout"] == "awq"
+                             else "compressed-tensors")
     mods = {m["name"]: m for m in doc["modules"]}
     assert set(mods) == set(truth["modules"])
     for n, t in truth["modules"].items():
@@ -47,6 +48,18 @@ def test_a_stray_gptq_config_does_not_turn_gptq_into_awq(tmp_path):
         inspect_checkpoint(d)
     f = e.value.findings[0]
     assert f.code == "GQ203" and f.file == "quant_config.json" and "stray" in f.hint
+
+
+def test_symmetric_awq_config_without_quant_method_is_sniffed_as_awq(tmp_path):
+    """A config that names AWQ by its keys alone (no quant_method): zero_point false beside
+    version gemm is AWQ's GEMM layout with symmetric zeros, not another format."""
+    d = tmp_path / "a"
+    shutil.copytree(FORMATS / "autoround-awq-b4-sym-g32", d)
+    doc = json.loads((d / "config.json").read_text())
+    del doc["quantization_config"]["quant_method"]
+    (d / "config.json").write_text(json.dumps(doc))
+    r = inspect_checkpoint(d)
+    assert r.source.format == "awq" and r.findings == [] and r.ok
 
 
 def test_ct_tensors_without_a_config_are_refused(tmp_path):

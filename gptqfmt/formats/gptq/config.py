@@ -60,7 +60,7 @@ class Declaration:
 class QuantConfig:
     base: ModuleConfig
     convention: str | None             # declared gptq / gptq_v2; None when no file says
-    runtime_convention: str            # what vLLM and transformers read (checkpoint_format)
+    runtime_convention: str            # what vLLM and ExLlamaV2 read (checkpoint_format)
     declared_in: list[Declaration]
     sources: list[str]                 # where the values came from, in precedence order
     dynamic: list[DynamicRule] = field(default_factory=list)
@@ -211,8 +211,10 @@ def _reconcile(sources, usable, findings) -> QuantConfig:
         cf, f = doc.get("checkpoint_format"), doc.get("format")
         if f == "gptq_v2" and cf is None:
             findings.append(Finding("GQ209", "format is 'gptq_v2' but checkpoint_format is "
-                                    "missing: vLLM and transformers read the zero points as gptq",
-                                    file=label, hint="add \"checkpoint_format\": \"gptq_v2\""))
+                                    "missing: loaders that read only checkpoint_format read the "
+                                    "zero points as gptq, those that read format as gptq_v2",
+                                    file=label,
+                                    hint="add \"checkpoint_format\": \"gptq_v2\""))
         if isinstance(cf, str) and isinstance(f, str) and cf != f:
             findings.append(Finding("GQ204", f"format is {f!r} but checkpoint_format is {cf!r}; "
                                     "GPTQModel follows format, vLLM and transformers "
@@ -229,8 +231,8 @@ def _reconcile(sources, usable, findings) -> QuantConfig:
             if isinstance(doc.get(key), float):
                 findings.append(Finding("GQ202", f"{key}: {doc[key]!r} must be an integer",
                                         file=label))
-    # vLLM, transformers and ExLlamaV2 read checkpoint_format only (config.json first);
-    # GPTQModel falls back to format.
+    # vLLM and ExLlamaV2 read checkpoint_format only (config.json first); transformers falls
+    # back to format, GPTQModel prefers it (GQ212 names each loader's reading).
     runtime = next((d.value for d in declared if d.key == "checkpoint_format"), None)
     runtime = runtime if runtime in CONVENTIONS else "gptq"
     conv = next((d.value for d in declared if d.key == "checkpoint_format"
@@ -245,10 +247,8 @@ def _reconcile(sources, usable, findings) -> QuantConfig:
                                     "config.json", file=next(iter(seen))))
         if seen:
             values[key] = next(iter(seen.values()))
-    conv_seen = {d.file: d.value for d in declared if d.key == "checkpoint_format"}
-    if len(set(conv_seen.values())) > 1:
-        desc = ", ".join(f"{f} says {v!r}" for f, v in conv_seen.items())
-        findings.append(Finding("GQ205", f"checkpoint_format: {desc}", file=next(iter(conv_seen))))
+    # files that declare different conventions: GQ212 (checks/labels.py), which names what
+    # each loader reads from the runtime table
     primary = usable[0][1] if usable else {}
     # A missing key matters in a file runtimes read. AutoGPTQ's __metadata__ never records sym
     # (see ST_METADATA_BOOLS), so its absence there says nothing; the data decide.
