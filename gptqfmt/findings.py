@@ -51,6 +51,7 @@ _CATALOGUE = [
     Code("GQ128", ERROR, "no safetensors file found"),
     Code("GQ129", ERROR, "file differs from the hash its Hugging Face cache entry records"),
     Code("GQ130", ERROR, "file is in another format (GGUF, PyTorch, pickle, ZIP), not safetensors"),
+    Code("GQ131", ERROR, "one shard of an indexed checkpoint given alone (pass the directory)"),
     # GQ2xx: configs
     Code("GQ201", ERROR, "config file is not valid JSON"),
     Code("GQ202", ERROR, "config violates its schema"),
@@ -60,9 +61,12 @@ _CATALOGUE = [
     Code("GQ206", WARNING, "no quantization config found"),
     Code("GQ207", ERROR, "invalid dynamic override pattern"),
     Code("GQ208", WARNING, "config key missing; runtimes disagree on its default"),
-    Code("GQ209", ERROR, "format set without checkpoint_format; vLLM and transformers read gptq"),
+    Code("GQ209", ERROR, "format set without checkpoint_format; loaders that read only "
+         "checkpoint_format read gptq"),
     Code("GQ210", ERROR, "compressed-tensors or AWQ config is not a scheme gptqfmt reads"),
     Code("GQ211", ERROR, "a pack-quantized module is not targeted by a config group, or ignored"),
+    Code("GQ212", ERROR, "config files declare different zero-point conventions; loaders read "
+         "different ones"),
     # GQ3xx: tensors and shapes
     Code("GQ301", ERROR, "quantized module lacks a tensor"),
     Code("GQ302", ERROR, "tensor has the wrong dtype"),
@@ -81,6 +85,7 @@ _CATALOGUE = [
     Code("GQ315", WARNING, "desc_act is true but g_idx is trivial"),
     Code("GQ316", INFO, "quantized router gate; many runtimes refuse it"),
     Code("GQ317", ERROR, "bits set past the last value of a packed stream (another layout)"),
+    Code("GQ318", ERROR, "qweight or scales of a module is all zeros"),
     # GQ4xx: zero points
     Code("GQ401", ERROR, "declared zero-point convention contradicts the data"),
     Code("GQ402", WARNING, "zero-point convention not decidable from the data"),
@@ -103,12 +108,16 @@ _CATALOGUE = [
     Code("GQ419", ERROR, "convert: the target format has no lossless form for a module"),
     Code("GQ420", WARNING, "an interrupted in-place convert was rolled back or forward"),
     Code("GQ421", ERROR, "an in-place convert's journal cannot be applied"),
+    Code("GQ422", ERROR, "convert --from names a convention the data contradict (refused)"),
+    Code("GQ423", WARNING, "maxq fields above a zero of 0 whose codes cannot clear a writer bug"),
+    Code("GQ424", WARNING, "inspect's sample of the codes cannot clear a writer bug (run verify)"),
     # GQ5xx: numerical
-    Code("GQ501", ERROR, "scales not finite or not positive"),
+    Code("GQ501", ERROR, "scales NaN, infinite or zero"),
     Code("GQ502", ERROR, "dequantized weights overflow float16"),
     Code("GQ503", ERROR, "converted output failed verification; nothing was written"),
     Code("GQ504", ERROR, "verify --against: a module computes another Y = X @ W"),
     Code("GQ505", ERROR, "verify --reference: a module's runtime output is inconsistent"),
+    Code("GQ506", WARNING, "gptq zero points of 0 stored as 0 (read as 1) by a clamping writer"),
     Code("GQ507", ERROR, "verify --against: a tensor outside the modules or a config differs"),
     # GQ6xx: runtimes (verify --runtime): one code per reason a named runtime fails
     Code("GQ601", ERROR, "runtime would not load the checkpoint"),

@@ -63,9 +63,12 @@ def _head_lines(doc: dict) -> list[Line]:
     """inspect's first lines, every format: the path, the files and where the config is from."""
     size = sum(f["size"] for f in doc["files"])
     n_files = len(doc["files"])
+    bad = doc.get("unreadable_files", [])
+    n_files = len(doc["files"]) + len(bad)
     kind = "shards" if doc["sharded"] else "file" + ("s" if n_files > 1 else "")
+    cannot = f" ({len(bad)} cannot be read: {', '.join(map(escape, bad))})" if bad else ""
     return [Line(f"checkpoint   {escape(doc['path'])}"),
-            Line(f"files        {n_files} {kind}, {human_bytes(size)}, config from "
+            Line(f"files        {n_files} {kind}{cannot}, {human_bytes(size)}, config from "
                  f"{', '.join(doc['config_sources']) or 'nothing (no config file)'}")]
 
 
@@ -202,8 +205,9 @@ def reference_lines(rep: ReferenceReport) -> list[Line]:
                   "finding" if d in bad else "row", "error" if d in bad else None)
              for d in rep.modules]
     return lines + [final(f"{'FAIL' if bad else 'OK'}: {len(rep.modules) - len(bad)} of "
-                          f"{len(rep.modules)} modules consistent (runtimes read "
-                          f"{rep.declared}, the data are {rep.detected})", not bad)]
+                          f"{len(rep.modules)} modules consistent under every runtime's "
+                          f"reading of the label {rep.declared} (the data are "
+                          f"{rep.detected}; fp32 reference)", not bad)]
 
 
 def convert_lines(report: ConvertReport) -> list[Line]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from ..bits.conventions import GPTQ, GPTQ_V2, sym_field
@@ -49,7 +50,7 @@ MIN_CODES = 32
 
 
 
-@dataclass
+@dataclass(slots=True)   # one per module: tens of thousands in a MoE checkpoint
 class ModuleVerdict:
     name: str
     verdict: str
@@ -80,14 +81,19 @@ def _z_confidence(z: float) -> float:
     return round(math.erf(z / math.sqrt(2)), 4)
 
 
+@lru_cache(maxsize=None)
+def _symmetric_evidence(bits: int, pattern: str) -> str:
+    """The evidence of a symmetric pattern: one string for every module that shows it."""
+    return (f"every zero-point field is {sym_field(bits, pattern)}: the symmetric zero "
+            f"{1 << (bits - 1)} stored as {pattern}")
+
+
 def decide(name: str, bits: int, pattern: str | None, st: ZeroStats | None,
            quantizer: str | None = None) -> ModuleVerdict:
     """One module's verdict from its evidence."""
     if pattern is not None:
-        f = sym_field(bits, pattern)
-        return ModuleVerdict(name, pattern, 1.0, [
-            f"every zero-point field is {f}: the symmetric zero {1 << (bits - 1)} stored as "
-            f"{pattern}"], st, pattern=pattern)
+        return ModuleVerdict(name, pattern, 1.0, [_symmetric_evidence(bits, pattern)], st,
+                             pattern=pattern)
     if st is None:
         return ModuleVerdict(name, AMBIGUOUS, 0.0, ["zero points are not one symmetric constant "
                                                     "and no codes were read"])
@@ -181,23 +187,33 @@ def corruption_signatures(st: ZeroStats, bits: int, quantizer: str | None = None
     ev: list[str] = []
     maxq = code_max(bits)
     runs = st.top_runs >= 3 and st.top_runs > 10 * runs_by_chance(st) + 2
-    sign_extension = st.sign_extension if codes else 0
+    # GPTQModel <= 6.0.3's 3-bit words 0 and 2 swapped (below) leave maxq fields anywhere: its
+    # signature explains them, no run of its words is another writer's
+    scrambled = bits == 3 and quantizer_is_old_gptqmodel(quantizer)
+    sign_extension = st.sign_extension if codes and not scrambled else 0
+    runs = runs and not scrambled
+    # GPTQModel packs by a packed subtract, never by OR: in its files maxq fields above a
+    # wrapped Z = 0 are its borrow running through fields of Z = 1, not AutoGPTQ's sign
+    # extension (the same words, another writer)
     if sign_extension or runs:
-        sigs.append("autogptq_sign_extension")
+        borrow = quantizer_is_gptqmodel(quantizer)
+        sigs.append("gptqmodel_borrow" if borrow else "autogptq_sign_extension")
+        why = (f"meta.quantizer is {quantizer}: GPTQModel's packed subtract borrowed through "
+               "them" if borrow else "AutoGPTQ 0.7.1 sign extension overwrote them")
     if sign_extension:
-        ev.append(f"{st.sign_extension} qzeros words with AutoGPTQ 0.7.1 sign extension: a "
-                  f"wrapped Z = 0 with every higher field {maxq} although their codes disagree")
+        ev.append(f"{st.sign_extension} qzeros words hold a wrapped Z = 0 with every higher "
+                  f"field {maxq} although their codes disagree ({why})")
     if runs:
         ev.append(f"{st.top_runs} qzeros words end in a run of fields at {maxq} "
-                  f"({st.top_runs_expected:.2g} expected by chance): AutoGPTQ 0.7.1 sign "
-                  "extension overwrote the fields above a Z = 0")
+                  f"({st.top_runs_expected:.2g} expected by chance): {why}")
     if not codes:
         return sigs, ev
     base = st.median if math.isfinite(st.median) else 1.0
     # judged on 8 fields or more, with cell means of MIN_CODES codes or more and the weights'
     # own skew in the error: fewer gave false borrows on clean 4-bit models
     # (scripts/calibrate_detection.py)
-    if st.borrow_cells >= 8 and st.codes_per_cell >= MIN_CODES and \
+    if "gptqmodel_borrow" not in sigs and st.borrow_cells >= 8 and \
+            st.codes_per_cell >= MIN_CODES and \
             abs(st.borrow_offset - base - 1) < 0.3 and (st.borrow_offset - base) / max(
                 st.borrow_se, effective_se(st.se, bits), 1e-3) >= MIN_Z:
         sigs.append("gptqmodel_borrow")
@@ -217,6 +233,29 @@ def runs_by_chance(st: ZeroStats) -> float:
     if st.top_runs_expected is None:
         raise ValueError(f"{st.top_runs} runs, and their number by chance not computed")
     return st.top_runs_expected
+
+
+def quantizer_is_gptqmodel(quantizer: str | None) -> bool:
+    """True for meta.quantizer 'gptqmodel:X' (any version)."""
+    return (quantizer or "").lower().startswith("gptqmodel:")
+
+
+ZERO_CLAMP_MIN = 3   # clamped fields for the signature: fewer are a Z = 1 group's chance
+
+
+def zero_clamp(st: ZeroStats | None, bits: int) -> str | None:
+    """The evidence line when a gptq module's stored 0 fields hold zero points of 0: the writer
+    stored Z - 1 clamped at 0 (stats.zero_clamped counts them, at 2 bits), so every runtime
+    reads them as Z = 1; None when the data do not show it.
+
+    Decided only where no field stores maxq. A clamping writer never does (Z - 1 <= maxq - 1);
+    every other gptq writer stores a Z = 0 as maxq (masked, sign-extended or borrowed), so in
+    its files low-coded stored 0s beside maxq fields are Z = 1 groups whose bulk sits at code 0
+    by chance, and inspect's sampled modules (stored_maxq not counted) decide nothing."""
+    if st is None or st.zero_clamped < ZERO_CLAMP_MIN or st.stored_maxq != 0:
+        return None
+    return (f"{st.zero_clamped} fields store 0 whose codes say Z = 0, and no field stores "
+            f"{code_max(bits)}: a writer that clamps Z - 1 at 0 (auto-round 0.16's gptq export)")
 
 
 def quantizer_is_old_gptqmodel(quantizer: str | None) -> bool:

@@ -38,6 +38,11 @@ class ZeroStats:
     wrapped: int = 0               # stored maxq, codes say Z = 0
     maxq_consistent: int = 0       # stored maxq, codes say Z = maxq
     sign_extension: int = 0        # words with AutoGPTQ's sign-extension signature
+    # fields at maxq above a wrapped zero up to the top of its word (where AutoGPTQ's sign
+    # extension puts maxq), and of them those whose codes say Z = 0 beyond doubt, as a genuine
+    # gptq maxq's do
+    run_fields: int = 0
+    run_fields_zero: int = 0
     top_runs: int = 0              # words whose top fields are all maxq (all of qzeros)
     # the same count by chance (group and column rates); None where not computed (a module with
     # fewer than RUNS_CHANCE_MIN runs needs it only for the pooled test: runs_chance_missing)
@@ -51,6 +56,9 @@ class ZeroStats:
     # where the maxq_consistent fields are (flat indices g * N + n into [G, N]): what a runtime
     # that wraps a stored maxq to 0 misreads (verdicts.py); not part of the JSON statistics
     consistent_at: tuple[int, ...] = ()
+    # stored 0, codes say Z = 0 (2 bits only: zero_clamped); read by GQ506, not part of the
+    # JSON statistics either
+    zero_clamped: int = 0
 
     def field_counts(self) -> FieldCounts:
         """The part that needs no codes (unchanged by reading more rows)."""
@@ -60,7 +68,7 @@ class ZeroStats:
     def to_json(self) -> dict:
         out = {}
         for k, v in self.__dict__.items():
-            if k == "consistent_at":
+            if k in ("consistent_at", "zero_clamped"):
                 continue
             out[k] = None if isinstance(v, float) and not math.isfinite(v) else (
                 round(v, 4) if isinstance(v, float) else v)
@@ -198,12 +206,33 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
         if st.maxq_consistent:
             flat = row_of[rows[~low]].astype(np.int64) * n_cols + cols[~low]
             st.consistent_at = tuple(flat.tolist())
-        if bits >= 4 and st.wrapped:  # at 2 bits a code step is too coarse to tell
+        if st.wrapped:
             _word_signatures(st, stored, sums, counts, rows[low], cols[low], bits, word_bits,
                              maxq)
     if bits == 3:
         st.position_spread = _position_spread(d, interior, bits, word_bits)
+    st.zero_clamped = zero_clamped(stored, sums, counts, bits)
     return st
+
+
+def zero_clamped(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: int) -> int:
+    """Fields that store 0 although their codes say Z = 0 (mean code below 1/2: the bulk of
+    the group sits at code 0, where a group with Z = 1 has it at 1), over the cells whose codes
+    were read (`counts` [G] > 0). In a gptq file a stored 0 means Z = 1; a writer that clamps
+    Z - 1 at 0 instead of wrapping it to maxq stores Z = 0 there too (auto-round 0.16,
+    qlinear_torch_zp.py: make_fixtures.py write_qzeros).
+
+    Counted at 2 bits only, where the codes separate the two: with 3 codes above the zero, a
+    group whose zero is 0 has most weights round to code 0 (on the fixtures' weights 85 % of
+    Z = 0 cells have mean code < 1/2, no Z = 1 cell of 80,000 does; over 960 clean 2-bit gptq
+    modules of scripts/calibrate_detection.py's corpus, 1 field). From 3 bits up a group
+    with Z = 0 is a one-signed group whose codes spread over the range, as a Z = 1 group's do,
+    so nothing separates them there: 0."""
+    if bits != 2:
+        return 0
+    have = counts > 0
+    at = (stored[have] == 0) & (2 * sums[have].astype(np.int64) < counts[have, None])
+    return int(np.count_nonzero(at))
 
 
 def _quartiles_of_integers(k: np.ndarray, lo: int | None = None, hi: int | None = None,
@@ -263,19 +292,44 @@ def _runs_expected(grp: np.ndarray, cols: np.ndarray, g: int, n: int, run: int) 
     return expected
 
 
+def word_columns(n: int, bits: int, word_bits: int) -> np.ndarray | None:
+    """The fields of a row of `n` that lie whole in one word, word by word: [words, fields per
+    word] column indices, in the order of their bits (None where the row is not whole words).
+
+    2/4/8 bits: every field, W/bits to a word. 3 bits (32-bit words): 32 fields fill 3 words;
+    fields 10 and 21 straddle two words, so word 0 holds whole fields 0..9, word 1 11..20, word
+    2 22..31 (a sign extension from field j reaches the top of j's word and no further)."""
+    if bits == 3:
+        if word_bits != 32 or n % 32:
+            return None
+        block = np.arange(n).reshape(-1, 32)
+        return np.stack([block[:, 0:10], block[:, 11:21], block[:, 22:32]], axis=1
+                        ).reshape(-1, 10)
+    fpw = word_bits // bits
+    if word_bits % bits or n % fpw:
+        return None
+    return np.arange(n).reshape(-1, fpw)
+
+
 def _word_signatures(st, s, sums, counts, wrapped_rows, wrapped_cols, bits, word_bits, maxq):
     """AutoGPTQ sign extension and GPTQModel borrow, on the qzeros words that hold a wrapped
-    zero (2/4/8 bits: a word holds W/bits whole fields): `s` [G, N] stored fields, `sums` and
+    zero (the fields whole in a word: word_columns): `s` [G, N] stored fields, `sums` and
     `counts` their codes, the wrapped fields at (wrapped_rows, wrapped_cols)."""
-    fpw = word_bits // bits
-    if s.shape[1] % fpw:
+    cols = word_columns(s.shape[1], bits, word_bits)
+    if cols is None:
         return
-    # the words (rows of fpw fields) that hold a wrapped zero; means only of their cells
-    per_row = s.shape[1] // fpw
-    words = np.unique(wrapped_rows * per_row + wrapped_cols // fpw)
-    s = s.reshape(-1, fpw)[words]
-    sw = sums.reshape(-1, fpw)[words]
-    cw = counts[words // per_row, None]
+    word_of = np.full(s.shape[1], -1, np.int64)
+    word_of[cols] = np.arange(len(cols))[:, None]
+    inside = word_of[wrapped_cols] >= 0
+    # the words (rows of whole fields) that hold a wrapped zero; means only of their cells
+    per_row = len(cols)
+    words = np.unique(wrapped_rows[inside] * per_row + word_of[wrapped_cols[inside]])
+    if not words.size:
+        return
+    rows, wcols = words // per_row, cols[words % per_row]
+    s = s[rows[:, None], wcols]
+    sw = sums[rows[:, None], wcols]
+    cw = counts[rows, None]
     m = sw.astype(np.float32) / cw.astype(np.float32)
     d = m - s
     at_max = s == maxq
@@ -283,7 +337,10 @@ def _word_signatures(st, s, sums, counts, wrapped_rows, wrapped_cols, bits, word
     wrapped = at_max & low
     # all fields from j to the top of the word are maxq
     top_run = np.logical_and.accumulate(at_max[:, ::-1], axis=1)[:, ::-1]
-    impossible = at_max & (m > 0.3 * maxq) & (m < 0.7 * maxq)  # neither Z = 0 nor Z = 2^bits
+    # neither Z = 0 nor Z = 2^bits; at 2 bits a genuine Z = 0 of one-signed weights averages up
+    # to a code and a half, so there only codes that do not say Z = 0 at all count
+    lo = 0.5 if bits == 2 else 0.3
+    impossible = at_max & (m > lo * maxq) & (m < 0.7 * maxq) & ~(wrapped if bits == 2 else False)
     above = np.zeros_like(impossible)
     above[:, :-1] = np.logical_or.accumulate(impossible[:, :0:-1], axis=1)[:, ::-1]
     # A genuine Z = 0 above a wrapped one (two one-signed groups in a word) also sits at maxq
@@ -294,8 +351,14 @@ def _word_signatures(st, s, sums, counts, wrapped_rows, wrapped_cols, bits, word
     over = np.zeros_like(base)
     over[:, 1:] = np.logical_or.accumulate(base, axis=1)[:, :-1]
     candidates = int(np.count_nonzero(over & at_max))
+    # cleared: codes that say Z = 0 beyond doubt (at 2 bits a mean near one code is a Z = 0 of
+    # one-signed weights or a Z = 1 alike, which is what GPTQModel's borrow leaves there)
+    st.run_fields = candidates
+    st.run_fields_zero = int(np.count_nonzero(over & at_max & (m <= 0.3 * maxq)))
     if candidates and np.count_nonzero(over & impossible) * 3 >= candidates:
         st.sign_extension = int((base & above).any(axis=1).sum())
+    if bits == 3:  # whole words only: a borrow crosses the straddling fields
+        return
     nxt = np.zeros_like(wrapped)
     nxt[:, 1:] = wrapped[:, :-1]
     nxt &= (s > 0) & (s < maxq)

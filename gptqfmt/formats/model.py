@@ -67,7 +67,7 @@ def is_lm_head(name: str) -> bool:
     return name.split(".")[-1] == "lm_head"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)   # slots: one per module, tens of thousands in a MoE
 class QuantModule:
     """One quantized linear of a checkpoint: its geometry, its scheme and its tensor names."""
     name: str
@@ -95,7 +95,7 @@ class QuantModule:
         return (self.bits, self.group_size, self.sym, self.act_order)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ModuleRecord:
     """A module as inspect lists it, whatever its format (valid or not: None where its tensors
     do not tell)."""
@@ -116,7 +116,7 @@ class ModuleRecord:
     files: list[str]
 
     def to_json(self, zero_point: dict[str, Any] | None) -> dict[str, Any]:
-        return {**self.__dict__, "zero_point": zero_point}
+        return {**{k: getattr(self, k) for k in self.__slots__}, "zero_point": zero_point}
 
 
 def discover(store: TensorStore, suffixes: dict[str, str],
@@ -124,14 +124,19 @@ def discover(store: TensorStore, suffixes: dict[str, str],
              ) -> tuple[list[QuantModule], list[str], bool]:
     """The modules of a store, found by the tensor suffix of their codes (`suffixes["qweight"]`):
     `build(prefix, {role: tensor name})` models each (None when it cannot), every tensor of a
-    module is claimed, and the rest is passthrough. Returns (modules, passthrough, any found)."""
+    module is claimed, and the rest is passthrough. A module with a tensor in a shard that
+    cannot be read is not built (that shard's finding is the cause). Returns (modules,
+    passthrough, any found)."""
     key = "." + suffixes["qweight"]
     claimed: set[str] = set()
     modules = []
-    prefixes = sorted(t[:-len(key)] for t in store.locations if t.endswith(key))
+    prefixes = sorted({t[:-len(key)] for t in (*store.locations, *store.unreadable)
+                       if t.endswith(key)})
     for p in prefixes:
         names = {r: f"{p}.{s}" for r, s in suffixes.items() if f"{p}.{s}" in store.locations}
         claimed.update(names.values())
+        if any(f"{p}.{s}" in store.unreadable for s in suffixes.values()):
+            continue
         m = build(p, names)
         if m is not None:
             modules.append(m)

@@ -23,12 +23,15 @@ CMP_CHUNK = 4 << 20    # bytes of each side compared per step
 SIDES = ("SRC", "DST")
 # config.json keys that name where a file came from, not what a model computes
 PROVENANCE_KEYS = frozenset({"_name_or_path", "transformers_version", "_commit_hash"})
-# a module's scheme as runtimes read it, in the words a difference names it by
+# a module's scheme as runtimes read it, in the words a difference names it by. Not sym: it
+# picks the kernel (Marlin reads the symmetric constant instead of qzeros), not the zero
+# points, so with the same zero point in every cell, compared below, both sides compute the
+# same; a sym=true over other zero points is verify's GQ403 on that side
 SCHEME = (("bits", "bits"), ("group_size", "group_size"), ("in_features", "in_features"),
-          ("out_features", "out_features"), ("sym", "sym"), ("scale_dtype", "scales dtype"))
+          ("out_features", "out_features"), ("scale_dtype", "scales dtype"))
 # the quantization config's fields that change what a runtime computes beyond each module's
-# tensors (bits, group size and sym are read per module; these decide kernels and lm_head)
-CONFIG_FIELDS = ("bits", "group_size", "sym", "desc_act", "lm_head")
+# tensors (bits and group size are read per module too; these decide kernels and lm_head)
+CONFIG_FIELDS = ("bits", "group_size", "desc_act", "lm_head")
 
 
 def vs(a: Any, b: Any) -> str:

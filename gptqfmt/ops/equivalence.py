@@ -8,10 +8,14 @@ zero-point cells differ, and which runtimes' readings differ. When both sides st
 zero points (GPTQ), once per group of runtimes (their zero rules differ for gptq files); when
 either stores Z itself, once for every runtime, in the one model.
 
---reference fp32: Y of a checkpoint as runtimes compute it (the convention its config declares)
-against an fp32 dequant under the convention its data show; a mismatch is classified as a
-one-step zero offset (a convention error), inf/NaN (fp16 overflow), or random corruption (zero
-points the detector finds inconsistent with both conventions, or a known writer bug).
+--reference fp32: Y of a checkpoint under every way some runtime reads its zero points (the
+label as each kernel path reads it, a stored maxq as each reads it, the packed-constant words)
+against an fp32 dequant with the zero points the data mean (their convention; a stored maxq as
+its codes say). Each reading is named with its runtimes and its formula, so the answer agrees
+with verify's runtimes section; a mismatch is a one-step zero offset (a label read wrong),
+zero points misread (a stored maxq, or words a packed constant carries through), inf/NaN
+(fp16 overflow), or random corruption (zero points the detector finds inconsistent with both
+conventions, or a known writer bug).
 """
 from __future__ import annotations
 
@@ -21,16 +25,21 @@ from typing import Any
 
 import numpy as np
 
-from ..bits.conventions import ZeroRule, reference_rule
+from ..bits.conventions import ZeroRule
+from ..bits.packing import unpack
 from ..detection.decide import AMBIGUOUS, ModuleVerdict
 from ..detection.read import detect_checkpoint
 from ..errors import UsageError
 from ..formats import Source, open_source
+from ..formats.gptq.checkpoint import Checkpoint
 from ..formats.model import F16, F32, QuantModule, outside_words
 from ..formats.open import open_labelled
 from ..numerics import get_backend
 from ..numerics.backend import sample_columns
+from ..numerics.cpu import dequant_fields
 from ..runtimes.groups import groups as runtime_groups
+from ..runtimes.groups import label_readings, named
+from ..runtimes.readings import Reading, read_zeros, truth_zeros
 from ..safetensors_io.dtypes import FP16_MAX
 from .differences import (
     SIDES,
@@ -201,21 +210,41 @@ def _module(a: Source, b: Source, name: str, m: QuantModule | str, mb: QuantModu
 
 
 @dataclass(frozen=True)
-class ModuleDiagnosis:
-    name: str
-    verdict: str   # consistent | one-step zero offset | inf/nan | random corruption | invalid
+class ReadingDiagnosis:
+    """One way runtimes read a module's zero points, against the data's own."""
+    runtimes: tuple[str, ...]   # the kernel paths that read it so ("vLLM (legacy) gptq_gemm")
+    formula: str                # how they compute Z from a stored field s
+    reads_label: bool           # False: the paths read another convention than the label
+    verdict: str                # consistent | one-step zero offset | zero points misread | inf/nan
+    cells: int                  # zero-point cells read otherwise than the data mean them
     max_abs: float
-    detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "runtimes": list(self.runtimes)}
+
+
+@dataclass(frozen=True)
+class ModuleDiagnosis:
+    name: str
+    verdict: str   # the worst of its readings, or random corruption, or invalid
+    max_abs: float
+    detail: str = ""
+    readings: tuple[ReadingDiagnosis, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "readings": [r.to_json() for r in self.readings]}
+
+
+# the verdicts from worst to best (a module's is its worst reading's)
+SEVERITY = ("invalid", "inf/nan", "random corruption", "one-step zero offset",
+            "zero points misread", "consistent")
 
 
 @dataclass(frozen=True)
 class ReferenceReport:
-    """What runtimes compute from one checkpoint against an fp32 dequant with the data's own
-    convention, module by module."""
-    declared: str     # what runtimes read
+    """What every runtime reading computes from one checkpoint against an fp32 dequant with
+    the zero points its data mean, module by module."""
+    declared: str     # the label runtimes read
     detected: str     # what the data are
     modules: list[ModuleDiagnosis]
     backend: str
@@ -232,18 +261,21 @@ class ReferenceReport:
 
 def reference_fp32(path: str | os.PathLike[str], backend: str = "auto",
                    seed: int = 0) -> ReferenceReport:
-    """The checkpoint's ReferenceReport; see the module docstring. Invalid modules are
-    diagnosed as such (they cannot be computed)."""
+    """The checkpoint's ReferenceReport. For each module, Y = X @ W with fp16 X under every
+    way some runtime reads its zero points (runtimes.groups.label_readings: the label as each
+    path reads it, a stored maxq as each kernel reads it, words as the packed-constant kernels
+    add them) against an fp32 dequant with the zero points the data mean (their convention,
+    a stored maxq as its codes say: readings.truth_zeros). So a module is consistent exactly
+    where every runtime reading gives the data's zero points, which is what the runtimes
+    section of verify says per runtime. Invalid modules are diagnosed as such."""
     be = get_backend(backend)
     src, ck = open_labelled(path)
     try:
         declared = ck.label
-        det = detect_checkpoint(ck, full=False)
+        det = detect_checkpoint(ck, full=True)
         detected = det.verdict if det.verdict != AMBIGUOUS else declared
-        rule_decl, rule_data = reference_rule(declared), reference_rule(detected)
         rng = np.random.default_rng(seed)
-        # each module's verdict in the light of all of them (misfits are judged against the count)
-        verdicts = {v.name: v for v in detect_checkpoint(ck, full=True).modules}
+        verdicts = {v.name: v for v in det.modules}
         valid = {m.name: m for m in src.modules}
         out = []
         for r in src.records():
@@ -252,40 +284,75 @@ def reference_fp32(path: str | os.PathLike[str], backend: str = "auto",
                 out.append(ModuleDiagnosis(r.name, "invalid", 0.0, "its tensors do not form a "
                                            "module (see `gptqfmt verify`)"))
                 continue
-            cols = _columns(m.out_features, rng)
-            x = rng.standard_normal((ROWS, m.in_features)).astype(np.float32)
-            t, _ = src.operands(m)
-            y_rt = be.gemm(x.astype(np.float16).view(np.uint16), F16, t, rule_decl, cols)
-            w_ref = be.dequant(t, rule_data, cols).astype(np.float64)
-            y_ref = x.astype(np.float16).astype(np.float64) @ w_ref
-            diff = y_rt.astype(np.float64) - y_ref
-            scales = ck.float32(m.tensors["scales"]).astype(np.float64)
-            scale_sum = x.astype(np.float16).astype(np.float64) @ scales[t.g_idx][:, cols]
-            out.append(_classify(m.name, y_rt, diff, scale_sum, y_ref, verdicts[m.name]))
+            out.append(_diagnose(src, ck, m, verdicts[m.name], declared, detected, be, rng))
             src.store.release(m.tensors.values())
     finally:
         src.close()
     return ReferenceReport(declared, detected, out, be.name)
 
 
-def _classify(name: str, y_rt: np.ndarray, diff: np.ndarray, scale_sum: np.ndarray,
-              y_ref: np.ndarray, verdict: ModuleVerdict) -> ModuleDiagnosis:
-    if not np.isfinite(y_rt).all() or np.abs(y_rt).max(initial=0) > FP16_MAX:
-        return ModuleDiagnosis(name, "inf/nan", float("inf"),
-                               "outputs overflow float16 or are not finite")
-    tol = 1e-4 * (np.abs(y_ref).max(initial=0) + 1)
-    worst = float(np.abs(diff).max(initial=0))
-    if worst > tol:
-        for sign in (1, -1):  # Z read one too high lowers every weight by one scale step
-            if np.abs(diff + sign * scale_sum).max(initial=0) <= \
-                    tol + 1e-3 * np.abs(scale_sum).max():
-                return ModuleDiagnosis(name, "one-step zero offset", worst, "runtimes read "
-                                       "every zero point off by one: the label is wrong")
-    if verdict.inconsistent or verdict.signatures:
+def _diagnose(src: Source, ck: Checkpoint, m: QuantModule, verdict: ModuleVerdict,
+              declared: str, detected: str, be: Any, rng: np.random.Generator
+              ) -> ModuleDiagnosis:
+    cols = _columns(m.out_features, rng)
+    x16 = rng.standard_normal((ROWS, m.in_features)).astype(np.float32).astype(np.float16)
+    t, _ = src.operands(m)
+    words = np.asarray(t.qzeros)
+    stored = unpack(words, m.bits, axis=1)
+    high = verdict.stats.consistent_at if verdict.stats is not None else ()
+    truth = truth_zeros(stored, m.bits, detected, high)
+    q = unpack(np.ascontiguousarray(np.asarray(t.qweight)[:, cols]), m.bits, axis=0)
+    s32 = ck.float32(m.tensors["scales"])[:, cols]
+    g_idx = np.asarray(t.g_idx)
+    x64 = x16.astype(np.float64)
+    y_ref = x64 @ dequant_fields(q, truth[:, cols], s32, g_idx).astype(np.float64)
+    tol = 1e-3 * (np.abs(y_ref).max(initial=0) + 1)
+    readings: list[ReadingDiagnosis] = []
+    for who, rd in label_readings(declared, m.bits, m.sym):
+        z = read_zeros(words, m.bits, rd)
+        if rd.rule is not None:   # the kernel's own arithmetic
+            y = be.gemm(x16.view(np.uint16), F16, t, rd.rule, cols).astype(np.float64)
+        else:                     # packed-word readings: their zero points, the same formula
+            y = x64 @ dequant_fields(q, z[:, cols], s32, g_idx).astype(np.float64)
+        readings.append(_reading(who, rd, rd.convention in (None, declared), z - truth, y,
+                                 y_ref, tol))
+    # the module's verdict: the readings of the paths that read its label; a path that reads
+    # another convention misreads any label, which the runtimes section says of the runtime
+    judged = [r for r in readings if r.reads_label]
+    worst = min(judged, key=lambda r: SEVERITY.index(r.verdict)).verdict if judged \
+        else "consistent"
+    max_abs = max((r.max_abs for r in judged), default=0.0)
+    detail = "; ".join(
+        ("" if r.reads_label else "ignoring the label, ") + f"{named(r.runtimes)} "
+        f"({r.formula}): {r.verdict}" + (f" in {r.cells} of {truth.size} cells" if r.cells
+                                         else "")
+        for r in sorted(readings, key=lambda r: not r.reads_label) if r.verdict != "consistent")
+    if worst not in ("inf/nan",) and (verdict.inconsistent or verdict.signatures):
         why = ", ".join(verdict.signatures) or "; ".join(verdict.evidence[-2:])
-        return ModuleDiagnosis(name, "random corruption", worst,
-                               f"the zero points follow no convention and no common offset: {why}")
-    return ModuleDiagnosis(name, "consistent", worst)
+        return ModuleDiagnosis(m.name, "random corruption", max_abs, "the zero points follow "
+                               f"no convention and no common offset: {why}", tuple(readings))
+    return ModuleDiagnosis(m.name, worst, max_abs, detail, tuple(readings))
+
+
+def _reading(who: tuple[str, ...], rd: Reading, reads_label: bool, dz: np.ndarray,
+             y: np.ndarray, y_ref: np.ndarray, tol: float) -> ReadingDiagnosis:
+    """One reading's verdict: its zero points against the data's (dz per cell), its outputs
+    against the reference."""
+    formula = rd.formula if rd.formula.startswith("Z") else f"Z = {rd.formula}"
+    worst = float(np.abs(y - y_ref).max(initial=0)) if np.isfinite(y).all() else float("inf")
+    if not np.isfinite(y).all() or np.abs(y).max(initial=0) > FP16_MAX:
+        return ReadingDiagnosis(who, formula, reads_label, "inf/nan",
+                                int(np.count_nonzero(dz)), float("inf"))
+    cells = int(np.count_nonzero(dz))
+    if not cells:
+        return ReadingDiagnosis(who, formula, reads_label, "consistent" if worst <= tol else
+                                "zero points misread", 0, worst)
+    # the label read wrong: most cells one step off the same way
+    for step in (1, -1):
+        if np.count_nonzero(dz == step) * 2 > dz.size:
+            return ReadingDiagnosis(who, formula, reads_label, "one-step zero offset", cells,
+                                    worst)
+    return ReadingDiagnosis(who, formula, reads_label, "zero points misread", cells, worst)
 
 
 def check_usage(against: str | None, reference: str | None) -> None:

@@ -39,6 +39,7 @@ class InspectResult(Result):
         if det is None:
             doc["format"] = src.format
         doc.update({"files": files_json(st), "sharded": st.index_name is not None,
+                    "unreadable_files": st.unreadable_files,
                     "config_sources": src.config_files})
         if det is not None:
             doc["checkpoint_format"] = checkpoint_format_json(ck.config if ck else None, det)
@@ -77,7 +78,8 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> InspectResult:
         src.store.release(m.tensors.values())
     if ck is not None and det is not None:
         # what each runtime makes of it: counts from qzeros only (no scales: inspect's reads
-        # stay bounded, so the largest weight change is verify's)
-        runtimes = assess(ck, det, scales=False)
+        # stay bounded, so the largest weight change is verify's); not said of a checkpoint
+        # with shards that cannot be read (no runtime loads it)
+        runtimes = assess(ck, det, scales=False) if not src.store.unreadable else []
     return InspectResult(str(src.path), src, det, sorted(findings, key=Finding.sort_key),
                          runtimes)

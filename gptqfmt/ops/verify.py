@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..checks.labels import convention_findings
+from ..checks.labels import convention_findings, files_disagree
 from ..checks.modules import module_findings
 from ..detection.decide import ModuleVerdict
 from ..detection.pool import Detection, combine
@@ -18,7 +18,7 @@ from ..detection.read import module_verdict
 from ..errors import UsageError
 from ..findings import Finding
 from ..formats import QuantModule, open_source
-from ..parallel import cpus
+from ..parallel import bounded_map, cpus
 from ..runtimes.verdicts import assess, runtime_findings
 from ..safetensors_io.hub import Checksums
 from .reports import Progress, Result, checkpoint_format_json, failed, summary_counts, tool_json
@@ -79,8 +79,8 @@ def check_configs(path: str | os.PathLike[str]) -> ConfigCheck:
     shape rules, GQ1xx-GQ3xx), without verify's reading of qweight, qzeros and scales."""
     src = open_source(path)
     try:
-        return ConfigCheck(str(path), len(src.records()),
-                           sorted(src.findings, key=Finding.sort_key))
+        found = src.findings + (files_disagree(src.labelled) if src.labelled else [])
+        return ConfigCheck(str(path), len(src.records()), sorted(found, key=Finding.sort_key))
     finally:
         src.close()
 
@@ -128,20 +128,21 @@ def validate(path: str | os.PathLike[str], progress: Progress | None = None,
             # that read each module's verdict in the light of all of them (pooled evidence,
             # misfits against the module count): qzeros and scales only, small beside qweight
             read = []
-            for size, v in zip(sizes, pool.map(evidence, modules)):
+            for size, v in zip(sizes, bounded_map(pool, evidence, modules)):
                 read.append(v)
                 if progress:
                     progress(size, total)
             det = combine(read)
             verdicts = list(det.modules)
-        for size, found in zip(sizes, pool.map(check, modules, verdicts)):
+        for size, found in zip(sizes, bounded_map(pool, check, modules, verdicts)):
             findings += found
             if progress and det is None:
                 progress(size, total)
     runtimes = None
     if ck is not None and det is not None:
         findings += convention_findings(ck, det)
-        runtimes = assess(ck, det, scales=True)
+        # no runtime loads a checkpoint with shards that cannot be read: nothing to assess
+        runtimes = assess(ck, det, scales=True) if not src.store.unreadable else []
         if gate:
             where = ck.config.sources[0] if ck.config and ck.config.sources else None
             findings += runtime_findings([v for v in runtimes if v.runtime.id in gate], where)

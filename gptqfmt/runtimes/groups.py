@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..bits.conventions import GPTQ, ZeroRule, rule_for
+from .readings import Reading, canonical, modelled
 from .table import RUNTIMES
 
 # --against reads a file the way its label means it: gptq_v2 fields as Z, gptq fields by one of
@@ -25,9 +26,7 @@ class RuntimeGroup:
     def name(self) -> str:
         """The first path and how many more ("vLLM gptq_gemm and 5 other kernels"); the
         runtimes section of inspect and verify says which."""
-        more = len(self.labels) - 1
-        return self.labels[0] + (f" and {more} other kernel{'s' if more > 1 else ''}"
-                                 if more else "")
+        return named(self.labels)
 
     def rule(self, convention: str) -> ZeroRule:
         return rule_for(convention, self.gptq)
@@ -45,6 +44,31 @@ def groups() -> list[RuntimeGroup]:
                 if p.label not in labels:
                     labels.append(p.label)
     return [RuntimeGroup(tuple(labels), rule) for rule, labels in seen.items()]
+
+
+def named(labels: tuple[str, ...]) -> str:
+    """Kernel paths in words: the first and how many more."""
+    more = len(labels) - 1
+    return labels[0] + (f" and {more} other kernel{'s' if more > 1 else ''}" if more else "")
+
+
+def label_readings(label: str, bits: int, sym: bool) -> list[tuple[tuple[str, ...], Reading]]:
+    """Every way some kernel path of the table reads the zero points of a `bits`-bit file
+    labelled `label` (the label as each path reads it, a path that ignores it included), with
+    the paths ("runtime kernel") that read it so: what `verify --reference` computes, one
+    product per reading. Marlin's constant (qzeros not read) counts only where the config
+    declares sym, which those paths require."""
+    seen: dict[Reading, list[str]] = {}
+    for r in RUNTIMES:
+        for p in r.paths:
+            rd = p.readings.get(label)
+            if rd is None or (rd is Reading.SYMMETRIC and not sym):
+                continue
+            labels = seen.setdefault(modelled(canonical(rd, bits), bits), [])
+            who = f"{r.name} {p.kernel}"   # the runtime's name tells its versions apart
+            if who not in labels:
+                labels.append(who)
+    return [(tuple(labels), rd) for rd, labels in seen.items()]
 
 
 def maxq_readings(bits: int, sep: str = "; ") -> str:

@@ -61,6 +61,12 @@ class Reading(Enum):
         return _RULES.get(self)
 
     @property
+    def convention(self) -> str | None:
+        """The convention this reading takes the fields to be in (None: qzeros not read)."""
+        return None if self is Reading.SYMMETRIC else \
+            GPTQ_V2 if self in (Reading.V2, Reading.V2_BORROW) else GPTQ
+
+    @property
     def formula(self) -> str:
         """How it computes Z from the stored field s, as the README's runtime table says it."""
         return _FORMULAS[self]

@@ -36,6 +36,9 @@ class TensorStore:
     locations: dict[str, str]                    # tensor name -> file name
     findings: list[Finding] = field(default_factory=list)
     index_name: str | None = None
+    # tensor -> shard, for the tensors the index puts in a shard that is absent or cannot be
+    # read (its own finding says why): known to exist, not readable, never "missing"
+    unreadable: dict[str, str] = field(default_factory=dict)
 
     def info(self, tensor: str) -> TensorInfo:
         return self.files[self.locations[tensor]].tensors[tensor]
@@ -44,7 +47,14 @@ class TensorStore:
         return self.files[self.locations[tensor]].view(tensor)
 
     def file_of(self, tensor: str) -> str:
-        return self.locations[tensor]
+        """The file that holds `tensor`, or the shard the index puts it in that cannot be
+        read."""
+        return self.locations.get(tensor) or self.unreadable[tensor]
+
+    @property
+    def unreadable_files(self) -> list[str]:
+        """The shards the index names that are absent or cannot be read."""
+        return sorted(set(self.unreadable.values()))
 
     def release(self, tensors: Iterable[str] = ()) -> None:
         """Drop mapped pages of the files holding `tensors` (all files when empty)."""
@@ -99,6 +109,7 @@ def _open_store(path: str | os.PathLike) -> TensorStore:
         raise UsageError(f"{path}: no such file or directory")
     if p.is_file():
         _refuse_json_file(p)
+        _refuse_lone_shard(p)
         store = TensorStore(p.parent, {}, {})
         _open_into(store, p.name)
         if not store.files:
@@ -159,6 +170,25 @@ def _open_into(store: TensorStore, name: str, expected: set[str] | None = None) 
             store.locations[t] = name
 
 
+def _refuse_lone_shard(p: Path) -> None:
+    """GQ131 for one shard of an indexed checkpoint given alone: its modules' tensors may sit in
+    the shards beside it, so read alone every such module would be blamed on this file."""
+    index = p.parent / INDEX_NAME
+    if not index.is_file():
+        return
+    try:
+        weight_map, _ = _read_index(index)
+    except FindingError:
+        return   # an index that cannot be read says nothing of this file; it is read alone
+    shards = sorted(set(weight_map.values()))
+    if p.name not in shards or len(shards) < 2:
+        return
+    raise FindingError(Finding(
+        "GQ131", f"shard {shards.index(p.name) + 1} of {len(shards)} that {INDEX_NAME} "
+        f"beside it names: a module's tensors may sit in the other shards, so it is checked "
+        "with them, as a directory", file=str(p), hint=f"pass the directory: {p.parent}"))
+
+
 def _open_indexed(root: Path) -> TensorStore:
     store = TensorStore(root, {}, {}, index_name=INDEX_NAME)
     weight_map, declared_total = _read_index(root / INDEX_NAME)
@@ -177,6 +207,9 @@ def _open_indexed(root: Path) -> TensorStore:
                                           file=INDEX_NAME))
         else:
             _open_into(store, s)
+    for t, s in weight_map.items():
+        if s in shard_names and s not in store.files and t not in store.locations:
+            store.unreadable[t] = s
     # Tensors must sit exactly where the map says.
     for t, s in sorted(weight_map.items()):
         if s not in store.files:

@@ -25,7 +25,7 @@ from gptqfmt.errors import FindingError, UsageError
 from gptqfmt.formats.gptq.checkpoint import open_checkpoint
 from gptqfmt.ops.verify import validate
 from gptqfmt.resources import validator
-from gptqfmt.safetensors_io import save_file
+from gptqfmt.safetensors_io import SafetensorsFile, save_file
 from gptqfmt.safetensors_io.index import open_store
 from tests.support import (
     CKPT,
@@ -95,7 +95,8 @@ def test_format_fixture_to_gptq_v2_keeps_every_code_zero_and_scale(name, tmp_pat
             assert {m.name for m in ck.modules} == set(truth)
             for m in ck.modules:
                 # the written GPTQ tensors against the fixture's, read without gptqfmt's readers
-                q, z, s = fixture_fields(src, m.name, m.bits, name.startswith("awq"),
+                q, z, s = fixture_fields(src, m.name, m.bits,
+                                         FMANIFEST[name]["params"]["layout"] == "awq",
                                          truth[m.name])
                 assert np.array_equal(unpack(ck.view(m.tensors["qweight"]), m.bits, 0), q)
                 assert np.array_equal(unpack(ck.view(m.tensors["qzeros"]), m.bits, 1), z)
@@ -312,11 +313,10 @@ def test_against_across_formats(run_cli, tmp_path):
     d = tmp_path / "ct2"
     shutil.copytree(tmp_path / "ct", d)
     shard = next(p for p in sorted(d.glob("*.safetensors"))
-                 if f"{Q}.weight_packed" in open_store(p).locations)
-    st = open_store(shard)
-    t = {n: (st.info(n).dtype, np.array(st.view(n))) for n in st.locations}
-    meta = st.files[shard.name].metadata
-    st.close()
+                 if f"{Q}.weight_packed" in SafetensorsFile(p).tensors)
+    f = SafetensorsFile(shard)
+    t = {n: (i.dtype, np.array(f.view(n))) for n, i in f.tensors.items()}
+    meta = f.metadata
     t[f"{Q}.weight_packed"][1][3, 0] ^= 1
     save_file(t, shard, meta)
     r = run_cli("verify", tmp_path / "ct", "--against", d)

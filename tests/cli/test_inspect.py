@@ -64,14 +64,16 @@ def test_module_tensors_split_across_shards_are_joined(name):
 # Fixtures whose writers corrupt zero points on purpose: the codes verify reports too.
 CORRUPT_WRITER_CODES = {
     "autogptq-b4-asym-gptq": {"GQ405", "GQ406"},
-    "autogptq-b3-asym-act-gptq": {"GQ406"},
+    "autogptq-b3-asym-act-gptq": {"GQ405", "GQ406"},
     "autogptq-b2-asym-gptq": {"GQ405", "GQ406"},
     "autogptq-b4-sym-gptq": set(),
     "gptqmodel-b4-asym-gptq": {"GQ405", "GQ406"},
-    "gptqmodel-b2-asym-act-gptq": {"GQ406"},
+    "gptqmodel-b2-asym-act-gptq": {"GQ406", "GQ423"},   # its borrow at 2 bits: undecidable
     "gptqmodel-b8-asym-gptq": {"GQ406"},
     "gptqmodel603-b3-asym-gptq": {"GQ405", "GQ406"},
     "gptqmodel603-b3-sym-gptq": {"GQ403", "GQ405"},
+    # Z = 0 clamped to stored 0 (read as 1): no stored maxq, so no GQ406 either
+    "autoround-b2-asym-gptq": {"GQ506"},
 }
 
 
@@ -88,6 +90,8 @@ def test_findings_of_valid_fixtures():
     # inspect reports what it finds with verify's rules (GQ406/GQ407 from every qzeros field)
     expected = {"lmhead-b4-sym-gptq_v2": {"GQ311"},
                 "formatonly-b4-asym-gptq_v2": {"GQ209", "GQ401"},
+                # config.json says format gptq_v2, quantize_config.json gptq (optimum's save)
+                "optimum-b4-sym-gptq-sharded": {"GQ209", "GQ212"},
                 # the runtime conditions: each fixture's own finding
                 "rt-nosym-b4-sym-gptq": {"GQ208"}, "rt-nodescact-b4-sym-gptq": {"GQ208"},
                 "rt-lmhead-undeclared-b4-sym-gptq_v2": {"GQ311"},

@@ -7,6 +7,7 @@ import pytest
 
 import gptqfmt
 from gptqfmt.errors import GptqfmtError
+from gptqfmt.ops.equivalence import reference_fp32
 from gptqfmt.resources import validator
 from tests.support import CKPT, FIXTURES, GEN
 
@@ -116,7 +117,8 @@ def test_sampled_inspect_is_a_subset_of_verify(sampled, name):
     root, _ = sampled
     ins = gptqfmt.inspect(root / name)
     rep = gptqfmt.validate(root / name, jobs=1)
-    assert {key(f) for f in ins.findings} <= {key(f) for f in rep.findings}
+    # GQ424 is inspect's own: its sample shows what only verify settles
+    assert {key(f) for f in ins.findings if f.code != "GQ424"} <= {key(f) for f in rep.findings}
     assert ins.ok or rep.failed()
 
 
@@ -197,3 +199,63 @@ def test_declared_metadata_findings_are_reported_by_inspect(tmp_path):
     expect = {("GQ315", "warning", shard[f"{m}.g_idx"], f"{m}.g_idx") for m in modules}
     for result in (gptqfmt.inspect(tmp_path / "c"), gptqfmt.validate(tmp_path / "c", jobs=1)):
         assert {key(f) for f in result.findings if f.code == "GQ315"} == expect
+
+
+# AutoGPTQ 0.7.1's packer at every bit width, on modules big enough that inspect samples the
+# codes (512 x 1024, group 128), against the exact writer on the same weights: verify finds the
+# sign extension from qzeros and codes (GQ405, exit 1), and inspect either finds it too or says
+# that its sample cannot clear it and names verify (GQ424); the clean twin has neither.
+WRITER_BITS = [2, 3, 4, 8]
+
+
+@pytest.fixture(scope="module")
+def writers(tmp_path_factory):
+    root = tmp_path_factory.mktemp("writers")
+    for bits in WRITER_BITS:
+        for writer in ("autogptq", "exact"):
+            name = f"{writer}-b{bits}"
+            GEN.build(GEN.Spec(name, bits, False, False, "gptq", writer=writer, hidden=512,
+                               intermediate=1024, group_size=128,
+                               config_style="autogptq" if writer == "autogptq" else "gptqmodel"),
+                      root / name)
+    return root
+
+
+@pytest.mark.parametrize("bits", WRITER_BITS)
+def test_autogptq_sign_extension_is_found_at_every_bit_width(writers, bits, tmp_path):
+    bad, clean = writers / f"autogptq-b{bits}", writers / f"exact-b{bits}"
+    # never converted, not even with --allow-lossy (its overwritten fields would pass verify
+    # written as Z = 0), and --reference does not call the corrupted modules consistent
+    with pytest.raises(GptqfmtError) as e:
+        gptqfmt.convert(bad, tmp_path / "out", allow_lossy=True)
+    assert "GQ405" in {f.code for f in e.value.findings} and not (tmp_path / "out").exists()
+    ref = reference_fp32(bad, backend="cpu")
+    assert any(d.verdict == "random corruption" for d in ref.modules)
+    rep = gptqfmt.validate(bad, jobs=1)
+    sign = [f for f in rep.findings if f.code == "GQ405"]
+    assert rep.failed() and sign and all(
+        f.details["signatures"] == ["autogptq_sign_extension"] for f in sign)
+    ins = gptqfmt.inspect(bad)
+    codes = {f.code for f in ins.findings}
+    assert "GQ405" in codes or "GQ424" in codes
+    for f in ins.findings:
+        if f.code == "GQ424":
+            assert f.hint == f"gptqfmt verify {bad} reads every code and decides"
+    for found in (gptqfmt.validate(clean, jobs=1).findings, gptqfmt.inspect(clean).findings):
+        assert not {f.code for f in found} & {"GQ405", "GQ423", "GQ424"}
+
+
+def test_what_the_codes_cannot_settle_is_said_with_counts(tmp_path):
+    """GPTQModel's borrow at 2 bits runs through fields of Z = 1, whose codes average about one
+    code, as a Z = 0 of one-signed weights does: verify cannot tell, and says so (GQ423) with
+    the counts instead of passing the fields."""
+    GEN.build(GEN.Spec("borrow-b2", 2, False, False, "gptq", writer="gptqmodel", hidden=512,
+                       intermediate=1024, group_size=128), tmp_path / "c")
+    rep = gptqfmt.validate(tmp_path / "c", jobs=1)
+    undecided = [f for f in rep.findings if f.code == "GQ423"]
+    assert undecided and all(f.severity == "warning" for f in undecided)
+    for f in undecided:
+        d = f.details
+        assert d["codes_disagree"] >= 3 and d["fields"] >= d["codes_disagree"]
+        assert f.message.startswith(f"{d['fields']} fields store 3 above a wrapped Z = 0 up "
+                                    "to the top of their word")

@@ -74,7 +74,7 @@ def test_reference_tells_a_wrong_label_from_corruption(tmp_path, run_cli):
     validator("equivalence").validate(doc)
     assert r.exit_code == 1 and {m["verdict"] for m in doc["modules"]} == {
         "one-step zero offset"}
-    r = run_cli("verify", CKPT / "b4-asym-act-gptq_v2-sharded", "--reference", "fp32",
+    r = run_cli("verify", CKPT / "b4-sym-act-gptq_v2-sharded", "--reference", "fp32",
                 "--backend", "cpu")
     assert r.exit_code == 0 and r.stdout.splitlines()[-1].startswith("OK: 7 of 7")
     shutil.copytree(CKPT / "b4-sym-noact-gptq_v2-single", tmp_path / "c")
@@ -283,3 +283,30 @@ def test_a_conversion_is_equal_as_a_whole_in_either_order(tmp_path, run_cli, to)
     for code, lines in _both_orders(run_cli, src, tmp_path / "o"):
         assert code == 0 and lines[-1].startswith("OK: 7 of 7 modules compute the same")
         assert "8 of 8 other tensors identical byte for byte, configs agree" in lines[-1]
+
+
+def test_reference_names_each_reading_and_agrees_with_the_runtimes_section(run_cli):
+    """An asymmetric gptq_v2 file with zero points of 0: the kernels that read the label read
+    Z = s, except ExLlamaV2, whose packed subtract borrows at a stored 0; --reference says so
+    with the formula, and so does verify's runtimes section. Paths that read gptq whatever the
+    label say it too, without deciding the module."""
+    name = "b4-asym-act-gptq_v2-sharded"
+    r = run_cli("verify", CKPT / name, "--reference", "fp32", "--backend", "cpu",
+                "--format", "json")
+    doc = json.loads(r.stdout)
+    validator("equivalence").validate(doc)
+    truth = MANIFEST[name]["modules"]
+    for m in doc["modules"]:
+        by = {tuple(x["runtimes"]): x for x in m["readings"]}
+        exl = [x for k, x in by.items() if k == ("ExLlamaV2 exllamav2",)][0]
+        assert exl["formula"] == "Z = word - 0x..1111, + 1 (borrows)" and exl["reads_label"]
+        assert (exl["verdict"] == "zero points misread") is (truth[m["name"]]["zero_fields"] > 0)
+        plain = [x for x in m["readings"] if x["formula"] == "Z = s"][0]
+        assert plain["verdict"] == "consistent" and plain["cells"] == 0
+        assert all(x["verdict"] == "one-step zero offset" for x in m["readings"]
+                   if not x["reads_label"])
+        assert m["verdict"] == exl["verdict"]
+    ver = json.loads(run_cli("verify", CKPT / name, "--format", "json").stdout)
+    exllama = [rt for rt in ver["runtimes"] if rt["id"] == "exllamav2"][0]
+    assert exllama["decodes_correctly"] is False
+    assert r.exit_code == 1

@@ -14,6 +14,9 @@ from gptqfmt.safetensors_io import hub
 from tests.support import CKPT, FIXTURES, hf_cache_entry
 
 hh = pytest.importorskip("huggingface_hub", reason="the [hub] extra (in [test])")
+# loaded lazily by huggingface_hub: imported here so that the test does not depend on another
+# test having imported it first in the same process
+pytest.importorskip("huggingface_hub.constants")
 
 SRC = CKPT / "b4-sym-noact-gptq-single"
 OTHER = CKPT / "b4-asym-act-gptq-sharded"

@@ -6,8 +6,10 @@ shapes alone and then cross-checked with the declared per-module config.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,7 +31,7 @@ REQUIRED = ("qweight", "qzeros", "scales")
 SCALE_DTYPES = ("F16", "BF16", "F32")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)   # slots: one per module, tens of thousands in a MoE
 class Module:
     """A quantized module: its tensors, its declared config and its geometry, complete and
     consistent (inferred from the shapes and g_idx, checked against the config)."""
@@ -51,7 +53,7 @@ class Module:
         return f"int{self.word_bits}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InvalidModule:
     """Tensors named like a quantized module that do not form one (a finding says why): the
     geometry as far as it was consistent, None from the first inconsistency on."""
@@ -88,9 +90,9 @@ class Checkpoint:
 
     @property
     def label(self) -> str:
-        """The convention runtimes read from its configs: checkpoint_format exactly, as vLLM,
-        transformers and ExLlamaV2 read it; missing means gptq (GPTQModel's fallback to
-        `format` is reported by GQ209)."""
+        """The convention runtimes read from its configs: checkpoint_format exactly, as vLLM
+        and ExLlamaV2 read it; missing means gptq (where transformers and GPTQModel read
+        `format` instead, GQ209 and GQ212 say so)."""
         return self.config.runtime_convention if self.config else GPTQ
 
     def view(self, tensor: str) -> np.ndarray:
@@ -199,10 +201,12 @@ def _group(store: TensorStore, config: QuantConfig | None
     """Each group of tensors named like a module (its geometry not yet known), and the tensors
     outside them."""
     parts: dict[str, dict[str, str]] = {}
-    for t in store.locations:
+    # a module in a shard that cannot be read is still one of the checkpoint's (invalid, and
+    # said once, at its shard)
+    for t in itertools.chain(store.locations, store.unreadable):
         prefix, _, role = t.rpartition(".")
         if role in ROLES and prefix:
-            parts.setdefault(prefix, {})[role] = t
+            parts.setdefault(prefix, {})[sys.intern(role)] = t  # one string a role, not a module
     modules: list[InvalidModule] = []
     claimed: set[str] = set()
     for prefix, roles in sorted(parts.items(), key=lambda kv: natural_key(kv[0])):
@@ -225,6 +229,8 @@ def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding]
         findings.append(Finding(code, message, file=store.locations.get(t, store.file_of(home)),
                                 tensor=t, hint=hint))
 
+    if any(t in store.unreadable for t in m.tensors.values()):
+        return m   # its shard's finding is the cause; nothing here can be judged
     missing = [r for r in REQUIRED if r not in m.tensors]
     if missing:
         add("GQ301", f"module {m.name} has no {', '.join(missing)}", missing[0],
@@ -296,11 +302,14 @@ def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding]
     if "g_idx" in m.tensors:
         g_idx = store.view(m.tensors["g_idx"])
         gs, why = layout.group_size_from_g_idx(g_idx, groups)
+        if gs is not None:
+            geo["act_order"] = not np.array_equal(g_idx, layout.trivial_g_idx(k, gs))
+        # modules are read one after another: their pages are dropped, so that resident
+        # memory stays one module's, whatever the module count
+        store.release([m.tensors["g_idx"]])
         if gs is None:
             add("GQ309", why or "", "g_idx")
             return replace(m, **geo)
-        trivial = layout.trivial_g_idx(k, gs)
-        geo["act_order"] = not np.array_equal(g_idx, trivial)
     else:
         add("GQ308", "no g_idx: runtimes assume no act-order", "g_idx",
             hint="AutoAWQ checkpoints have none; GPTQ exporters always write it")
