@@ -178,11 +178,10 @@ def against_lines(rep: EquivalenceReport) -> list[Line]:
     lines += [Line(f"{escape(d.where)}: DIFFERS: {d.what}", "finding", "error")
               for d in rep.tensors + rep.configs]
     n_eq = sum(m.equal for m in rep.modules)
-    same = rep.tensors_compared - sum(not d.what.startswith("only in") for d in rep.tensors)
     return lines + [final(
         f"{'OK' if rep.equivalent else 'FAIL'}: {n_eq} of {plural(len(rep.modules), 'module')} "
-        f"compute the same Y = X @ W, {same} of {plural(rep.tensors_compared, 'other tensor')} "
-        f"identical byte for byte, "
+        f"compute the same Y = X @ W, {rep.tensors_identical} of "
+        f"{plural(rep.tensors_compared, 'other tensor')} identical byte for byte, "
         + (f"{plural(len(rep.configs), 'config entry differs', 'config entries differ')}"
            if rep.configs else "configs agree")
         + f" ({rep.src_convention} vs {rep.dst_convention}, backend {rep.backend}, "

@@ -110,7 +110,7 @@ def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
     refusals = [f for f in found if f.severity == ERROR]
     if refusals:
         raise FindingError(*refusals)
-    trusted = any(f.code == "GQ413" for f in notes)
+    trusted = trust_from and det is not None and det.verdict not in (AMBIGUOUS, from_)
     return Plan(src, from_, to, plans, det, found, derived, trusted)
 
 

@@ -25,7 +25,7 @@ from ..formats.relayout import transposed
 from ..numerics import Backend, get_backend
 from ..numerics.backend import sample_columns
 from ..numerics.cpu import dequant_fields
-from ..ops.differences import bytes_differ, codes_equal
+from ..ops.differences import bytes_differ, field_differences, scheme_differences
 from ..safetensors_io.dtypes import to_float32
 from .gate import GEMM_ROWS, GateResult, ModuleCheck, check_labels
 
@@ -66,18 +66,10 @@ def dequant_columns(src: Source, m: QuantModule, zeros: np.ndarray, cols: np.nda
 def check_module(src: Source, out: Source, m: QuantModule, mo: QuantModule,
                  rng: np.random.Generator, backends: list[Backend]
                  ) -> tuple[ModuleCheck, list[str]]:
-    why = []
-    if (m.bits, m.in_features, m.out_features, m.groups) != \
-            (mo.bits, mo.in_features, mo.out_features, mo.groups):
-        return ModuleCheck(m.name, 0, 0, False, False), ["geometry differs"]
-    if not codes_equal(src, m, out, mo):
-        why.append("codes differ")
-    sa, sb = np.asarray(src.scales(m)), np.asarray(out.scales(mo))
-    if m.scale_dtype != mo.scale_dtype or not np.array_equal(sa.view(np.uint8),
-                                                             sb.view(np.uint8)):
-        why.append("scales differ")
-    if not np.array_equal(src.g_idx(m), out.g_idx(mo)):
-        why.append("g_idx differs")
+    why = scheme_differences(m, mo)
+    if why:
+        return ModuleCheck(m.name, 0, 0, False, False), why
+    why = field_differences(src, m, out, mo)
     truth, lossy = src.zeros(m)
     written = unpack(out.qzeros(mo), m.bits, axis=1).astype(np.int32)
     differ = truth != written

@@ -11,6 +11,7 @@ within GPTQ. Writers take the same form apart into their own tensors.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -130,7 +131,7 @@ def discover(store: TensorStore, suffixes: dict[str, str],
     key = "." + suffixes["qweight"]
     claimed: set[str] = set()
     modules = []
-    prefixes = sorted({t[:-len(key)] for t in (*store.locations, *store.unreadable)
+    prefixes = sorted({t[:-len(key)] for t in itertools.chain(store.locations, store.unreadable)
                        if t.endswith(key)})
     for p in prefixes:
         names = {r: f"{p}.{s}" for r, s in suffixes.items() if f"{p}.{s}" in store.locations}

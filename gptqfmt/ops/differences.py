@@ -44,15 +44,10 @@ def scheme_differences(m: QuantModule, mb: QuantModule) -> list[str]:
             if getattr(m, attr) != getattr(mb, attr)]
 
 
-def codes_equal(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> bool:
-    """qweight of both sides equal word for word, in blocks of BLOCK output channels (memory:
-    one block; a transposed side is read row-contiguously)."""
-    return codes_differ(src, m, out, mo) == 0
-
-
 def codes_differ(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> int:
     """How many 32-bit words of qweight differ (the one model's [K*bits/32, N]; -1 when the
-    shapes differ), in blocks of BLOCK output channels."""
+    shapes differ), in blocks of BLOCK output channels (memory: one block; a transposed side
+    is read row-contiguously)."""
     a, at = src.stored_qweight(m)
     b, bt = out.stored_qweight(mo)
     a, b = unsigned(np.asarray(a)), unsigned(np.asarray(b))
@@ -119,22 +114,25 @@ def bytes_differ(src: Source, out: Source, t: str) -> tuple[str | None, int]:
     return (f"{n} of {va.size} bytes differ" if n else None), va.size
 
 
-def tensor_differences(a: Source, b: Source) -> tuple[list[tuple[str, str]], int, int]:
+def tensor_differences(a: Source, b: Source
+                       ) -> tuple[list[tuple[str, str]], int, int, int]:
     """Every tensor outside the quantized modules, on both sides, byte for byte: ([(tensor, how
-    it differs)], tensors compared, bytes compared). TGI's scalar config tensors are GPTQ's
-    own: not looked for in a side of another format."""
+    it differs)], tensors both sides have, of them identical, bytes compared). TGI's scalar
+    config tensors are GPTQ's own: not looked for in a side of another format."""
     pa, pb = set(a.passthrough), set(b.passthrough)
     if (a.labelled is None) != (b.labelled is None):
         pa, pb = pa - set(TGI_SCALARS), pb - set(TGI_SCALARS)
     out = [(t, f"only in {side}") for side, only in zip(SIDES, (pa - pb, pb - pa))
            for t in sorted(only)]
-    nbytes = 0
+    nbytes = identical = 0
     for t in sorted(pa & pb):
         why, size = bytes_differ(a, b, t)
         nbytes += size
         if why:
             out.append((t, why))
-    return sorted(out), len(pa & pb), nbytes
+        else:
+            identical += 1
+    return sorted(out), len(pa & pb), identical, nbytes
 
 
 def config_differences(a: Source, b: Source) -> list[tuple[str, str]]:

@@ -40,7 +40,7 @@ from ..numerics.cpu import dequant_fields
 from ..runtimes.groups import groups as runtime_groups
 from ..runtimes.groups import label_readings, named
 from ..runtimes.readings import Reading, read_zeros, truth_zeros
-from ..safetensors_io.dtypes import FP16_MAX
+from ..safetensors_io.dtypes import FP16_MAX, to_float32
 from .differences import (
     SIDES,
     config_differences,
@@ -90,7 +90,8 @@ class EquivalenceReport:
     modules: list[ModuleEquivalence]
     tensors: list[Difference] = field(default_factory=list)
     configs: list[Difference] = field(default_factory=list)
-    tensors_compared: int = 0
+    tensors_compared: int = 0       # tensors outside the modules that both sides have
+    tensors_identical: int = 0
     bytes_compared: int = 0
 
     @property
@@ -140,14 +141,14 @@ def compare(src: str | os.PathLike[str], dst: str | os.PathLike[str], backend: s
         rng = np.random.default_rng(seed)
         out = [_module(a, b, name, ma, mb, readings, be, rng)
                for name, ma, mb in _paired(a, b)]
-        tensors, n_tensors, n_bytes = tensor_differences(a, b)
+        tensors, n_tensors, n_same, n_bytes = tensor_differences(a, b)
         configs = config_differences(a, b)
     finally:
         a.close()
         b.close()
     return EquivalenceReport(str(src), str(dst), be.name, a.format, b.format, COLUMNS, out,
                              [Difference(*d) for d in tensors], [Difference(*d) for d in configs],
-                             n_tensors, n_bytes)
+                             n_tensors, n_same, n_bytes)
 
 
 def _paired(a: Source, b: Source) -> list[tuple[str, QuantModule | str, QuantModule | str]]:
@@ -302,7 +303,7 @@ def _diagnose(src: Source, ck: Checkpoint, m: QuantModule, verdict: ModuleVerdic
     high = verdict.stats.consistent_at if verdict.stats is not None else ()
     truth = truth_zeros(stored, m.bits, detected, high)
     q = unpack(np.ascontiguousarray(np.asarray(t.qweight)[:, cols]), m.bits, axis=0)
-    s32 = ck.float32(m.tensors["scales"])[:, cols]
+    s32 = to_float32(np.asarray(ck.view(m.tensors["scales"]))[:, cols], m.scale_dtype)
     g_idx = np.asarray(t.g_idx)
     x64 = x16.astype(np.float64)
     y_ref = x64 @ dequant_fields(q, truth[:, cols], s32, g_idx).astype(np.float64)

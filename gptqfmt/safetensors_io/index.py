@@ -207,9 +207,10 @@ def _open_indexed(root: Path) -> TensorStore:
                                           file=INDEX_NAME))
         else:
             _open_into(store, s)
-    for t, s in weight_map.items():
-        if s in shard_names and s not in store.files and t not in store.locations:
-            store.unreadable[t] = s
+    failed = set(shard_names) - set(store.files)
+    if failed:
+        store.unreadable.update((t, s) for t, s in weight_map.items()
+                                if s in failed and t not in store.locations)
     # Tensors must sit exactly where the map says.
     for t, s in sorted(weight_map.items()):
         if s not in store.files:
