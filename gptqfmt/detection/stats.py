@@ -338,9 +338,10 @@ def _word_signatures(st, s, sums, counts, wrapped_rows, wrapped_cols, bits, word
     # all fields from j to the top of the word are maxq
     top_run = np.logical_and.accumulate(at_max[:, ::-1], axis=1)[:, ::-1]
     # neither Z = 0 nor Z = 2^bits; at 2 bits a genuine Z = 0 of one-signed weights averages up
-    # to a code and a half, so there only codes that do not say Z = 0 at all count
+    # to a code and a half, so there only codes that do not say Z = 0 at all (above maxq / 2,
+    # where `low` ends) count
     lo = 0.5 if bits == 2 else 0.3
-    impossible = at_max & (m > lo * maxq) & (m < 0.7 * maxq) & ~(wrapped if bits == 2 else False)
+    impossible = at_max & (m > lo * maxq) & (m < 0.7 * maxq)
     above = np.zeros_like(impossible)
     above[:, :-1] = np.logical_or.accumulate(impossible[:, :0:-1], axis=1)[:, ::-1]
     # A genuine Z = 0 above a wrapped one (two one-signed groups in a word) also sits at maxq

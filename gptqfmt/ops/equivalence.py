@@ -328,7 +328,7 @@ def _diagnose(src: Source, ck: Checkpoint, m: QuantModule, verdict: ModuleVerdic
         f"({r.formula}): {r.verdict}" + (f" in {r.cells} of {truth.size} cells" if r.cells
                                          else "")
         for r in sorted(readings, key=lambda r: not r.reads_label) if r.verdict != "consistent")
-    if worst not in ("inf/nan",) and (verdict.inconsistent or verdict.signatures):
+    if worst != "inf/nan" and (verdict.inconsistent or verdict.signatures):
         why = ", ".join(verdict.signatures) or "; ".join(verdict.evidence[-2:])
         return ModuleDiagnosis(m.name, "random corruption", max_abs, "the zero points follow "
                                f"no convention and no common offset: {why}", tuple(readings))
@@ -340,11 +340,10 @@ def _reading(who: tuple[str, ...], rd: Reading, reads_label: bool, dz: np.ndarra
     """One reading's verdict: its zero points against the data's (dz per cell), its outputs
     against the reference."""
     formula = rd.formula if rd.formula.startswith("Z") else f"Z = {rd.formula}"
-    worst = float(np.abs(y - y_ref).max(initial=0)) if np.isfinite(y).all() else float("inf")
-    if not np.isfinite(y).all() or np.abs(y).max(initial=0) > FP16_MAX:
-        return ReadingDiagnosis(who, formula, reads_label, "inf/nan",
-                                int(np.count_nonzero(dz)), float("inf"))
     cells = int(np.count_nonzero(dz))
+    if not np.isfinite(y).all() or np.abs(y).max(initial=0) > FP16_MAX:
+        return ReadingDiagnosis(who, formula, reads_label, "inf/nan", cells, float("inf"))
+    worst = float(np.abs(y - y_ref).max(initial=0))
     if not cells:
         return ReadingDiagnosis(who, formula, reads_label, "consistent" if worst <= tol else
                                 "zero points misread", 0, worst)
