@@ -5,6 +5,8 @@ Library entry points:
     detect(path, full=False)            -> Detection: gptq / gptq_v2 / ambiguous, with evidence
     validate(path)                      -> Report: every finding of `gptqfmt verify`
     convert(src, dst, to="gptq_v2")     -> ConvertReport (streamed, verified, atomic)
+    doctor(path, runtime="vllm")        -> Diagnosis: will that runtime compute the right
+                                        weights, and the plan (fix=True, dst=...: carried out)
     convert_qzeros(qzeros, bits, src, dst)  2-D int8..int64 numpy array or torch tensor in,
                                         same type out (UsageError otherwise)
     open_checkpoint(path)               -> Checkpoint (modules, config, zero-copy tensor views)
@@ -16,6 +18,7 @@ from .bits.packing import pack, unpack
 from .conversion import ConvertReport, NotRepresentable, convert, convert_qzeros
 from .detection.decide import ModuleVerdict
 from .detection.pool import Detection
+from .doctor import Diagnosis, doctor
 from .errors import FindingError, GptqfmtError, UsageError
 from .findings import CATALOGUE, Finding
 from .formats.gptq.checkpoint import Checkpoint, Module, open_checkpoint
@@ -40,7 +43,7 @@ def detect(path: str | os.PathLike[str], full: bool = False) -> Detection:
         src.close()
 
 
-__all__ = ["CATALOGUE", "Checkpoint", "ConvertReport", "Detection", "NotRepresentable",
-           "convert", "convert_qzeros", "Finding", "FindingError", "GptqfmtError",
+__all__ = ["CATALOGUE", "Checkpoint", "ConvertReport", "Detection", "Diagnosis", "NotRepresentable",
+           "convert", "convert_qzeros", "doctor", "Finding", "FindingError", "GptqfmtError",
            "InspectResult", "Module", "ModuleVerdict", "Report", "UsageError", "__version__",
            "detect", "inspect", "open_checkpoint", "pack", "unpack", "validate"]

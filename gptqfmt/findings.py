@@ -67,6 +67,10 @@ _CATALOGUE = [
     Code("GQ211", ERROR, "a pack-quantized module is not targeted by a config group, or ignored"),
     Code("GQ212", ERROR, "config files declare different zero-point conventions; loaders read "
          "different ones"),
+    Code("GQ213", INFO, "auto-round packing_format not set; its loaders read auto_round:auto_gptq "
+         "(gptq)"),
+    Code("GQ214", ERROR, "auto-round packing_format is not one gptqfmt knows"),
+    Code("GQ215", ERROR, "auto-round packing_format and checkpoint_format/format disagree"),
     # GQ3xx: tensors and shapes
     Code("GQ301", ERROR, "quantized module lacks a tensor"),
     Code("GQ302", ERROR, "tensor has the wrong dtype"),
@@ -86,6 +90,10 @@ _CATALOGUE = [
     Code("GQ316", INFO, "quantized router gate; many runtimes refuse it"),
     Code("GQ317", ERROR, "bits set past the last value of a packed stream (another layout)"),
     Code("GQ318", ERROR, "qweight or scales of a module is all zeros"),
+    Code("GQ319", ERROR, "compressed-tensors packed shapes fit both layouts (padded <= 0.17, "
+         "dense >= 0.18) and nothing decides"),
+    Code("GQ320", WARNING, "compressed-tensors padded layout (<= 0.17) at 3/5/6/7 bits: vLLM "
+         "expects the dense one and refuses it"),
     # GQ4xx: zero points
     Code("GQ401", ERROR, "declared zero-point convention contradicts the data"),
     Code("GQ402", WARNING, "zero-point convention not decidable from the data"),

@@ -35,6 +35,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("numerics",),        # the CPU twin and the CuPy backend
     ("ops",),             # the bodies of inspect, verify, --against and --reference
     ("conversion",),      # convert, --in-place, fix-label
+    ("doctor",),          # one runtime's answer, the plan, --fix with convert and fix-label
     ("cli",),             # click, the error boundary, the reporters
     ("__init__", "__main__"),
 ]

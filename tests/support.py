@@ -8,10 +8,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import random
 import shutil
 import struct
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -280,3 +282,54 @@ def hf_cache_entry(cache: Path, repo_id: str, src: Path, commit: str,
 # format tests' oracle, its packer, compressor and decompressor, with torch
 HAVE_CT = sys.version_info >= (3, 11)
 needs_ct = pytest.mark.skipif(not HAVE_CT, reason="compressed-tensors 0.20 needs Python 3.11")
+
+
+# ------------------ compressed-tensors' two pack_to_int32 layouts, slowly (bits/ct_layouts.py)
+
+def slow_ct_row(values, bits, layout):
+    """One row of stored values as compressed-tensors packs it, one Python integer per word,
+    value by value: padded (<= 0.17) puts value i in word i // floor(32/bits) at bit
+    (i % floor(32/bits)) * bits; dense (>= 0.18) puts it at bit i*bits of one stream."""
+    per = 32 // bits
+    n = -(-len(values) // per) if layout == "padded" else -(-len(values) * bits // 32)
+    stream = 0
+    for i, v in enumerate(values):
+        start = (i // per) * 32 + (i % per) * bits if layout == "padded" else i * bits
+        stream |= int(v) << start
+    return [(stream >> (32 * w)) & 0xFFFFFFFF for w in range(n)]
+
+
+def slow_ct_values(words, bits, count, layout):
+    """The inverse of slow_ct_row: `count` values from one row of words."""
+    per = 32 // bits
+    stream = sum((int(w) & 0xFFFFFFFF) << (32 * i) for i, w in enumerate(words))
+    out = []
+    for i in range(count):
+        start = (i // per) * 32 + (i % per) * bits if layout == "padded" else i * bits
+        out.append((stream >> start) & ((1 << bits) - 1))
+    return out
+
+
+# compressed-tensors' own helpers.py of a release, from its wheel, where one is at hand: pip
+# download compressed-tensors==0.17.1 (or 0.18.0) --no-deps -d /tmp/ctw (GPTQFMT_CT_WHEELS names
+# another folder). Only the helpers are run (they need torch), not the package's import chain.
+CT_WHEELS = Path(os.environ.get("GPTQFMT_CT_WHEELS", "/tmp/ctw"))
+CT_HELPERS = "compressed_tensors/compressors/pack_quantized/helpers.py"
+
+
+def ct_release_helpers(version: str):
+    """compressed-tensors `version`'s pack_quantized/helpers.py as a module (pack_to_int32,
+    unpack_from_int32), or pytest.skip when its wheel or torch is not at hand."""
+    import zipfile
+    pytest.importorskip("torch")
+    wheel = CT_WHEELS / f"compressed_tensors-{version}-py3-none-any.whl"
+    if not wheel.is_file():
+        pytest.skip(f"no {wheel.name} in {CT_WHEELS} (pip download compressed-tensors=="
+                    f"{version} --no-deps -d {CT_WHEELS})")
+    name = f"ct_helpers_{version.replace('.', '_')}"
+    if name not in sys.modules:
+        mod = types.ModuleType(name)
+        code = zipfile.ZipFile(wheel).read(CT_HELPERS).decode()
+        exec(compile(code, f"{wheel}/{CT_HELPERS}", "exec"), mod.__dict__)
+        sys.modules[name] = mod
+    return sys.modules[name]

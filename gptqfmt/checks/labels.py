@@ -2,6 +2,8 @@
 findings both inspect and verify report."""
 from __future__ import annotations
 
+import shlex
+
 from ..bits.conventions import GPTQ, GPTQ_V2
 from ..detection.decide import AMBIGUOUS
 from ..detection.pool import Detection
@@ -34,11 +36,21 @@ def convention_findings(ckpt: Checkpoint, det: Detection) -> list[Finding]:
     elif det.verdict != declared:
         label = (f"declares {declared}" if cfg and cfg.convention == declared else
                  "declares no usable checkpoint_format, so runtimes read gptq")
+        path = shlex.quote(str(ckpt.path))
+        hint = (f"`gptqfmt fix-label {path}` sets checkpoint_format and format to "
+                f"{det.verdict} in every config (no tensor touched); `gptqfmt doctor {path} "
+                "--runtime ID` says what one runtime needs")
+        # a key that names the convention by another value (auto-round's packing_format)
+        named = next((d for d in cfg.declared_in if d.written is not None), None) if cfg \
+            else None
+        if named is not None and cfg is not None and cfg.convention == declared:
+            label = f"declares {declared} ({named.key}={named.written!r})"
+            hint = (f"`gptqfmt fix-label {path}` sets {named.key} to the data's "
+                    f"{det.verdict} (no tensor touched)")
         out.append(Finding(
             "GQ401", f"config {label}, but the data are {det.verdict} (confidence "
             f"{det.confidence:.4f}); every zero point will be read off by one",
-            file=where, hint=f"set checkpoint_format (and format) to \"{det.verdict}\", or "
-            f"convert the data with `gptqfmt convert --from {det.verdict}`",
+            file=where, hint=hint,
             details={"declared": declared, "detected": det.verdict,
                      "confidence": det.confidence}))
     return out
@@ -81,5 +93,5 @@ def files_disagree(ckpt: Checkpoint) -> list[Finding]:
     return [Finding("GQ212", f"the config files declare different conventions ({declared}); "
                     f"loaders read {by}", file=files[0],
                     hint="set checkpoint_format and format to the data's convention in every "
-                         "config file: `gptqfmt fix-label PATH`",
+                         f"config file: `gptqfmt fix-label {shlex.quote(str(ckpt.path))}`",
                     details={"declared": said, "reads": reads})]

@@ -24,15 +24,18 @@ from urllib.parse import quote
 
 from ..conversion import ConvertReport
 from ..conversion.relabel import RelabelResult
+from ..doctor import Diagnosis
 from ..findings import CATALOGUE, ERROR, WARNING, Finding
 from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
 from ..ops.verify import Report
+from ..runtimes.verdicts import runtime_findings
 from ..version import __version__
 from .output import Reporter, emit_json, escape
 from .text_lines import (
     against_lines,
     convert_lines,
+    doctor_lines,
     failure_lines,
     fix_label_lines,
     inspect_lines,
@@ -103,6 +106,14 @@ class _CiReporter(Reporter):
             mods = [r.name for r in result.verify.source.records()]
         self.emit(Outcome("fix-label", str(result.plan.path), code,
                           _final(fix_label_lines(result)), found, mods))
+
+    def doctor(self, result: Diagnosis, code: int) -> None:
+        d = result.fixed.after if result.fixed and result.fixed.after else result
+        where = "config.json" if d.verdict is not None else None
+        found = list(d.blocking) + (runtime_findings([d.verdict], where)
+                                    if d.verdict is not None else [])
+        self.emit(Outcome("doctor", result.path, code, _final(doctor_lines(result)),
+                          [f for f in found if f.code != "GQ606"]))
 
     def failure(self, status: str, code: int, findings: Sequence[Finding] = (),
                 message: str | None = None) -> None:

@@ -42,8 +42,9 @@ from .progress import Progress
 def convert_cmd(src, dst, out, to, src_convention, allow_lossy, dry_run, force, jobs, backend,
                 download, in_place, trust_from):
     """Convert the checkpoint directory SRC into DST: GPTQ zero points between gptq and
-    gptq_v2 (every byte outside qzeros copied unchanged), gptq/gptq_v2 to compressed-tensors,
-    or compressed-tensors/AWQ to gptq_v2 (tensors re-laid out, every other tensor copied). DST
+    gptq_v2 (every byte outside qzeros copied unchanged), gptq/gptq_v2 to compressed-tensors
+    (a padded compressed-tensors checkpoint of 0.17 and older too: re-packed dense), or
+    compressed-tensors/AWQ to gptq_v2 (tensors re-laid out, every other tensor copied). DST
     appears only after the output has been proven equal to SRC. SRC may be a Hugging Face
     repo id (org/model[@revision]) read from the local cache; DST is always a path.
     With --in-place (gptq <-> gptq_v2, no DST) SRC itself is rewritten: the qzeros byte ranges

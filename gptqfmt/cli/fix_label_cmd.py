@@ -17,8 +17,9 @@ from .progress import Progress
 @click.option("--dry-run", is_flag=True, help="Say what would change; write nothing.")
 @guarded
 def fix_label_cmd(path, out, to, dry_run):
-    """Rewrite only `checkpoint_format` and `format` in the config files of PATH (every other
-    key, its order and `meta` kept; meta.gptqfmt records the change), each file replaced
+    """Rewrite only `checkpoint_format` and `format` in the config files of PATH, and remove
+    AutoGPTQ's `is_marlin_format: false`, which GPTQModel 6.0 and later refuse by name (every
+    other key, its order and `meta` kept; meta.gptqfmt records the change), each file replaced
     atomically, then run verify. No tensor is read for writing or copied.
 
     Refused, with nothing written: data whose convention is undecidable (GQ416; name it with

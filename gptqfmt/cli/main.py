@@ -8,6 +8,7 @@ import click
 from ..version import __version__
 from .boundary import Interrupted
 from .convert_cmd import convert_cmd
+from .doctor_cmd import doctor_cmd
 from .fix_label_cmd import fix_label_cmd
 from .inspect_cmd import inspect_cmd
 from .reporters import REPORTERS, reporter
@@ -33,6 +34,7 @@ main.add_command(inspect_cmd)
 main.add_command(verify_cmd)
 main.add_command(convert_cmd)
 main.add_command(fix_label_cmd)
+main.add_command(doctor_cmd)
 
 
 def run(argv: list[str] | None = None, command: click.Command | None = None,

@@ -15,6 +15,7 @@ from .view import PLAIN, View
 if TYPE_CHECKING:
     from ..conversion.relabel import RelabelResult
     from ..conversion.report import ConvertReport
+    from ..doctor import Diagnosis
     from ..ops.equivalence import EquivalenceReport, ReferenceReport
     from ..ops.inspect import InspectResult
     from ..ops.verify import Report
@@ -137,6 +138,9 @@ class Reporter(ABC):
 
     @abstractmethod
     def fix_label(self, result: RelabelResult, code: int) -> None: ...
+
+    @abstractmethod
+    def doctor(self, result: Diagnosis, code: int) -> None: ...
 
     @abstractmethod
     def failure(self, status: str, code: int, findings: Sequence[Finding] = (),

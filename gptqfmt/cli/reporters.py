@@ -13,6 +13,7 @@ from typing import Any
 
 from ..conversion import ConvertReport
 from ..conversion.relabel import RelabelResult
+from ..doctor import Diagnosis
 from ..findings import Finding
 from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
@@ -22,6 +23,7 @@ from .output import Reporter, defuse, emit_json, note
 from .text_lines import (
     against_lines,
     convert_lines,
+    doctor_lines,
     failure_lines,
     fix_label_lines,
     inspect_lines,
@@ -65,6 +67,9 @@ class JsonReporter(Reporter):
     def fix_label(self, result: RelabelResult, code: int) -> None:
         emit_json(with_exit_code(result.to_json(), code), self.stream)
 
+    def doctor(self, result: Diagnosis, code: int) -> None:
+        emit_json(with_exit_code(result.to_json(), code), self.stream)
+
     def failure(self, status: str, code: int, findings: Sequence[Finding] = (),
                 message: str | None = None) -> None:
         doc: dict[str, Any] = {"status": status, "exit_code": code,
@@ -102,6 +107,9 @@ class TextReporter(Reporter):
 
     def fix_label(self, result: RelabelResult, code: int) -> None:
         self._show(fix_label_lines(result))
+
+    def doctor(self, result: Diagnosis, code: int) -> None:
+        self._show(doctor_lines(result))
 
     def failure(self, status: str, code: int, findings: Sequence[Finding] = (),
                 message: str | None = None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..conversion import ConvertReport
 from ..conversion.relabel import RelabelResult
+from ..doctor import Diagnosis, in_place_possible
 from ..findings import Finding
 from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
@@ -53,10 +54,15 @@ def _where(declared_in: list[dict]) -> str:
     if not declared_in:
         return ""
     if len({d["value"] for d in declared_in}) == 1:
-        keys = sorted({f"{d['file']}:{d['key']}" for d in declared_in})
+        # a key that names the convention by another value (auto-round's packing_format)
+        # shows that value too
+        keys = sorted({f"{d['file']}:{d['key']}" + (f"={escape(d['written'])}"
+                                                     if "written" in d else "")
+                       for d in declared_in})
         return f"  (in {len(keys)} place{'s' if len(keys) > 1 else ''}: {', '.join(keys)})"
-    return "  (conflicting: " + ", ".join(f"{d['file']}:{d['key']}={escape(d['value'])}"
-                                          for d in declared_in) + ")"
+    return "  (conflicting: " + ", ".join(
+        f"{d['file']}:{d['key']}={escape(d.get('written', d['value']))}"
+        + (f" ({d['value']})" if "written" in d else "") for d in declared_in) + ")"
 
 
 def _head_lines(doc: dict) -> list[Line]:
@@ -262,6 +268,11 @@ def fix_label_lines(result: RelabelResult) -> list[Line]:
     verb = "would set" if result.dry_run else "set"
     for c in p.changes:
         old = "missing" if c.old is None else repr(c.old)
+        if c.new is None:   # a key GPTQModel refuses by name (is_marlin_format: false)
+            lines.append(Line(f"{escape(c.file)}: {'would remove' if result.dry_run else 'remove'}"
+                              f" {c.key} ({escape(c.old or '')}; GPTQModel 6.0 and later refuse "
+                              "the key)"))
+            continue
         lines.append(Line(f"{escape(c.file)}: {verb} {c.key} {escape(old)} -> {c.new!r}"))
     head = f"label {p.target} (detected {det.verdict}, confidence {det.confidence:.4f})"
     if not p.changes:
@@ -274,6 +285,56 @@ def fix_label_lines(result: RelabelResult) -> list[Line]:
                            True))
     if result.verify is not None:
         lines += verify_lines(result.verify, False)
+    return lines
+
+
+def doctor_lines(d: Diagnosis) -> list[Line]:
+    """The answer first, its reason second, then the plan (or why there is none), --fix's
+    steps and the answer after them, and one final line."""
+    lines = [Line(escape(d.headline)), Line(f"why: {escape(d.reason)}")]
+    lines += [Line(f"note: {escape(n)}") for n in d.notes]
+    lines += findings_lines(d.blocking)
+    p = d.plan
+    if p.steps:
+        lines.append(Line("plan:"))
+        for i, s in enumerate(p.steps, 1):
+            lines.append(Line(f"  {i}. {escape(s.command)}"))
+            lines.append(Line(f"     {escape(s.does)}"))
+        if p.expect:
+            lines.append(Line(f"  then: {escape(p.expect)}"))
+    elif not d.ok:
+        if p.tried:
+            lines.append(Line("no lossless way:" if d.answer != "broken" else "next:"))
+            lines += [Line(f"  - {escape(t)}") for t in p.tried]
+        if p.elsewhere:
+            lines.append(Line("serves it as it is:"))
+            lines += [Line(f"  - {escape(e)}") for e in p.elsewhere]
+        if d.answer not in ("broken", "undecided"):
+            lines.append(Line("otherwise requantize: no conversion makes these weights right "
+                              "for this runtime"))
+    f = d.fixed
+    if f is not None:
+        lines.append(Line(f"fix ({escape(f.output)}):"))
+        for s, err in f.ran:
+            lines.append(Line(f"  {escape(s.command)}: " + ("done" if err is None else
+                                                             escape(err))))
+        if f.after is not None:
+            lines.append(Line(f"  after: {escape(f.after.headline)}"))
+        elif not f.ran:
+            lines.append(Line("  nothing to run: no plan"))
+    who = d.runtime.id + (f"@{'.'.join(map(str, d.version))}" if d.version else "")
+    steps = len(p.steps)
+    if f is not None:
+        tail = (f"OK: {who}: fixed, {escape(f.output)} computes the right weights" if d.ok
+                else f"FAIL: {who}: not fixed")
+    elif d.ok:
+        tail = f"OK: {who}: {d.modules} modules, right weights"
+    else:
+        tail = (f"FAIL: {who}: {d.answer}; " + (
+            f"plan: {plural(steps, 'step')} (--fix DST"
+            + (" or --fix --in-place" if in_place_possible(p) else "") + " runs it)" if steps
+            else "no plan"))
+    lines.append(final(tail, d.ok))
     return lines
 
 

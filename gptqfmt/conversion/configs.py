@@ -2,9 +2,16 @@
 
 A source config (quantize_config.json, config.json["quantization_config"], quant_config.json) is
 rewritten with `checkpoint_format` and `format` set to the target, keeping every other key, their
-order and `meta`. A source without any config file gets a quantize_config.json derived from what
-the checkpoint declares (AutoGPTQ's safetensors `__metadata__`) and from its shapes and zero
-points; when no single config can describe the checkpoint, convert refuses instead.
+order and `meta`, except AutoGPTQ's `is_marlin_format: false`, which GPTQModel 6.0 and later refuse
+by name: it is dropped, and `meta.gptqfmt.removed` says so. A source without any config file gets
+a quantize_config.json derived from what the checkpoint declares (AutoGPTQ's safetensors
+`__metadata__`) and from its shapes and zero points; when no single config can describe the
+checkpoint, convert refuses instead.
+
+auto-round's own config (quant_method "auto-round", its convention in `packing_format`) is
+written as GPTQ's, like any GPTQ source's output: quant_method "gptq" in its place,
+packing_format dropped, desc_act false where missing and extra_config's overrides as `dynamic`
+(formats/gptq/config.py as_gptq). fix-label keeps it auto-round's and sets its packing_format.
 
 What loaders read (why both keys, and why these keys):
 - vLLM's GPTQConfig.from_config reads `bits`, `group_size`, `desc_act` (required: a missing one
@@ -34,6 +41,7 @@ from ..bits.layout import n_groups
 from ..findings import Finding
 from ..formats.configs import CONFIG_FILES, CONFIG_JSON, CONFIG_KEY, QUANTIZE_CONFIG
 from ..formats.gptq.checkpoint import Checkpoint, Module
+from ..formats.gptq.config import LEGACY_KEYS, as_gptq, label_values
 from ..formats.model import is_lm_head
 from ..version import __version__
 from .atomic import create
@@ -41,24 +49,43 @@ from .atomic import create
 DERIVED_FILE = QUANTIZE_CONFIG    # what a source without any config file gets
 
 
-def set_convention(doc: dict, to: str, provenance: dict) -> dict:
-    """A copy of a quantization config with checkpoint_format and format set to `to`."""
-    out = dict(doc)  # insertion order kept: existing keys stay where they are
-    for key in ("checkpoint_format", "format"):
-        out[key] = to
+def set_convention(doc: dict, to: str, provenance: dict, relabel: bool = False,
+                   g_idx: bool = False) -> dict:
+    """A copy of a quantization config with checkpoint_format and format set to `to`, and
+    the keys loaders refuse by name dropped where they say nothing (legacy_dropped); the
+    provenance records them under `removed`.
+
+    A producer's own config (auto-round's: formats/gptq/config.py) becomes GPTQ's in what
+    convert writes (as_gptq: quant_method gptq, its packing_format dropped, also recorded under
+    `removed`); with `relabel` (fix-label) it stays the producer's, with the label keys its
+    loaders read set instead (label_values; `g_idx`: whether the modules store g_idx)."""
+    # insertion order kept: existing keys stay where they are
+    out, removed = (dict(doc), {}) if relabel else as_gptq(doc)
+    out.update(label_values(out, to, g_idx))
+    removed.update({k: out.pop(k) for k in legacy_dropped(out)})
     meta = dict(out["meta"]) if isinstance(out.get("meta"), dict) else (
         {} if out.get("meta") is None else {"original": out["meta"]})
-    meta["gptqfmt"] = provenance
+    meta["gptqfmt"] = {**provenance, "removed": removed} if removed else provenance
     out["meta"] = meta
     return out
 
 
-def relabelled(name: str, doc: dict, to: str, provenance: dict) -> dict:
+def legacy_dropped(doc: dict) -> list[str]:
+    """The keys of quantization config `doc` that convert and fix-label drop: AutoGPTQ's
+    `is_marlin_format: false` (LEGACY_KEYS), which GPTQModel 6.0 and later refuse by name
+    (quantization/config.py from_quant_config) and which says only what the data are not
+    (`true` is refused on reading: Marlin-repacked tensors)."""
+    return [k for k, v in doc.items() if k.lower() in LEGACY_KEYS and v is False]
+
+
+def relabelled(name: str, doc: dict, to: str, provenance: dict, relabel: bool = False,
+               g_idx: bool = False) -> dict:
     """A copy of config file `name`'s parsed document with its quantization config set to
     `to` (set_convention; in config.json, its quantization_config)."""
     if name == CONFIG_JSON:
-        return {**doc, CONFIG_KEY: set_convention(doc[CONFIG_KEY], to, provenance)}
-    return set_convention(doc, to, provenance)
+        return {**doc, CONFIG_KEY: set_convention(doc[CONFIG_KEY], to, provenance, relabel,
+                                                  g_idx)}
+    return set_convention(doc, to, provenance, relabel, g_idx)
 
 
 def dumps(doc) -> bytes:

@@ -128,7 +128,7 @@ def declarations(ckpt: Checkpoint) -> str:
         return (f"the staged configs ({', '.join(cfg.sources)}) declare neither "
                 f"checkpoint_format nor format ({read})")
     return ("the staged configs declare " + ", ".join(
-        f"{d.file} {d.key}={d.value!r}" for d in cfg.declared_in) + f" ({read})")
+        f"{d.file} {d.said()}" for d in cfg.declared_in) + f" ({read})")
 
 
 def compare_headers(src: Checkpoint, dst: Checkpoint, result: GateResult) -> None:

@@ -3,6 +3,7 @@ place, between formats): which convention or format the source is in, whether th
 converted at all, what changes in each module, and the findings that refuse or report it."""
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,9 @@ from .reformat import name_clashes, no_form
 
 # Findings a conversion resolves (it writes both keys); every other error blocks it.
 RESOLVED_BY_CONVERT = {"GQ204", "GQ209"}
+# Findings that a conversion into the source's own format resolves, by writing it again as its
+# writer writes it: compressed-tensors' padded layout of 0.17 and older (GQ320) re-packed dense
+REWRITTEN_BY_CONVERT = {"GQ320"}
 
 
 @dataclass(frozen=True)
@@ -115,11 +119,12 @@ def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
 
 
 def _check_exact_target(src: Source, requested: str, to: str) -> None:
-    """The --from and --to a source that stores Z itself takes (UsageError otherwise)."""
+    """The --from and --to a source that stores Z itself takes (UsageError otherwise): its
+    own format only where writing it again changes what runtimes read (REWRITTEN_BY_CONVERT)."""
     if requested not in ("auto", src.format):
         raise UsageError(f"{src.path}: a {src.format} checkpoint "
                          f"({src.declared_by or 'from its tensors'}), not --from {requested}")
-    if to == src.format:
+    if to == src.format and not any(f.code in REWRITTEN_BY_CONVERT for f in src.findings):
         raise UsageError(f"{src.path} is already {src.format}")
     if to not in WRITERS:
         raise UsageError(f"{src.format} converts to gptq_v2 (--to gptq_v2), where every zero "
@@ -154,7 +159,9 @@ def resolve_from(requested: str, ckpt: Checkpoint, det: Detection,
         raise FindingError(Finding(
             "GQ408", f"the config says {declared} but the data are {det.verdict} (confidence "
             f"{det.confidence:.4f}); not converting on a contradicted label", file=where,
-            hint=f"if the data are right, run again with --from {det.verdict}"))
+            hint=f"the label is wrong: `gptqfmt fix-label {shlex.quote(str(ckpt.path))}` sets "
+                 f"it to {det.verdict} (then convert again), or run again with --from "
+                 f"{det.verdict}"))
     return declared
 
 

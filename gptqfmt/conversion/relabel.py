@@ -2,10 +2,17 @@
 touching a tensor (the fix GQ401's hint asks for).
 
 Only `checkpoint_format` and `format` change (both set: vLLM, transformers and ExLlamaV2 read the
-first, GPTQModel the second); every other key keeps its value and place, and `meta.gptqfmt`
-records what was done. Each file is replaced atomically: a temporary file beside it, written,
-fsynced, renamed over it, the directory fsynced; a file is never half-written, and a failure
-before the renames leaves every file as it was.
+first, GPTQModel the second), and AutoGPTQ's `is_marlin_format: false` is dropped (GPTQModel 6.0
+and later refuse the key by name; a label already right with that key is still rewritten); every
+other key keeps its value and place, and `meta.gptqfmt` records what was done. Each file is
+replaced atomically: a temporary file beside it, written, fsynced, renamed over it, the directory
+fsynced; a file is never half-written, and a failure before the renames leaves every file as it
+was.
+
+auto-round's own config (quant_method auto-round) keeps its method: its `packing_format` is set
+to the data's (auto_round:auto_gptq for gptq; auto_round:gptqmodel for gptq_v2 with g_idx
+tensors, auto_round without), and checkpoint_format and format only where it has them
+(formats/gptq/config.py label_values).
 
 Refused (nothing written):
 - the data's convention is undecidable and no `--to` names one (GQ416);
@@ -34,13 +41,14 @@ from ..detection.read import detect_checkpoint
 from ..errors import OutputError, UsageError, naming
 from ..findings import Finding
 from ..formats.configs import CONFIG_FILES, CONFIG_JSON
+from ..formats.gptq.config import label_values
 from ..formats.open import open_labelled
 from ..ops.reports import tool_json
 from ..ops.verify import Report, validate
 from ..safetensors_io.journal import fsync_path, rename_over, write_beside
 from ..version import __version__
 from .atomic import TMP_TAG, alive
-from .configs import dumps, quant_config, relabelled
+from .configs import dumps, legacy_dropped, quant_config, relabelled
 
 DETECTED = "detected"
 TARGETS = (DETECTED,) + CONVENTIONS
@@ -48,10 +56,12 @@ TARGETS = (DETECTED,) + CONVENTIONS
 
 @dataclass(frozen=True)
 class LabelChange:
+    """One key of one config file: `old` as JSON text where not a string (None: missing),
+    `new` the value written (None: the key is removed)."""
     file: str
     key: str
     old: str | None
-    new: str
+    new: str | None
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "key": self.key, "old": self.old, "new": self.new}
@@ -66,6 +76,7 @@ class RelabelPlan:
     changes: list[LabelChange] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     docs: dict[str, Any] = field(default_factory=dict)   # the config files as read (by name)
+    g_idx: bool = False             # whether the modules store g_idx (auto-round's label)
 
     @property
     def refused(self) -> bool:
@@ -85,6 +96,11 @@ def plan_relabel(path: str | os.PathLike, to: str = DETECTED) -> RelabelPlan:
     try:
         root = src.root
         det = detect_checkpoint(ckpt, full=False)
+        g_idx = any("g_idx" in m.tensors for m in ckpt.valid_modules)
+        # desc_act true where no g_idx reorders (every one arange(K) // group_size): the
+        # act-order label says what the data do not have, and makes vLLM >= 0.30 and Humming
+        # refuse a checkpoint they would serve; false changes nothing the data hold
+        reorders = any(m.act_order for m in ckpt.valid_modules)
     finally:
         src.close()
     files = [n for n in CONFIG_FILES if (root / n).exists() or (root / n).is_symlink()]
@@ -127,12 +143,17 @@ def plan_relabel(path: str | os.PathLike, to: str = DETECTED) -> RelabelPlan:
     for name in declaring:
         q = quant_config(name, docs[name])
         assert q is not None
-        for key in ("checkpoint_format", "format"):
+        # checkpoint_format and format; auto-round's packing_format (label_values)
+        for key, new in label_values(q, target, g_idx).items():
             old = q.get(key)
-            if old != target:
+            if old != new:
                 changes.append(LabelChange(name, key, old if isinstance(old, str) or old is None
-                                           else json.dumps(old), target))
-    return RelabelPlan(Path(path), root, target, det, changes, findings, docs)
+                                           else json.dumps(old), new))
+        changes += [LabelChange(name, key, json.dumps(q[key]), None)
+                    for key in legacy_dropped(q)]
+        if q.get("desc_act") is True and not reorders:
+            changes.append(LabelChange(name, "desc_act", "true", "false"))
+    return RelabelPlan(Path(path), root, target, det, changes, findings, docs, g_idx)
 
 
 def apply_relabel(plan: RelabelPlan) -> list[str]:
@@ -151,11 +172,18 @@ def apply_relabel(plan: RelabelPlan) -> list[str]:
         for i, name in enumerate(plan.files):
             dst = root / name
             prov = {"tool": "gptqfmt", "version": __version__, "command": "fix-label",
-                    "from": {c.key: c.old for c in plan.changes if c.file == name},
+                    "from": {c.key: c.old for c in plan.changes
+                             if c.file == name and c.new is not None},
                     "to": plan.target}
             tmp = root / f".{name}{TMP_TAG}{os.getpid()}-{secrets.token_hex(4)}"
             staged.append((tmp, dst))
-            write_beside(dst, tmp, dumps(relabelled(name, plan.docs[name], target, prov)),
+            doc = relabelled(name, plan.docs[name], target, prov, relabel=True,
+                             g_idx=plan.g_idx)
+            if any(c.file == name and c.key == "desc_act" for c in plan.changes):
+                q = quant_config(name, doc)
+                assert q is not None   # a declaring file
+                q["desc_act"] = False
+            write_beside(dst, tmp, dumps(doc),
                          ("relabel-new", i))
             with naming(dst):
                 faults.point("relabel-staged", i)

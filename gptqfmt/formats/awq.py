@@ -53,7 +53,11 @@ def parse_config(label: str, doc: dict) -> tuple[dict, list[Finding]]:
     if bits not in (None, AWQ_BITS):
         found.append(Finding("GQ210", f"AWQ bits is {bits!r}; the GEMM layout is 4-bit",
                              file=label, hint=hint))
-    return {"bits": AWQ_BITS, "group_size": gs, "zero_point": doc.get("zero_point", True),
+    # auto-round's own AWQ export (packing_format auto_round:auto_awq, open.py) writes sym
+    # and no zero_point: sym false is AutoAWQ's zero_point true
+    sym = doc.get("sym")
+    zero_point = doc.get("zero_point", not sym if isinstance(sym, bool) else True)
+    return {"bits": AWQ_BITS, "group_size": gs, "zero_point": zero_point,
             "modules_to_not_convert": doc.get("modules_to_not_convert") or []}, found
 
 

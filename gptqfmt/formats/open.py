@@ -15,7 +15,7 @@ from ..safetensors_io.index import TensorStore, open_store
 from . import awq, ct
 from .configs import CONFIG_JSON, config_documents
 from .gptq.checkpoint import Checkpoint, open_checkpoint
-from .gptq.config import not_gptq
+from .gptq.config import AUTOROUND_AWQ, AUTOROUND_METHODS, PACKING_KEY, not_gptq
 from .gptq.source import GptqSource
 from .model import AWQ, COMPRESSED_TENSORS, GPTQ
 from .source import Source
@@ -42,6 +42,10 @@ def sniff(store: TensorStore) -> Sniffed:
         if method == "awq" or (method == "" and "zero_point" in doc and
                                str(doc.get("version", "")).lower() in
                                awq.VERSIONS + ("gemv", "gemv_fast", "marlin")):
+            return Sniffed(AWQ, label, doc, files, found)
+        if method in AUTOROUND_METHODS and doc.get(PACKING_KEY) in AUTOROUND_AWQ:
+            # auto-round's own export in AutoAWQ's GEMM layout (gptq/config.py
+            # AUTOROUND_PACKING); its other packings are GPTQ's tensors
             return Sniffed(AWQ, label, doc, files, found)
         if method:
             break

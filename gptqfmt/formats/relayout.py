@@ -13,9 +13,10 @@ stream runs along, and AutoAWQ in the order of the eight nibbles of a word:
   packing of 0.18 and later (compressors/pack_quantized/helpers.py, 0.20.0: "32 consecutive elements
   are packed into exactly num_bits int32 words"), so `weight_packed == qweight.T` and
   `weight_zero_point == qzeros.T`, word for word, whenever K*bits and N*bits are multiples of
-  32. (Before 0.18, 32 // bits values went to a word, padded: the same words for 1/2/4/8 bits,
-  another layout for 3 bits.) Stored codes and zeros are offset-binary (signed + 2^(bits-1)),
-  i.e. GPTQ's unsigned codes and gptq_v2's Z.
+  32. (Up to 0.17, floor(32/bits) values went to a word, padded: the same words for 1/2/4/8
+  bits, other ones at 3/5/6/7 bits, which `padded_to_dense` re-packs; bits/ct_layouts.py has
+  both.) Stored codes and zeros are offset-binary (signed + 2^(bits-1)), i.e. GPTQ's unsigned
+  codes and gptq_v2's Z.
 - AutoAWQ GEMM `qweight [K, N/8]`, `qzeros [G, N/8]` (4-bit; awq/modules/linear/gemm.py): per
   input row (per group), 8 output channels per int32 word, channel `8c + AWQ_ORDER[i]` in nibble
   i of word c.
@@ -30,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..bits import ct_layouts
 from ..bits.packing import unpack
 from ..parallel import cpus
 
@@ -74,19 +76,20 @@ def awq_fields(words: np.ndarray) -> np.ndarray:
         nibbles.reshape(r, n // 8, 8)[:, :, list(AWQ_INVERSE)].reshape(r, n))
 
 
-def stream_words(values: int, bits: int) -> int:
-    """Words holding `values` codes of a dense stream (compressed-tensors rounds up)."""
-    return -(-values * bits // 32)
+def padded_to_dense(words: np.ndarray, bits: int, values: int, axis: int,
+                    workers: int | None = None) -> np.ndarray:
+    """compressed-tensors' padded rows (up to 0.17) of `values` values along `axis` as the
+    dense rows of 0.18 and later (int32, C-contiguous), BLOCK lines across `axis` at a time, on
+    `workers` threads (bits/ct_layouts.py: the two layouts)."""
+    w = np.asarray(words).view(np.int32)
+    n = w.shape[1 - axis]
+    dense = ct_layouts.width(values, bits, ct_layouts.DENSE)
+    out = np.empty((n, dense) if axis == 1 else (dense, n), dtype=np.int32)
 
-
-def padding_clean(words: np.ndarray, values: int, bits: int, axis: int) -> np.ndarray:
-    """Per stream (the lines across `axis`), whether the bits past the last of `values` codes
-    are zero: pack_to_int32 pads with zeros, so set bits there mean another layout (e.g. the
-    10-per-word 3-bit packing of compressed-tensors before its dense packing)."""
-    used = values * bits
-    n_words = stream_words(values, bits)
-    u = np.moveaxis(np.asarray(words).view(np.uint32), axis, -1)
-    if used % 32 == 0:
-        return np.ones(u.shape[:-1], dtype=bool)
-    keep = np.uint32((1 << (used % 32)) - 1)
-    return (u[..., n_words - 1] & ~keep) == 0
+    def part(i: int) -> None:
+        lines = (slice(i, i + BLOCK), slice(None)) if axis == 1 else \
+            (slice(None), slice(i, i + BLOCK))
+        out[lines] = ct_layouts.repack(w[lines], bits, values, ct_layouts.PADDED,
+                                       ct_layouts.DENSE, axis)
+    blocks(part, n, w.nbytes, workers)
+    return out

@@ -44,6 +44,9 @@ class Report(Result):
                                "strict": strict}
         if det is None or ck is None:
             doc["format"] = self.source.format
+            layout = self.source.quantization().get("pack_layout")
+            if layout is not None:   # compressed-tensors: which packing its shapes show
+                doc["pack_layout"] = layout
         else:
             doc["checkpoint_format"] = checkpoint_format_json(ck.config, det, ck.label)
             doc["modules"] = [v.to_json() for v in det.modules]

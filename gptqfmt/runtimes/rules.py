@@ -8,7 +8,7 @@ makes the whole model fail to load, as in the runtimes, which build every layer 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..bits.conventions import GPTQ, GPTQ_V2
@@ -54,6 +54,15 @@ class Facts:
     fused_conflict: str | None = None
     capability: int = 80                        # the GPU's compute capability, as 10 * major
     rows: int = 1                               # rows (tokens) per forward: 1 when decoding
+    # the runtime's version asked for (doctor --runtime ID@VERSION); None: the newest the
+    # entry was read at, which is what every other command judges
+    version: tuple[int, ...] | None = None
+    # (file, key) of keys a loader may refuse by name (AutoGPTQ's is_marlin_format)
+    legacy_keys: tuple[tuple[str, str], ...] = ()
+
+    def at_least(self, version: tuple[int, ...]) -> bool:
+        """Whether the runtime version judged is `version` or later (None: the newest)."""
+        return self.version is None or self.version >= version
 
 
 @dataclass(frozen=True)
@@ -69,9 +78,14 @@ class Rule:
     source: Citation
     scope: str = "module"
     hint: str = field(default="", compare=False)   # the next step when it fails
+    since: tuple[int, ...] | None = None           # the runtime version that added it
 
     def with_hint(self, hint: str) -> "Rule":
-        return Rule(self.id, self.text, self.test, self.source, self.scope, hint)
+        return replace(self, hint=hint)
+
+    def applies(self, facts: Facts) -> bool:
+        """Whether the rule holds at the runtime version judged (Facts.version)."""
+        return self.since is None or facts.at_least(self.since)
 
 
 @dataclass(frozen=True)
@@ -108,10 +122,20 @@ class Runtime:
     ignores_dynamic: Citation | None = None
     next_step: str = ""          # what to do when it refuses the checkpoint
     config_note: str = ""        # said when it finds no config it reads
+    # the versions the entry covers, for doctor's ID@VERSION: one `family` (what users call
+    # the runtime: "vllm"), from `since` (inclusive) to `before` (exclusive); None: open
+    family: str = ""
+    since: tuple[int, ...] | None = None
+    before: tuple[int, ...] | None = None
+    read: tuple[int, ...] | None = None    # the version whose code the entry was read at
+
+    def covers(self, version: tuple[int, ...]) -> bool:
+        return (self.since is None or version >= self.since) and \
+            (self.before is None or version < self.before)
 
     def config_file(self, facts: Facts) -> str | None:
         """The config source this runtime reads: the first of its files that is present."""
-        return next((f for f in self.config_files if f in facts.sources), None)
+        return config_read(self.config_files, facts)
 
     def convention_read(self, facts: Facts) -> str:
         """The convention this runtime reads: in the file it reads, the first of its keys
@@ -123,6 +147,11 @@ class Runtime:
             if key in values:
                 return GPTQ_V2 if values[key] == GPTQ_V2 else GPTQ
         return GPTQ
+
+
+def config_read(files: tuple[str, ...], facts: Facts) -> str | None:
+    """The config source a runtime reading `files` (first present wins) reads, or None."""
+    return next((f for f in files if f in facts.sources), None)
 
 
 def _as_set(values) -> str:
@@ -213,6 +242,21 @@ def capability_at_least(major_minor: int, source: Citation) -> Rule:
                 f"compute capability {f.capability // 10}.{f.capability % 10}", source, "setup")
 
 
+def no_legacy_key(key: str, files: tuple[str, ...], source: Citation, since: tuple[int, ...],
+                  runtime: str) -> Rule:
+    """The config the runtime reads (the first of `files` present) must not carry `key`, whatever
+    its value: `runtime` refuses it by name from version `since` on (GPTQModel >= 6.0:
+    AutoGPTQ's is_marlin_format). Keys are compared lower-cased, as GPTQModel does."""
+    def test(f: Facts) -> str | None:
+        read = config_read(files, f)
+        found = next((k for src, k in f.legacy_keys if src == read and k.lower() == key), None)
+        if found is None or not f.at_least(since):
+            return None
+        return (f"{read} carries {found} (refused by name since {runtime} "
+                f"{'.'.join(map(str, since))})")
+    return Rule(f"no_{key}", f"no {key} key in the config it reads", test, source, "config")
+
+
 def asym_needs_gptqmodel_quantizer(source: Citation) -> Rule:
     """GPTQModel refuses sym=false in format gptq unless meta.quantizer names gptqmodel >=
     0.9.0 (AutoGPTQ's asymmetric packer lost the zero points of 0)."""
@@ -222,7 +266,7 @@ def asym_needs_gptqmodel_quantizer(source: Citation) -> Rule:
             return None
         q = f.quantizer or ""
         name, _, ver = q.partition(":")
-        if name.strip().lower() == "gptqmodel" and _version(ver) >= (0, 9, 0):
+        if name.strip().lower() == "gptqmodel" and parse_version(ver) >= (0, 9, 0):
             return None
         return ("sym is false in format gptq and meta.quantizer is "
                 + (repr(q) if q else "not set") + " (needs gptqmodel:0.9.0 or later)")
@@ -230,10 +274,12 @@ def asym_needs_gptqmodel_quantizer(source: Citation) -> Rule:
                 test, source, "config")
 
 
-def _version(text: str) -> tuple[int, ...]:
+def parse_version(text: str) -> tuple[int, ...]:
+    """A release's number as a tuple: "0.9.0" -> (0, 9, 0), "7.7.1rc1" -> (7, 7, 1) (the
+    leading digits of each part, up to the first part without any), "" -> (0,)."""
     out = []
-    for part in text.strip().split("."):
-        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+    for part in text.strip().lstrip("vV").split("."):
+        digits = part[:len(part) - len(part.lstrip("0123456789"))]
         if not digits:
             break
         out.append(int(digits))
@@ -256,3 +302,24 @@ def scales_fp16(source: Citation) -> Rule:
     return Rule("fp16", "float16 model (gptq_gemm supports torch.half only; scales' dtype as "
                 "the model's)", lambda f: None if f.scale_dtype in (None, "F16") else
                 f"scales are {f.scale_dtype}", source)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Another format a runtime family reads where its GPTQ path does not serve: what
+    doctor's plan may convert to (`to`, a convert --to target), from which version, and the
+    conditions on the checkpoint (config-level facts)."""
+    family: str
+    to: str
+    name: str                    # "vLLM >= 0.31 (compressed-tensors)"
+    how: str                     # which kernel reads it, and how it reads the zero points
+    since: tuple[int, ...]
+    requires: tuple[Rule, ...]
+
+    def refuses(self, facts: Facts) -> str | None:
+        """Why the route does not take a checkpoint with these facts (None: it does)."""
+        if facts.version is not None and facts.version < self.since:
+            return f"needs {self.family} >= {'.'.join(map(str, self.since))}"
+        failed = [f"{got} (needs {r.text})" for r in self.requires
+                  if r.applies(facts) and (got := r.test(facts)) is not None]
+        return "; ".join(failed) or None

@@ -9,6 +9,7 @@ here (verdicts.py applies it to a checkpoint).
 from __future__ import annotations
 
 from ..bits.conventions import GPTQ, GPTQ_V2
+from ..errors import UsageError
 from ..formats.configs import CONFIG_JSON_LABEL as CONFIG_JSON
 from ..formats.configs import QUANT_CONFIG, QUANTIZE_CONFIG
 from .readings import Reading
@@ -16,6 +17,7 @@ from .rules import (
     Citation,
     Facts,
     Path,
+    Route,
     Rule,
     Runtime,
     asym_needs_gptqmodel_quantizer,
@@ -27,8 +29,10 @@ from .rules import (
     in_features_per_group,
     key_set,
     lm_head_declared,
+    no_legacy_key,
     not_lm_head,
     pack_dtype_in,
+    parse_version,
     scales_fp16,
     sym_true,
 )
@@ -70,6 +74,7 @@ def _tgi_marlin_shape(f: Facts) -> str | None:
 
 TGI = Runtime(
     "tgi", "TGI", "3.3.x (read: db931fcf = v3.3.7)",
+    family="tgi", since=(3, 3), before=(3, 4), read=(3, 3, 7),
     config_files=(CONFIG_JSON, QUANTIZE_CONFIG, QUANT_CONFIG), needs_config=True,
     label_keys=(),
     paths=(
@@ -137,6 +142,7 @@ def _sglang_marlin(ref: str) -> Path:
 
 SGLANG = Runtime(
     "sglang", "SGLang", ">= 0.5.20 (read: 0.5.23)",
+    family="sglang", since=(0, 5, 20), read=(0, 5, 23),
     config_files=(CONFIG_JSON, QUANTIZE_CONFIG), needs_config=True,
     label_keys=("checkpoint_format",),
     paths=(_sglang_marlin(_SGL_NEW),),
@@ -146,6 +152,7 @@ SGLANG = Runtime(
               "format")
 SGLANG_GPTQ_GEMM = Runtime(
     "sglang-gptq-gemm", "SGLang (gptq_gemm)", "<= 0.5.19 (read: 0.5.19)",
+    family="sglang", before=(0, 5, 20), read=(0, 5, 19),
     config_files=(CONFIG_JSON, QUANTIZE_CONFIG), needs_config=True,
     label_keys=(),   # use_v2_format is computed but never passed to sgl_kernel.gptq_gemm
     paths=(_sglang_marlin(_SGL_OLD),
@@ -167,6 +174,7 @@ _EXL_SHAPES = Citation(_EXL, "exllamav2/exllamav2_ext/ext_qmatrix.cpp", _EXL_REF
                        "make_q_matrix L66-69: height = qweight rows * 8, qzeros columns = out / 8")
 EXLLAMAV2 = Runtime(
     "exllamav2", "ExLlamaV2", "0.1.8-0.3.2 (read: b9c025b4)",
+    family="exllamav2", since=(0, 1, 8), read=(0, 3, 2),
     config_files=(CONFIG_JSON,), needs_config=False,
     label_keys=("checkpoint_format",),
     paths=(Path("exllamav2", "ExLlamaV2", when=(),
@@ -241,13 +249,27 @@ def _gptqmodel_paths(prefix: str) -> tuple[Path, ...]:
     )
 
 
+# GPTQModel reads the first of these that exists (quantization/config.py L74,
+# QuantizeConfig.from_pretrained L3022-3045)
+_GQM_FILES = (QUANTIZE_CONFIG, QUANT_CONFIG, CONFIG_JSON)
 GPTQMODEL = Runtime(
     "gptqmodel", "GPTQModel", "7.x (read: f4c327a1)",
-    config_files=(QUANTIZE_CONFIG, QUANT_CONFIG, CONFIG_JSON), needs_config=True,
+    family="gptqmodel", since=(7,), read=(7, 3, 4),
+    config_files=_GQM_FILES, needs_config=True,
     label_keys=("format", "checkpoint_format"),
     paths=_gptqmodel_paths("GPTQModel"),
-    requires=(asym_needs_gptqmodel_quantizer(_gqm("gptqmodel/models/loader.py",
-                                                  "from_quantized L1658-1663")),),
+    # in the order it checks them: the config is parsed before the model is built
+    requires=(
+        # the key alone is refused, `false` too (AutoGPTQ 0.7.1 writes false); from
+        # 96ff08b38e11 (#2456), first tag v6.0.0 (v5.8.0 still accepted it)
+        no_legacy_key("is_marlin_format", _GQM_FILES, _gqm(
+            "gptqmodel/quantization/config.py", "from_quant_config L2855-2858: "
+            "\"`is_marlin_format` is no longer supported. Replace it with an explicit `format` "
+            "field.\""), since=(6, 0), runtime="GPTQModel").with_hint(
+            "next step: `gptqfmt fix-label PATH` removes is_marlin_format (AutoGPTQ writes it "
+            "false; GPTQModel 6.0 and later refuse the key whatever its value)"),
+        asym_needs_gptqmodel_quantizer(_gqm("gptqmodel/models/loader.py",
+                                            "from_quantized L1658-1663"))),
     label_source=_gqm("gptqmodel/quantization/config.py",
                       "from_quant_config L2824-2923: format wins, checkpoint_format is a "
                       "deprecated alias"))
@@ -257,6 +279,7 @@ _HF = "huggingface/transformers"
 _HF_REF = "v5.24.0 (PyPI wheel)"
 TRANSFORMERS = Runtime(
     "transformers", "transformers (GPTQModel backend)", ">= 5.0 (read: 5.24.0)",
+    family="transformers", since=(5, 0), read=(5, 24, 0),
     config_files=(CONFIG_JSON,), needs_config=True,
     label_keys=("checkpoint_format", "format"),
     paths=tuple(
@@ -300,6 +323,7 @@ _AG_EXT = _ag("autogptq_extension/cuda_256/autogptq_cuda_kernel_256.cu",
 
 AUTOGPTQ = Runtime(
     "autogptq", "AutoGPTQ", "0.7.1 (read: b8b41270)",
+    family="autogptq", since=(0, 7, 1), before=(0, 7, 2), read=(0, 7, 1),
     config_files=(QUANTIZE_CONFIG, QUANT_CONFIG, CONFIG_JSON), needs_config=True,
     label_keys=(),
     paths=(
@@ -343,6 +367,7 @@ _LCPP = Citation("ggml-org/llama.cpp", "convert_hf_to_gguf.py",
                  "0024aa7417efd50a7c2a79e049dfbbbceb0beaaf", "ModelBase.dequant_model.dequant_gptq")
 LLAMA_CPP = Runtime(
     "llama.cpp", "llama.cpp convert_hf_to_gguf.py", "read: 0024aa74",
+    family="llama.cpp",
     config_files=(CONFIG_JSON,), needs_config=True,
     label_keys=("checkpoint_format",),
     paths=(Path("dequant_gptq", "llama.cpp convert", when=(),
@@ -440,14 +465,16 @@ def _vllm_int32(ref: str) -> Rule:
 _VLLM_CONFIG_NOTE = ("vLLM detects the method from config.json's quantization_config; it reads "
                      "quantize_config.json only when --quantization gptq is given")
 
-_VLLM_NEXT = ("next step: vLLM >= 0.22 loads GPTQ only as 4/8-bit symmetric; asymmetric and "
-              "2/3-bit weights need compressed-tensors (pack-quantized with zero points), which "
-              "`gptqfmt convert SRC DST --to compressed-tensors` writes, or vLLM <= 0.21")
+_VLLM_NEXT = ("next step: vLLM >= 0.22 loads GPTQ only as 4/8-bit symmetric; for asymmetric "
+              "or 2/3-bit weights, `gptqfmt convert {PATH} {PATH}-ct --to compressed-tensors` "
+              "(vLLM >= 0.31 reads it), or serve gptq_v2 data with --quantization humming "
+              "(`gptqfmt doctor {PATH} --runtime vllm-humming`)")
 _VLLM_SET_KEY = ("next step: set the missing key in config.json's quantization_config (the "
                  "value the data show: gptqfmt inspect)")
 
 VLLM = Runtime(
     "vllm", "vLLM", ">= 0.22 (read: 0.33.0)",
+    family="vllm", since=(0, 22), read=(0, 33, 0),
     config_files=(CONFIG_JSON,), needs_config=True, label_keys=(),
     paths=(Path(
         "marlin", "vLLM Marlin",
@@ -477,16 +504,21 @@ VLLM = Runtime(
               Rule("desc_act_grouped", "no desc_act with group_size != -1 (since 0.30)",
                    lambda f: "desc_act is true with group_size "
                    f"{f.group_size}" if f.desc_act and f.group_size not in (None, -1) else None,
-                   _vl(_V33, "utils/gptq_utils.py", "L23-50: \"GPTQ group activation ordering "
-                       "(desc_act=True) is no longer supported\""), "config").with_hint(
-                  "next step: vLLM 0.30 and later refuse act-order with groups; use vLLM "
-                  "0.22-0.29, or a checkpoint quantized without desc_act"),
+                   _vl(_V33, "utils/gptq_utils.py", "L29-37 (from v0.30.0, ced6857af): "
+                       "\"GPTQ group activation ordering (desc_act=True) is no longer "
+                       "supported\"; with group_size -1 desc_act is dropped; g_idx is never "
+                       "loaded (base_config.py L255-259 maps .g_idx to None)"), "config",
+                   since=(0, 30)).with_hint(
+                  "next step: where every g_idx is arange(K) // group_size, `gptqfmt fix-label "
+                  "{PATH}` sets desc_act false (lossless); else vLLM 0.22-0.29 serves it "
+                  "(`gptqfmt doctor {PATH} --runtime vllm` says which)"),
               _vllm_fused(_V33)),
     label_source=_vl(_V33, "auto_gptq.py", "neither checkpoint_format nor format is read"),
     config_note=_VLLM_CONFIG_NOTE)
 
 VLLM_GPTQ_GEMM = Runtime(
     "vllm-gptq-gemm", "vLLM (gptq_gemm)", "0.11.1-0.21.0 (read: 0.21.0)",
+    family="vllm", since=(0, 11, 1), before=(0, 22), read=(0, 21, 0),
     config_files=(CONFIG_JSON,), needs_config=True, label_keys=("checkpoint_format",),
     paths=(_vllm_marlin(_V21, 75),
            _vllm_gptq_gemm(_V21, ZERO_V1, "GPTQLinearMethod: use_v2_format = checkpoint_format "
@@ -498,6 +530,7 @@ VLLM_GPTQ_GEMM = Runtime(
 
 VLLM_LEGACY = Runtime(
     "vllm-legacy", "vLLM (legacy)", "<= 0.11.0 (read: 0.11.0)",
+    family="vllm", before=(0, 11, 1), read=(0, 11, 0),
     config_files=(CONFIG_JSON,), needs_config=True, label_keys=(),
     paths=(_vllm_marlin(_V11, 80),
            _vllm_gptq_gemm(_V11, ZERO_V1_ONLY, "apply: ops.gptq_gemm with 7 arguments, no "
@@ -506,6 +539,102 @@ VLLM_LEGACY = Runtime(
     label_source=_vl(_V11, "gptq.py", "no checkpoint_format for GPTQ"),
     config_note=_VLLM_CONFIG_NOTE)
 
-RUNTIMES = (VLLM, VLLM_GPTQ_GEMM, VLLM_LEGACY, SGLANG, SGLANG_GPTQ_GEMM, EXLLAMAV2, TGI,
-            TRANSFORMERS, GPTQMODEL, AUTOGPTQ, LLAMA_CPP)
+# ---- vLLM --quantization humming: vllm/model_executor/layers/quantization/humming.py (from
+# v0.20.0, b8160878f), with the humming-kernels wheel vLLM pins (0.33.0: 0.1.19, g452e0bb15;
+# the inclusionAI/humming repository mirror is older than the wheels). Chosen only by the flag
+# (humming.py L191); its GPTQ schema has no checkpoint_format and takes qzeros as Z.
+_HUM = "inclusionAI/humming"
+_HUM_REF = "humming-kernels 0.1.19 (g452e0bb15)"
+
+
+def _hum(path: str, where: str) -> Citation:
+    return Citation(_HUM, path, _HUM_REF, where)
+
+
+STORED_AS_Z = {GPTQ: Reading.V2, GPTQ_V2: Reading.V2}   # label ignored: Z = s
+VLLM_HUMMING = Runtime(
+    "vllm-humming", "vLLM (--quantization humming)", ">= 0.20 (read: 0.33.0)",
+    config_files=(CONFIG_JSON,), needs_config=True, label_keys=(),
+    paths=(Path(
+        "humming", "vLLM Humming",
+        when=(capability_at_least(75, _vl(_V33, "humming.py", "get_min_capability L167-168")),),
+        requires=(Rule("humming_group", "group_size >= 16 (-1 is not handled)",
+                       lambda f: None if f.group_size is None or f.group_size >= 16 else
+                       f"group_size is {f.group_size}",
+                       _hum("humming/schema/humming.py", "is_humming_schema_compatible L589 "
+                            "refuses 0 < group_size < 16; schema/gptq.py L42 scales "
+                            "(K // group_size, N), no case for -1")),
+                  not_lm_head(_vl(_V33, "humming.py", "L213: lm_head is always skipped")),
+                  _vllm_int32(_V33)),
+        readings=STORED_AS_Z,
+        source=_hum("humming/schema/gptq.py", "L106-109 zero_point = qzeros, no + 1; "
+                    "utils/weight.py L206-207 weight - zero_point")),),
+    requires=(Rule("humming_desc_act", "desc_act false (an assert, also with group_size -1)",
+                   lambda f: "desc_act is true" if f.desc_act else None,
+                   _hum("humming/schema/gptq.py", "to_humming_schema L81: assert not "
+                        "self.desc_act (after the weights load)"), "config").with_hint(
+                  "next step: where every g_idx is arange(K) // group_size, `gptqfmt fix-label "
+                  "{PATH}` sets desc_act false (lossless)"),),
+    label_source=_hum("humming/schema/gptq.py", "GPTQWeightSchema L11-17: quant_method, bits, "
+                      "group_size, desc_act, sym; no checkpoint_format"),
+    family="vllm-humming", since=(0, 20), read=(0, 33, 0))
+
+RUNTIMES = (VLLM, VLLM_GPTQ_GEMM, VLLM_LEGACY, VLLM_HUMMING, SGLANG, SGLANG_GPTQ_GEMM,
+            EXLLAMAV2, TGI, TRANSFORMERS, GPTQMODEL, AUTOGPTQ, LLAMA_CPP)
 BY_ID = {r.id: r for r in RUNTIMES}
+
+# The formats a runtime family reads where its GPTQ path does not serve (doctor's plan).
+_CT = "compressed_tensors/"
+COMPRESSED_TENSORS_ROUTES = {"vllm": Route(
+    "vllm", "compressed-tensors", "vLLM >= 0.31 (compressed-tensors)",
+    "WNA16 with zero points: Marlin at 4/8 bits, Humming at 2/3 bits; the zero points are "
+    "stored exactly, so there is no convention to misread", since=(0, 31),
+    requires=(Rule("ct_actorder", "no act-order (compressed-tensors actorder group is refused "
+                   "since 0.30)", lambda f: "a g_idx that reorders (act-order)" if f.act_order
+                   else None, _vl(_V33, _CT + "compressed_tensors.py", "L336-346: \"group/"
+                                  "dynamic activation ordering ... is no longer supported\""),
+                   "config"),
+              Rule("ct_bits", "bits 2-8 (asymmetric below 4/8 bits from 0.31)",
+                   lambda f: None if f.bits is None or 2 <= f.bits <= 8 else
+                   f"bits is {f.bits}", _vl(_V33, _CT + "schemes/compressed_tensors_wNa16.py",
+                                            "WNA16_ZP_SUPPORTED_TYPES_MAP L50-58"), "config")))}
+
+
+def family_entries(family: str) -> list[Runtime]:
+    """The table's entries for one runtime as users name it ("vllm"), oldest first."""
+    return sorted((r for r in RUNTIMES if r.family == family),
+                  key=lambda r: r.since or (0,))
+
+
+def resolve(spec: str) -> tuple[Runtime, tuple[int, ...] | None, list[str]]:
+    """The entry for `--runtime ID[@VERSION]` (case-insensitive): an entry's id, or a
+    family ("vllm": its newest entry, or the one whose versions cover VERSION), the version
+    judged (None: the entry as read) and notes (a version newer than the code read). A name
+    or version the table does not know is a UsageError that lists what it knows."""
+    name, at, ver = spec.strip().partition("@")
+    name = name.strip().lower()
+    entries = family_entries(name) or ([BY_ID[name]] if name in BY_ID else [])
+    if not entries:
+        families = sorted({r.family for r in RUNTIMES})
+        raise UsageError(f"--runtime {spec!r}: not a runtime the table knows; runtimes: "
+                         f"{', '.join(families)} (or an entry: "
+                         f"{', '.join(r.id for r in RUNTIMES if r.id not in families)}), each "
+                         "with an optional @VERSION")
+    if not at:
+        return (BY_ID[name] if name in BY_ID else entries[-1]), None, []
+    version = parse_version(ver)
+    if not ver.strip() or not ver.strip().lstrip("vV")[:1].isdigit():
+        raise UsageError(f"--runtime {spec!r}: expected a version after @, e.g. {name}@0.25")
+    if entries[0].family == "llama.cpp":
+        return entries[0], None, [f"llama.cpp has no release numbers in the table (read at a "
+                                  f"commit): judged as read, not as {ver}"]
+    cover = [e for e in entries if e.covers(version)]
+    if not cover:
+        raise UsageError(f"--runtime {spec!r}: the table knows {name} "
+                         + "; ".join(f"{e.versions} ({e.id})" for e in entries))
+    e = cover[-1]
+    notes = []
+    if e.read is not None and version > e.read:
+        notes.append(f"{e.name} {ver} is newer than the code the table was read at "
+                     f"({'.'.join(map(str, e.read))}): judged by that code")
+    return e, version, notes

@@ -9,13 +9,14 @@ convention is not.
 """
 from __future__ import annotations
 
+import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ..bits.conventions import GPTQ_V2, effective_zeros
+from ..bits.conventions import GPTQ_V2, convert_words, effective_zeros
 from ..bits.packing import unpack
 from ..bits.swar import CHUNK
 from ..detection.decide import AMBIGUOUS, ModuleVerdict
@@ -52,6 +53,41 @@ class Misread:
     cause: str | None = None
 
 
+@dataclass(frozen=True)
+class Scenario:
+    """The checkpoint as a fix would leave it, judged without writing it (doctor's plan):
+    `label` written as checkpoint_format and format in every config file (fix-label);
+    `no_act_order`: desc_act false, as the act-order relabel writes where every g_idx is
+    arange(K) // group_size; `drop_legacy`: the keys loaders refuse by name removed;
+    `convention`: the stored zero points converted to it (lossless: the data's Z kept in
+    every cell, which the caller has checked). `version`: the runtime's version judged."""
+    label: str | None = None
+    no_act_order: bool = False
+    drop_legacy: bool = False
+    convention: str | None = None
+    version: tuple[int, ...] | None = None
+
+    def config(self, cfg: rt.Facts) -> rt.Facts:
+        labels = cfg.labels
+        if self.label is not None:
+            files = [f for f in cfg.sources if f != "__metadata__"]
+            labels = tuple((f, k, self.label) for f in files
+                           for k in ("checkpoint_format", "format")) + \
+                tuple(x for x in labels if x[0] == "__metadata__")
+        return replace(cfg, labels=labels, version=self.version,
+                       legacy_keys=() if self.drop_legacy else cfg.legacy_keys,
+                       **self._act_order(cfg))
+
+    def module(self, facts: rt.Facts) -> rt.Facts:
+        return replace(facts, **self._act_order(facts))
+
+    def _act_order(self, facts: rt.Facts) -> dict[str, Any]:
+        return {"desc_act": False} if self.no_act_order else {}
+
+
+NONE = Scenario()
+
+
 def module_facts(base: rt.Facts, m: Module) -> rt.Facts:
     """A module's facts: the checkpoint's (config_facts: labels, sources, quantizer, device)
     with the module's own values, as declared after `dynamic` and as its tensors show."""
@@ -83,7 +119,8 @@ def config_facts(ckpt: Checkpoint, capability: int) -> rt.Facts:
         pack_dtype=pick(base and base.pack_dtype, "pack_dtype"),
         sources=_sources(ckpt), labels=_labels(ckpt), quantizer=ckpt.quantizer,
         capability=capability, lm_head_declared=ckpt.config.lm_head if ckpt.config else None,
-        fused_conflict=_fused_conflict(ckpt))
+        fused_conflict=_fused_conflict(ckpt),
+        legacy_keys=ckpt.config.legacy_keys() if ckpt.config else ())
 
 
 def _fused_conflict(ckpt: Checkpoint) -> str | None:
@@ -187,20 +224,25 @@ def largest_finite(x: np.ndarray) -> float:
 
 
 def _compare_fields(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
-                    todo: dict[tuple[Reading, bool], str], scales: bool
+                    todo: dict[tuple[Reading, bool], str], scales: bool,
+                    stored_as: tuple[str, str] | None = None
                     ) -> dict[tuple[Reading, bool], Misread]:
     """Compare every field under each reading of `todo` ((reading, right) -> cause) with the
-    data's Z, a chunk of groups at a time; with `scales`, the largest scale x change of Z."""
+    data's Z, a chunk of groups at a time; with `scales`, the largest scale x change of Z.
+    `stored_as`: (from, to): the fields as convert would store them in `to` (`truth`), from data
+    stored in `from` (a lossless conversion: no stored maxq the codes read as 2^bits)."""
     qz = ckpt.view(m.tensors["qzeros"])
     sc = ckpt.view(m.tensors["scales"])
     sc_dtype = ckpt.store.info(m.tensors["scales"]).dtype
-    high = _high(v)
+    high = _high(v) if stored_as is None else np.zeros(0, dtype=np.int64)
     n = m.out_features
     rows = max(1, CHUNK // max(1, n))
     cells = dict.fromkeys(todo, 0)
     worst = dict.fromkeys(todo, 0.0)
     for r0 in range(0, qz.shape[0], rows):
         part = qz[r0:r0 + rows]
+        if stored_as is not None:
+            part = convert_words(part, m.bits, *stored_as)[0]
         stored = unpack(part, m.bits, axis=1)
         at = high[(high >= r0 * n) & (high < (r0 + len(part)) * n)] - r0 * n
         want = truth_zeros(stored, m.bits, truth, at)
@@ -239,6 +281,7 @@ class PathVerdict:
     modules_affected: int = 0
     cells_affected: int = 0
     max_weight_change: float | None = None
+    next_steps: list[str] = field(default_factory=list)   # the hints among `reasons`
 
     @property
     def when(self) -> str:
@@ -266,6 +309,7 @@ class RuntimeVerdict:
     paths: list[PathVerdict]
     refusal: list[str] = field(default_factory=list)         # when taken is None
     failed: list[tuple[rt.Rule, str]] = field(default_factory=list)
+    next_steps: list[str] = field(default_factory=list)      # the hints among `refusal`
 
     @property
     def loads(self) -> bool:
@@ -308,6 +352,8 @@ def _rounded(x: float | None) -> float | None:
 def _failures(rules: Iterable[rt.Rule], facts: rt.Facts) -> list[tuple[rt.Rule, str]]:
     out = []
     for rule in rules:
+        if not rule.applies(facts):
+            continue
         got = rule.test(facts)
         if got is not None:
             out.append((rule, got))
@@ -320,30 +366,37 @@ def _line(rule: rt.Rule, got: str) -> str:
 
 def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
            capability: int = DEFAULT_CAPABILITY,
-           runtimes: Iterable[rt.Runtime] | None = None) -> list[RuntimeVerdict]:
+           runtimes: Iterable[rt.Runtime] | None = None, scenario: Scenario = NONE
+           ) -> list[RuntimeVerdict]:
     """Every runtime's verdict on `ckpt` (detected as `det`; the modules of `det` are the
     ones judged). `scales`: compute the largest weight change (reads the scales of the modules
     a runtime misreads; verify). `capability`: the GPU's compute capability (10 * major).
 
+    `scenario`: judge the checkpoint as a fix would leave it (Scenario).
+
     Modules are summed up as they are read (_Refused, _Tally), in module order: nothing per
     module outlives its turn, whatever the module count."""
-    cfg = config_facts(ckpt, capability)
+    cfg = scenario.config(config_facts(ckpt, capability))
     by_name = {v.name: v for v in det.modules}
     mods = [m for m in ckpt.valid_modules if m.declared is not None and m.name in by_name]
     truth = det.verdict if det.verdict != AMBIGUOUS else None
+    # the stored fields converted from the data's convention to the scenario's, as convert
+    # would write them (every field compared: the closed forms read the stored words)
+    stored_as = (truth, scenario.convention) if truth and scenario.convention else None
+    truth = scenario.convention if stored_as else truth
     chosen = list(runtimes if runtimes is not None else RUNTIMES)
     dynamic = _dynamic_changes(ckpt, mods)
     # the paths whose config-level conditions hold: the ones a verdict is given on
     open_paths = [p for r in chosen for p in r.paths
                   if not _failures([x for x in p.when if x.scope != "setup"], cfg)]
-    refused = _module_refusals(cfg, mods, open_paths)
+    refused = _module_refusals(cfg, mods, open_paths, scenario)
     tallies: dict[tuple[Reading, bool], _Tally] = {}
 
     def tally(reading: Reading, label_right: bool) -> _Tally:
         if (reading, label_right) not in tallies:  # a reading no loading path applies
             assert truth is not None   # a verdict decodes only once the data's convention is known
             tallies.update(_tallies(ckpt, mods, by_name, truth, [(reading, label_right)],
-                                    scales))
+                                    scales, stored_as))
         return tallies[(reading, label_right)]
 
     if truth is not None:
@@ -353,7 +406,8 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
                  for r in chosen if not _refusal(r, cfg, dynamic)[0] for p in r.paths
                  if id(p) in refused and not refused[id(p)].modules}
         tallies.update(_tallies(ckpt, mods, by_name, truth,
-                                sorted(pairs, key=lambda t: (t[0].value, t[1])), scales))
+                                sorted(pairs, key=lambda t: (t[0].value, t[1])), scales, stored_as))
+    where = shlex.quote(str(ckpt.path))   # the checkpoint as the next steps name it
     out = []
     for runtime in chosen:
         refusal, failed = _refusal(runtime, cfg, dynamic)
@@ -363,7 +417,7 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
                 continue
             on_device = not _failures([r for r in path.when if r.scope == "setup"], cfg)
             paths.append((on_device, _path_verdict(runtime, path, refused[id(path)], cfg,
-                                                   truth, tally)))
+                                                   truth, tally, where)))
         taken = next((pv for ok, pv in paths if ok), None)
         if taken is None and not refusal:
             for p in runtime.paths:
@@ -372,8 +426,9 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
                 refusal.append(f"{p.kernel}: " + "; ".join(_line(r, g) for r, g in fails))
             refusal.insert(0, "no kernel path takes this checkpoint")
         if refusal:
-            refusal += _next_steps(runtime, failed)
-            out.append(RuntimeVerdict(runtime, None, [pv for _, pv in paths], refusal, failed))
+            steps = _next_steps(runtime, failed, where)
+            out.append(RuntimeVerdict(runtime, None, [pv for _, pv in paths], refusal + steps,
+                                      failed, steps))
             continue
         assert taken is not None   # else refused above
         taken.taken = True
@@ -391,13 +446,13 @@ class _Refused:
     rules: dict[str, tuple[rt.Rule, str, int, str]] = field(default_factory=dict)
 
 
-def _module_refusals(cfg: rt.Facts, mods: list[Module], paths: list[rt.Path]
-                     ) -> dict[int, _Refused]:
+def _module_refusals(cfg: rt.Facts, mods: list[Module], paths: list[rt.Path],
+                     scenario: Scenario = NONE) -> dict[int, _Refused]:
     """id(path) -> what its module rules refuse, for each of `paths`: each module's facts
     built once and tested against every path, then dropped."""
     out = {id(p): _Refused() for p in paths}
     for m in mods:
-        facts = module_facts(cfg, m)
+        facts = scenario.module(module_facts(cfg, m))
         for p in paths:
             fails = _failures(p.requires, facts)
             if not fails:
@@ -434,14 +489,20 @@ class _Tally:
 
 
 def _tallies(ckpt: Checkpoint, mods: list[Module], by_name: dict[str, ModuleVerdict],
-             truth: str, keys: list[tuple[Reading, bool]], scales: bool
-             ) -> dict[tuple[Reading, bool], _Tally]:
+             truth: str, keys: list[tuple[Reading, bool]], scales: bool,
+             stored_as: tuple[str, str] | None = None) -> dict[tuple[Reading, bool], _Tally]:
     """misreads of every module under each of `keys`, summed up in module order as the
-    modules are read (threads, a few modules in flight, each one's pages dropped after)."""
+    modules are read (threads, a few modules in flight, each one's pages dropped after).
+    `stored_as`: (from, to) the stored fields are converted first (Scenario.convention)."""
     out = {k: _Tally() for k in keys}
 
     def module(m: Module) -> dict[tuple[Reading, bool], Misread]:
         try:
+            if stored_as:
+                todo = {(modelled(r, m.bits), right): cause_of(r, right, m.bits)
+                        for r, right in keys}
+                got = _compare_fields(ckpt, m, by_name[m.name], truth, todo, scales, stored_as)
+                return {(r, right): got[(modelled(r, m.bits), right)] for r, right in keys}
             return misreads(ckpt, m, by_name[m.name], truth, keys, scales)
         finally:
             ckpt.store.release(m.tensors.values())  # resident memory: one module a thread
@@ -493,7 +554,8 @@ def _dynamic_changes(ckpt: Checkpoint, mods: list[Module]) -> list[str]:
 
 
 def _path_verdict(runtime: rt.Runtime, path: rt.Path, refused: _Refused, cfg: rt.Facts,
-                  truth: str | None, tally: Callable[[Reading, bool], _Tally]) -> PathVerdict:
+                  truth: str | None, tally: Callable[[Reading, bool], _Tally],
+                  where: str = "PATH") -> PathVerdict:
     """`refused`: what the path's module rules refuse; `tally(reading, label read right)`:
     that reading over every module."""
     pv = PathVerdict(path)
@@ -503,7 +565,8 @@ def _path_verdict(runtime: rt.Runtime, path: rt.Path, refused: _Refused, cfg: rt
         for rule, got, n, first in refused.rules.values():
             pv.failed.append((rule, got))
             pv.reasons.append(f"{_modules(n, first)}: {_line(rule, got)}")
-        pv.reasons += _next_steps(runtime, pv.failed)
+        pv.next_steps = _next_steps(runtime, pv.failed, where)
+        pv.reasons += pv.next_steps
         return pv
     label = runtime.convention_read(cfg)
     pv.convention_read = label if path.reads_qzeros else None
@@ -527,10 +590,13 @@ def _path_verdict(runtime: rt.Runtime, path: rt.Path, refused: _Refused, cfg: rt
     return pv
 
 
-def _next_steps(runtime: rt.Runtime, failed: list[tuple[rt.Rule, str]]) -> list[str]:
-    """The failed rules' hints (each once), else the runtime's own next step."""
+def _next_steps(runtime: rt.Runtime, failed: list[tuple[rt.Rule, str]], where: str
+                ) -> list[str]:
+    """The failed rules' hints (each once), else the runtime's own next step, naming the
+    checkpoint (`where`, shell-quoted) where they say {PATH}."""
     hints = list(dict.fromkeys(rule.hint for rule, _ in failed if rule.hint))
-    return hints or ([runtime.next_step] if runtime.next_step else [])
+    return [h.replace("{PATH}", where) for h in
+            hints or ([runtime.next_step] if runtime.next_step else [])]
 
 
 def _modules(n: int, first: str) -> str:
@@ -551,7 +617,7 @@ def runtime_findings(verdicts: Iterable[RuntimeVerdict], where: str | None) -> l
         details: dict[str, Any] = {"runtime": r.id}
         if not v.loads:
             failed = v.taken.failed if v.taken else v.failed
-            hints = _next_steps(r, failed)
+            hints = v.taken.next_steps if v.taken else v.next_steps
             out.append(Finding("GQ601", f"{head} would not load it: " + "; ".join(
                                x for x in v.reasons if x not in hints), file=where,
                                hint="; ".join(hints) or None,

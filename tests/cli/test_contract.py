@@ -34,7 +34,8 @@ def test_a_refusal_in_text_mode_says_what_to_do_next(tmp_path):
     r = gptqfmt("convert", MISLABELLED, tmp_path / "out")
     assert r.returncode == 1 and not (tmp_path / "out").exists()
     line = next(x for x in r.stdout.splitlines() if "GQ408" in x)
-    assert "(hint: if the data are right, run again with --from gptq_v2)" in line
+    assert f"(hint: the label is wrong: `gptqfmt fix-label {MISLABELLED}` sets it to gptq_v2 " \
+        "(then convert again), or run again with --from gptq_v2)" in line
     assert r.stdout.splitlines()[-1] == "FAIL: stopped by 1 finding"
     doc = json.loads(gptqfmt("convert", MISLABELLED, tmp_path / "out", "--format", "json").stdout)
     assert doc["findings"][0]["hint"] in line  # the same next step in both modes

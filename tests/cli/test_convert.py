@@ -218,6 +218,18 @@ def check_output(src_dir, dst, spec, src_conv, to):
             assert {k: v for k, v in old.items() if k != "quantization_config"} == \
                 {k: v for k, v in new.items() if k != "quantization_config"}
             old, new = old["quantization_config"], new["quantization_config"]
+        if old.get("quant_method") == "auto-round":
+            # auto-round's own config is written as GPTQ's: quant_method in its place, its
+            # packing_format dropped, desc_act (which it never writes) false
+            assert new["quant_method"] == "gptq" and "packing_format" not in new
+            assert new["desc_act"] is False and "desc_act" not in old
+            old = {k: "gptq" if k == "quant_method" else v for k, v in old.items()
+                   if k != "packing_format"}
+        if old.get("is_marlin_format") is False:
+            # AutoGPTQ's legacy key, which GPTQModel refuses by name: dropped, and recorded
+            assert "is_marlin_format" not in new
+            assert new["meta"]["gptqfmt"]["removed"]["is_marlin_format"] is False
+            old = {k: v for k, v in old.items() if k != "is_marlin_format"}
         assert new["checkpoint_format"] == new["format"] == to
         assert list(new)[:len(old)] == list(old)  # order kept, new keys at the end
         for k, v in old.items():

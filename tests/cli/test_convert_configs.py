@@ -242,6 +242,32 @@ def test_quant_config_json_is_relabelled_too(tmp_path, run_cli):
     verify_ok(run_cli, tmp_path / "dst")
 
 
+@pytest.mark.parametrize("to", ["gptq_v2", "gptq"])
+def test_autogptqs_is_marlin_format_is_dropped_and_recorded(tmp_path, run_cli, to):
+    """AutoGPTQ 0.7.1 writes is_marlin_format: false into both configs; GPTQModel >= 6.0
+    refuses the key by name, so the output carries none, meta.gptqfmt.removed says so, and
+    GPTQModel loads the output and decodes it right (it refused the source)."""
+    src = CKPT / "autogptq-b4-sym-gptq"
+    dst = tmp_path / "dst"
+    convert(src, dst, to=to)
+    for name in ("quantize_config.json", "config.json"):
+        old = json.loads((src / name).read_text())
+        new = json.loads((dst / name).read_text())
+        old, new = old.get("quantization_config", old), new.get("quantization_config", new)
+        assert old["is_marlin_format"] is False and "is_marlin_format" not in new
+        assert new["checkpoint_format"] == new["format"] == to
+        assert new["meta"]["gptqfmt"]["removed"] == {"is_marlin_format": False}
+        assert new["meta"]["gptqfmt"]["from"] == "gptq" and new["meta"]["gptqfmt"]["to"] == to
+        kept = ("checkpoint_format", "format", "meta", "is_marlin_format")
+        assert [(k, v) for k, v in new.items() if k not in kept] == \
+            [(k, v) for k, v in old.items() if k not in kept]
+    for d, code, loads in ((src, 1, False), (dst, 0, True)):
+        r = run_cli("verify", "--quiet", "--format", "json", "--runtime", "gptqmodel", d)
+        entry = {e["id"]: e for e in json.loads(r.stdout)["runtimes"]}["gptqmodel"]
+        assert (r.exit_code, entry["loads"]) == (code, loads), d
+    assert entry["decodes_correctly"] is True and entry["rules_failed"] == []
+
+
 # ---------------------------------------------------------------- the label gate
 WRONG_LABELS = {
     "checkpoint_format says gptq": ({"checkpoint_format": "gptq"}, "GQ401"),

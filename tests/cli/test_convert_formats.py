@@ -97,7 +97,8 @@ def test_format_fixture_to_gptq_v2_keeps_every_code_zero_and_scale(name, tmp_pat
                 # the written GPTQ tensors against the fixture's, read without gptqfmt's readers
                 q, z, s = fixture_fields(src, m.name, m.bits,
                                          FMANIFEST[name]["params"]["layout"] == "awq",
-                                         truth[m.name])
+                                         truth[m.name],
+                                         FMANIFEST[name]["params"]["packing"] == "padded")
                 assert np.array_equal(unpack(ck.view(m.tensors["qweight"]), m.bits, 0), q)
                 assert np.array_equal(unpack(ck.view(m.tensors["qzeros"]), m.bits, 1), z)
                 assert np.array_equal(np.asarray(ck.view(m.tensors["scales"])), s)
@@ -108,10 +109,11 @@ def test_format_fixture_to_gptq_v2_keeps_every_code_zero_and_scale(name, tmp_pat
     assert q["checkpoint_format"] == q["format"] == "gptq_v2"
 
 
-def fixture_fields(st, name, bits, is_awq, truth):
+def fixture_fields(st, name, bits, is_awq, truth, padded=False):
     """Codes [K, N], Z [G, N] and scales [G, N] of a format fixture's module, decoded here by
     the documented layouts (AutoAWQ's nibble loop; compressed-tensors' bit stream, 32-bit words
-    split by hand), independently of gptqfmt.formats."""
+    split by hand, or with `padded` its 0.17 words of floor(32/bits) fields each),
+    independently of gptqfmt.formats."""
     k, n, g = truth["in_features"], truth["out_features"], truth["groups"]
     if is_awq:
         def nibbles(t):
@@ -126,6 +128,9 @@ def fixture_fields(st, name, bits, is_awq, truth):
         w = np.asarray(words).view(np.uint32).astype(np.uint64)
         bits_ = np.concatenate([(w >> np.uint64(b)) & 1 for b in range(32)], axis=0)
         bits_ = bits_.reshape(32, *w.shape).transpose(1, 2, 0).reshape(w.shape[0], -1)
+        if padded:   # each word's fields 0 .. floor(32/bits)-1, its top bits left out
+            per = 32 // bits
+            bits_ = bits_.reshape(w.shape[0], -1, 32)[:, :, :per * bits].reshape(w.shape[0], -1)
         vals = bits_[:, :count * bits].reshape(w.shape[0], count, bits)
         return (vals << np.arange(bits, dtype=np.uint64)).sum(axis=2).astype(np.uint8)
     q = stream(st.view(f"{name}.weight_packed"), k).T
@@ -424,3 +429,65 @@ def test_a_wrong_writer_is_caught_by_the_gate(monkeypatch, tmp_path):
     assert {f.code for f in e.value.findings} == {"GQ503"}
     assert "(scales: 1 of 128 values differ)" in e.value.findings[0].message
     assert not (tmp_path / "x").exists() and not staging_dirs(tmp_path)
+
+
+# ------------------------------- compressed-tensors' padded layout (<= 0.17) re-packed dense
+
+PADDED = FORMATS / "ct-b3-asym-g32-padded"    # ct-b3-asym-g32's weights, packed as 0.17.1 did
+
+
+def _version(d) -> tuple[int, ...]:
+    v = json.loads((d / "config.json").read_text())["quantization_config"]["version"]
+    return tuple(int(x) for x in v.split(".")[:2])
+
+
+def test_a_padded_checkpoint_converts_to_the_dense_layout(run_cli, tmp_path):
+    """convert SRC DST --to compressed-tensors re-packs the padded words: the tensors are those
+    of the same weights packed densely (ct-b3-asym-g32, byte for byte), the config names a
+    release that packs densely, and verify --against finds both compute the same."""
+    out = tmp_path / "dense"
+    r = run_cli("convert", PADDED, out, "--to", "compressed-tensors", "--format", "json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and (doc["from"], doc["to"]) == ("compressed-tensors",) * 2
+    assert not list(validator("convert").iter_errors(doc))
+    assert tensors_of(out) == tensors_of(FORMATS / "ct-b3-asym-g32")
+    assert _version(out) >= (0, 18)
+    rep = validate(out)
+    assert rep.findings == [] and rep.to_json()["pack_layout"]["layout"] == "dense"
+    for a, b in ((PADDED, out), (out, PADDED), (PADDED, FORMATS / "ct-b3-asym-g32")):
+        r = run_cli("verify", a, "--against", b, "--format", "json")
+        eq = json.loads(r.stdout)
+        assert r.exit_code == 0 and eq["status"] == "ok" and eq["findings"] == [], r.stdout
+        assert len(eq["modules"]) == 7 and all(m["equal"] for m in eq["modules"])
+    text = run_cli("verify", PADDED, "--against", FORMATS / "ct-b3-asym-g32").stdout
+    assert "OK: 7 of 7 modules compute the same Y = X @ W" in text
+
+
+def test_a_dense_checkpoint_is_not_converted_into_itself(run_cli, tmp_path):
+    r = run_cli("convert", FORMATS / "ct-b3-asym-g32", tmp_path / "x", "--to",
+                "compressed-tensors")
+    assert r.exit_code == 2 and "is already compressed-tensors" in r.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_padded_checkpoint_converts_to_gptq_v2_as_the_dense_one_does(tmp_path):
+    convert(PADDED, tmp_path / "a", backend="cpu")
+    convert(FORMATS / "ct-b3-asym-g32", tmp_path / "b", backend="cpu")
+    assert tensors_of(tmp_path / "a") == tensors_of(tmp_path / "b")
+
+
+@pytest.mark.parametrize("name", ["b3-asym-noact-gptq_v2-single", "b3-sym-noact-gptq-single"])
+def test_3_bit_gptq_converts_to_the_dense_layout(name, tmp_path):
+    """What convert writes at 3 bits is 0.18's dense layout, K*3/32 words a row (not 0.17's
+    ceil(K/10)), under a config version that packs densely."""
+    convert(CKPT / name, tmp_path / "ct", to="compressed-tensors", backend="cpu")
+    assert _version(tmp_path / "ct") >= (0, 18)
+    st = open_store(tmp_path / "ct")
+    try:
+        packed = [t for t in st.locations if t.endswith(".weight_packed")]
+        for t in packed:
+            n, k = (int(v) for v in np.asarray(st.view(t[:-len("packed")] + "shape")))
+            assert tuple(st.info(t).shape) == (n, k * 3 // 32) != (n, -(-k // 10)), t
+    finally:
+        st.close()
+    assert packed and validate(tmp_path / "ct").to_json()["pack_layout"]["layout"] == "dense"

@@ -254,3 +254,80 @@ def test_a_signal_between_renames_keeps_config_json_old_until_the_end(tmp_path):
     assert r.returncode == 0
     assert json.loads((d / "config.json").read_text())["quantization_config"][
         "checkpoint_format"] == "gptq_v2"
+
+
+def gptqmodel_verdict(run_cli, d):
+    """verify --runtime gptqmodel: (exit code, GPTQModel's runtimes entry, the findings)."""
+    r = run_cli("verify", "--quiet", "--format", "json", "--runtime", "gptqmodel", d)
+    doc = json.loads(r.stdout)
+    validator("report").validate(doc)
+    return r.exit_code, {e["id"]: e for e in doc["runtimes"]}["gptqmodel"], doc["findings"]
+
+
+def test_autogptq_is_marlin_format_is_removed_and_gptqmodel_then_loads(run_cli, tmp_path):
+    """AutoGPTQ 0.7.1 writes is_marlin_format: false; GPTQModel >= 6.0 refuses the key by
+    name. fix-label removes it from every config, records the removal, and GPTQModel's
+    verdict becomes loads and decodes right."""
+    d = copy(CKPT / "autogptq-b4-sym-gptq", tmp_path)
+    code, entry, findings = gptqmodel_verdict(run_cli, d)
+    assert code == 1 and entry["loads"] is False
+    assert [(x["rule"], x["found"]) for x in entry["rules_failed"]] == [
+        ("no_is_marlin_format", "quantize_config.json carries is_marlin_format (refused by "
+                                "name since GPTQModel 6.0)")]
+    assert [f["code"] for f in findings if f["code"] == "GQ601"] == ["GQ601"]
+    assert "gptqfmt fix-label PATH" in next(f["hint"] for f in findings if f["code"] == "GQ601")
+    before_q = json.loads((d / "quantize_config.json").read_text())
+    tensors = tensors_digest(d)
+
+    r = run_cli("fix-label", "--format", "json", "--quiet", d)
+    doc = json.loads(r.stdout)
+    validator("fix_label").validate(doc)
+    assert r.exit_code == 0 and doc["to"] == "gptq"
+    assert [(c["file"], c["key"], c["old"], c["new"]) for c in doc["changes"]
+            if c["new"] is None] == [("quantize_config.json", "is_marlin_format", "false", None),
+                                     ("config.json", "is_marlin_format", "false", None)]
+    assert tensors_digest(d) == tensors
+    after_q = json.loads((d / "quantize_config.json").read_text())
+    after_c = json.loads((d / "config.json").read_text())["quantization_config"]
+    assert "is_marlin_format" not in after_q and "is_marlin_format" not in after_c
+    for q in (after_q, after_c):
+        assert q["meta"]["gptqfmt"]["removed"] == {"is_marlin_format": False}
+        assert q["meta"]["gptqfmt"]["from"] == {"checkpoint_format": None, "format": None}
+    # every other key as it was, in its order
+    assert [k for k in after_q if k not in ("checkpoint_format", "format", "meta")] == \
+        [k for k in before_q if k != "is_marlin_format"]
+
+    code, entry, findings = gptqmodel_verdict(run_cli, d)
+    assert code == 0 and entry["loads"] is True and entry["decodes_correctly"] is True
+    assert entry["rules_failed"] == [] and not [f for f in findings if f["code"] == "GQ601"]
+
+
+def test_a_right_label_carrying_is_marlin_format_is_still_rewritten(run_cli, tmp_path):
+    """The label is right, so only the key GPTQModel refuses changes: one change, one file."""
+    d = copy(CKPT / "b4-asym-noact-gptq_v2-single", tmp_path)
+    q = json.loads((d / "quantize_config.json").read_text())
+    (d / "quantize_config.json").write_text(json.dumps({**q, "is_marlin_format": False}))
+    assert gptqmodel_verdict(run_cli, d)[1]["loads"] is False
+
+    dry = run_cli("fix-label", "--dry-run", d)
+    assert dry.exit_code == 0
+    assert ("quantize_config.json: would remove is_marlin_format (false; GPTQModel 6.0 and "
+            "later refuse the key)") in dry.stdout.splitlines()
+    assert "every config already says so" not in dry.stdout
+
+    r = run_cli("fix-label", "--quiet", "--format", "json", d)
+    doc = json.loads(r.stdout)
+    validator("fix_label").validate(doc)
+    assert r.exit_code == 0 and doc["written"] == ["quantize_config.json"]
+    assert doc["changes"] == [{"file": "quantize_config.json", "key": "is_marlin_format",
+                               "old": "false", "new": None}]
+    after = json.loads((d / "quantize_config.json").read_text())
+    assert {k: v for k, v in after.items() if k != "meta"} == \
+        {k: v for k, v in q.items() if k != "meta"}
+    assert after["meta"]["gptqfmt"]["removed"] == {"is_marlin_format": False}
+    assert after["meta"]["gptqfmt"]["from"] == {}
+    entry = gptqmodel_verdict(run_cli, d)[1]
+    assert entry["loads"] is True and entry["decodes_correctly"] is True
+    # and then there is nothing left to do
+    again = json.loads(run_cli("fix-label", "--quiet", "--format", "json", d).stdout)
+    assert again["changes"] == [] and again["written"] == []

@@ -1,6 +1,8 @@
 """A file or directory in another format (GGUF, PyTorch, a pickle, a git-LFS pointer) given as
 PATH: inspect and verify name it in one finding line with the next step, and end the way every
-container error ends (exit 1, the finding on stdout, nothing on stderr, a valid JSON report)."""
+container error ends (exit 1, the finding on stdout, nothing on stderr, a valid JSON report).
+Quantization formats whose configs name them and that gptqfmt cannot read (GPTQModel's planar
+gptq_p, VPTQ, AutoGPTQ's Marlin repack) are GQ203 in every command, said by name."""
 import json
 import pickle
 import struct
@@ -93,3 +95,44 @@ def test_ends_like_any_container_error(run_cli, tmp_path, command):
                                                   "header-claims-a-terabyte"))
     assert (ours.exit_code, ours.stderr) == (theirs.exit_code, theirs.stderr) == (1, "")
     assert ours.stdout.splitlines()[1:] == theirs.stdout.splitlines()[1:]
+
+
+# fixtures/invalid/<case>: (what the one GQ203 line must say, what its hint begins with)
+NAMED = {
+    "planar-gptq-p-label-3-bits": (
+        "quantize_config.json: GQ203 checkpoint_format is 'gptq_p': GPTQModel's planar layout",
+        "load it with GPTQModel 7.3.4 or later"),
+    "planar-gptq-p-bits": (
+        "quantize_config.json: GQ203 checkpoint_format is 'gptq_p': GPTQModel's planar layout",
+        "load it with GPTQModel 7.3.4 or later"),
+    "vptq-quant-method": (
+        "config.json:quantization_config: GQ203 quant_method is 'vptq': VPTQ (microsoft/VPTQ): "
+        "vector quantization, not GPTQ's packing", "load it with VPTQ"),
+    "autogptq-marlin-format-true": (
+        "quantize_config.json: GQ203 is_marlin_format is true: AutoGPTQ's Marlin repack",
+        "load it with AutoGPTQ 0.7 (from_quantized(..., use_marlin=True))"),
+}
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "convert", "fix-label"])
+@pytest.mark.parametrize("case", sorted(NAMED))
+def test_quantization_formats_known_by_name_are_refused_as_such(run_cli, tmp_path, case,
+                                                               command):
+    """Never read as GPTQ (no module rows, no runtimes section, nothing written), never a
+    traceback: one GQ203 line naming the format, then the closing line."""
+    src = FIXTURES / "invalid" / case
+    line, hint = NAMED[case]
+    args = [src] + ([tmp_path / "dst", "--to", "gptq_v2"] if command == "convert" else [])
+    r = run_cli(command, *args)
+    assert r.exit_code == 1 and r.stderr == ""
+    first, last = r.stdout.splitlines()
+    assert first.startswith(line) and f" (hint: {hint}" in first
+    assert last == "FAIL: stopped by 1 finding"
+    assert not (tmp_path / "dst").exists()
+
+    r = run_cli(command, *args, "--format", "json")
+    assert r.exit_code == 1 and r.stderr == ""
+    doc = json.loads(r.stdout)
+    validator({**SCHEMA, "convert": "convert", "fix-label": "fix_label"}[command]).validate(doc)
+    assert [f["code"] for f in doc["findings"]] == ["GQ203"]
+    assert doc["findings"][0]["hint"].startswith(hint)

@@ -258,3 +258,181 @@ def test_metadata_marlin_flag_is_refused(tmp_path, run_cli):
     doc = json.loads(r.stdout)
     assert r.exit_code == 1 and [f["code"] for f in doc["findings"]] == ["GQ203"]
     assert "is_marlin_format" in doc["findings"][0]["message"]
+
+
+# ------------------------------------------------ auto-round's own format (quant_method auto-round)
+# Each fixture as auto-round writes it (make_fixtures.py autoround_packing_format): the
+# packing_format it names and what that declares (intel/auto-round b9f3d0079d01,
+# inference/backend.py L210-212), the data's convention (SPECS) independently.
+AUTOROUND_OWN = {
+    "autoround-own-b4-sym-gptq": ("auto_round:auto_gptq", "gptq"),
+    "autoround-own-b2-asym-gptq_v2": ("auto_round", "gptq_v2"),
+    "autoround-own-gidx-b4-asym-gptq_v2": ("auto_round:gptqmodel", "gptq_v2"),
+    "mislabelled-autoround-own-b4-asym-v2-as-gptq": ("auto_round:auto_gptq", "gptq"),
+}
+MISLABELLED_AR = "mislabelled-autoround-own-b4-asym-v2-as-gptq"
+CLEAN_AR = sorted(set(AUTOROUND_OWN) - {MISLABELLED_AR})
+
+
+def quant_config(d):
+    return json.loads((d / "config.json").read_text())["quantization_config"]
+
+
+def edit_quant_config(d, **keys):
+    """Set (None: remove) keys of config.json's quantization_config."""
+    p = d / "config.json"
+    doc = json.loads(p.read_text())
+    q = doc["quantization_config"]
+    for k, v in keys.items():
+        if v is None:
+            q.pop(k, None)
+        else:
+            q[k] = v
+    p.write_text(json.dumps(doc, indent=2))
+
+
+def test_every_autoround_packing_has_a_fixture():
+    assert {n for n, s in SPECS.items() if s.config_style == "autoround-native"} == \
+        set(AUTOROUND_OWN)
+    for name, (packing, _) in AUTOROUND_OWN.items():
+        q = quant_config(CKPT / name)
+        assert (q["quant_method"], q["packing_format"]) == ("auto-round", packing)
+        assert not {"checkpoint_format", "format", "desc_act"} & set(q)
+
+
+@pytest.mark.parametrize("name", sorted(AUTOROUND_OWN))
+def test_autoround_inspect_shows_declared_and_detected(run_cli, name):
+    packing, declared = AUTOROUND_OWN[name]
+    r = run_cli("inspect", CKPT / name, "--format", "json")
+    cf = json.loads(r.stdout)["checkpoint_format"]
+    assert cf["declared"] == declared == SPECS[name].declared_convention
+    assert cf["declared_in"] == [{"file": CJ, "key": "packing_format", "value": declared,
+                                  "written": packing}]
+    assert cf["detected"] == SPECS[name].convention
+    text = run_cli("inspect", CKPT / name).stdout.splitlines()
+    assert f"declared     {declared}  (in 1 place: {CJ}:packing_format={packing})" in text
+    assert any(t.startswith(f"detected     {SPECS[name].convention} (") for t in text)
+
+
+@pytest.mark.parametrize("name", CLEAN_AR)
+def test_autoround_checkpoint_passes_strict_verify(run_cli, name):
+    # no GQ308 for the packings auto-round writes without g_idx, no GQ208 for its desc_act
+    code, doc = verify_json(run_cli, CKPT / name)
+    bad = [f for f in doc["findings"] if f["severity"] != "info"]
+    assert code == 0 and bad == [], bad
+
+
+def test_autoround_v2_data_declared_auto_gptq_fail_verify(run_cli):
+    code, doc = verify_json(run_cli, CKPT / MISLABELLED_AR)
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert code == 1 and [f["code"] for f in errors] == ["GQ401"]
+    f = errors[0]
+    assert f["file"] == CJ and f["details"]["detected"] == "gptq_v2"
+    assert "packing_format='auto_round:auto_gptq'" in f["message"]
+    assert "fix-label" in f["hint"] and "packing_format" in f["hint"]
+
+
+@pytest.mark.parametrize("name", CLEAN_AR)
+def test_autoround_converts_to_gptq_and_verify_against_passes(tmp_path, run_cli, name):
+    """convert writes GPTQ's config (quant_method gptq, both label keys, no packing_format);
+    v1 data go to gptq_v2 and back to the same bytes."""
+    src = CKPT / name
+    data = SPECS[name].convention
+    there = "gptq_v2"
+    out = tmp_path / "out"
+    assert run_cli("convert", src, out, "--to", there).exit_code == 0
+    q = quant_config(out)
+    assert (q["quant_method"], q["checkpoint_format"], q["format"]) == ("gptq", there, there)
+    assert "packing_format" not in q and q["desc_act"] is False
+    assert q["meta"]["gptqfmt"]["removed"] == {"packing_format": AUTOROUND_OWN[name][0]}
+    # as GPTQ's, a module without g_idx is a GQ308 warning (convert changes no tensor but
+    # qzeros); nothing else is
+    no_g_idx = not SPECS[name].g_idx
+    code, doc = verify_json(run_cli, out)
+    warned = {f["code"] for f in doc["findings"] if f["severity"] != "info"}
+    assert (code, warned) == ((1, {"GQ308"}) if no_g_idx else (0, set()))
+    assert run_cli("verify", out).exit_code == 0
+    assert run_cli("verify", out, "--against", src).exit_code == 0
+    if data == "gptq":
+        back = tmp_path / "back"
+        assert run_cli("convert", out, back, "--to", "gptq").exit_code == 0
+        assert (back / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+        assert run_cli("verify", back, "--against", src).exit_code == 0
+        assert quant_config(back)["checkpoint_format"] == "gptq"
+
+
+@pytest.mark.parametrize(("name", "mislabel", "written"), [
+    (MISLABELLED_AR, None, "auto_round"),                       # v2 data without g_idx
+    ("autoround-own-gidx-b4-asym-gptq_v2", "auto_round:auto_gptq", "auto_round:gptqmodel"),
+    ("autoround-own-b4-sym-gptq", "auto_round", "auto_round:auto_gptq"),
+])
+def test_fix_label_rewrites_packing_format(tmp_path, run_cli, name, mislabel, written):
+    d = copy_of(tmp_path, name)
+    if mislabel:
+        edit_quant_config(d, packing_format=mislabel)
+    before = quant_config(d)
+    assert run_cli("verify", d).exit_code == 1
+    r = run_cli("fix-label", d, "--format", "json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["to"] == SPECS[name].convention
+    assert doc["changes"] == [{"file": "config.json", "key": "packing_format",
+                               "old": before["packing_format"], "new": written}]
+    after = quant_config(d)
+    assert after["quant_method"] == "auto-round" and after["packing_format"] == written
+    assert not {"checkpoint_format", "format"} & set(after)   # auto-round's keys only
+    assert {k: v for k, v in after.items() if k not in ("packing_format", "meta")} == \
+        {k: v for k, v in before.items() if k != "packing_format"}
+    assert run_cli("verify", d, "--strict").exit_code == 0
+
+
+def test_fix_label_writes_a_missing_packing_format(tmp_path, run_cli):
+    d = copy_of(tmp_path, "autoround-own-b2-asym-gptq_v2")
+    edit_quant_config(d, packing_format=None)
+    code, doc = verify_json(run_cli, d)
+    # its loaders read auto_round:auto_gptq (gptq): said, and contradicted by the data
+    assert code == 1 and {f["code"] for f in doc["findings"]} >= {"GQ213", "GQ401"}
+    assert doc["checkpoint_format"]["declared"] == "gptq"
+    assert run_cli("fix-label", d).exit_code == 0
+    assert quant_config(d)["packing_format"] == "auto_round"
+    assert verify_json(run_cli, d)[0] == 0
+
+
+def test_checkpoint_format_disagreeing_with_packing_format(tmp_path, run_cli):
+    d = copy_of(tmp_path, "autoround-own-b4-sym-gptq")
+    edit_quant_config(d, checkpoint_format="gptq_v2")
+    code, doc = verify_json(run_cli, d)
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert code == 1 and [f["code"] for f in errors] == ["GQ215"]
+    assert "checkpoint_format is 'gptq_v2'" in errors[0]["message"]
+    assert "'auto_round:auto_gptq'" in errors[0]["message"]
+    assert run_cli("fix-label", d).exit_code == 0
+    q = quant_config(d)
+    assert (q["packing_format"], q["checkpoint_format"]) == ("auto_round:auto_gptq", "gptq")
+    assert verify_json(run_cli, d)[0] == 0
+
+
+def test_unknown_packing_format(tmp_path, run_cli):
+    d = copy_of(tmp_path, "autoround-own-b4-sym-gptq")
+    edit_quant_config(d, packing_format="auto_round:marlin")
+    code, doc = verify_json(run_cli, d)
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert code == 1 and [f["code"] for f in errors] == ["GQ214"]
+    assert "'auto_round:marlin'" in errors[0]["message"]
+    assert "'auto_round:gptqmodel'" in errors[0]["message"]
+
+
+def test_autoround_awq_packing_is_read_as_awq(tmp_path, run_cli):
+    """auto-round's own export in AutoAWQ's GEMM layout: quant_method auto-round, packing_format
+    auto_round:auto_awq, sym instead of zero_point (the tensors of formats/autoround-awq-*)."""
+    from tests.support import FORMATS
+    d = tmp_path / "awq"
+    shutil.copytree(FORMATS / "autoround-awq-b4-sym-g32", d)
+    edit_quant_config(d, quant_method="auto-round", packing_format="auto_round:auto_awq",
+                      zero_point=None, version=None, provider=None)
+    r = run_cli("inspect", d, "--format", "json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["format"] == "awq" and doc["quantization"]["sym"] is True
+    assert run_cli("verify", d, "--strict").exit_code == 0
+    # fix-label reads GPTQ's zero-point labels only: refused, naming the packing
+    r = run_cli("fix-label", d, "--format", "json")
+    assert r.exit_code == 1 and "GQ203" in r.stdout

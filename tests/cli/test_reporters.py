@@ -7,7 +7,8 @@ import click
 from gptqfmt.cli import main
 from gptqfmt.cli.reporters import REPORTERS, with_exit_code
 
-KINDS = ("inspect", "verify", "against", "reference", "convert", "fix_label", "failure")
+KINDS = ("inspect", "verify", "against", "reference", "convert", "fix_label", "doctor",
+         "failure")
 
 
 def test_every_command_offers_the_reporters_formats():

@@ -22,7 +22,7 @@ from tests.support import CKPT, FIXTURES, ROOT
 SCHEMAS = ROOT / "schemas"
 SUFFIX = ".schema.json"
 # Which schema each command's --format json output must satisfy (README, gptqfmt/cli/*.py).
-OUTPUT_SCHEMAS = ("inspect", "report", "equivalence", "convert")
+OUTPUT_SCHEMAS = ("inspect", "report", "equivalence", "convert", "doctor")
 
 # Subschema keywords of draft 2020-12: a single schema, a list of schemas, a map of schemas.
 ONE = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "contains",
@@ -67,7 +67,8 @@ def pointer(doc, fragment: str):
 # ------------------------------------------------------------------ the schemas themselves
 def test_every_shipped_schema_is_found():
     assert {p.name.removesuffix(SUFFIX) for p in schema_files()} == {
-        "convert", "equivalence", "fix_label", "index", "inspect", "quantize_config", "report"}
+        "convert", "doctor", "equivalence", "fix_label", "index", "inspect", "quantize_config",
+        "report"}
 
 
 def undescribed(schema: dict) -> list[str]:
@@ -212,6 +213,12 @@ CASES = [
                                      "--backend", "cpu"], 0, "ok"),
     ("reference-fail", "equivalence", ["verify", MISLABELLED, "--reference", "fp32",
                                        "--backend", "cpu"], 1, "fail"),
+    ("doctor-serves", "doctor", ["doctor", SINGLE, "--runtime", "transformers"], 0, "ok"),
+    ("doctor-plan", "doctor", ["doctor", MISLABELLED, "--runtime", "exllamav2"], 1, "fail"),
+    ("doctor-fix", "doctor", ["doctor", MISLABELLED, "--runtime", "exllamav2", "--fix",
+                              "{tmp}/fixed"], 0, "ok"),
+    ("doctor-no-plan", "doctor", ["doctor", LOSSY_SRC, "--runtime", "sglang"], 1, "fail"),
+    ("doctor-usage", "doctor", ["doctor", SINGLE, "--runtime", "nope"], 2, "error"),
 ]
 PROCESS = {"inspect-usage-unknown-option", "verify-usage-bad-value",
            "convert-usage-bad-value"}

@@ -95,3 +95,31 @@ def test_marlin_ignoring_non_constant_zeros_is_gq603(run_cli):
     assert r.exit_code == 1 and f["details"]["kernel"] == "marlin"
     assert f["details"]["zero_cells_affected"] > 0 and f["details"]["max_weight_change"] > 0
     assert "marlin ignores qzeros" in f["message"] and "sym=false" in f["hint"]
+
+
+def test_gptqmodel_refuses_autogptqs_is_marlin_format_by_name(run_cli):
+    """AutoGPTQ 0.7.1's configs carry is_marlin_format: false; GPTQModel >= 6.0 refuses the
+    key before anything else (its config is parsed first), here beside the asymmetric-v1 rule.
+    transformers builds GPTQConfig(**quantization_config), whose __init__ keeps no unknown key
+    (transformers 5.24.0 utils/quantization_config.py L682-730), so it loads."""
+    d = CKPT / "autogptq-b4-asym-gptq"
+    r = run_cli("inspect", "--format", "json", d)
+    doc = json.loads(r.stdout)
+    validator("inspect").validate(doc)
+    entries = {e["id"]: e for e in doc["runtimes"]}
+    g = entries["gptqmodel"]
+    assert g["loads"] is False and g["kernel"] is None
+    assert [x["rule"] for x in g["rules_failed"]] == ["no_is_marlin_format", "asym_v1_quantizer"]
+    assert g["reasons"][0] == ("quantize_config.json carries is_marlin_format (refused by name "
+                               "since GPTQModel 6.0) (needs no is_marlin_format key in the "
+                               "config it reads)")
+    assert entries["transformers"]["loads"] is True
+
+    r = run_cli("verify", "--quiet", "--format", "json", "--runtime", "gptqmodel", d)
+    doc = json.loads(r.stdout)
+    validator("report").validate(doc)
+    gq601 = [f for f in doc["findings"] if f["code"] == "GQ601"]
+    assert r.exit_code == 1 and len(gq601) == 1
+    assert "carries is_marlin_format" in gq601[0]["message"]
+    assert gq601[0]["hint"].startswith("next step: `gptqfmt fix-label PATH` removes "
+                                       "is_marlin_format")

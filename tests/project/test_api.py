@@ -11,13 +11,15 @@ CT_CKPT = FORMATS / "ct-b4-asym-g32"
 
 def test_the_exported_names():
     assert sorted(gptqfmt.__all__) == sorted([
-        "CATALOGUE", "Checkpoint", "ConvertReport", "Detection", "NotRepresentable", "convert",
-        "convert_qzeros", "Finding", "FindingError", "GptqfmtError", "InspectResult", "Module",
+        "CATALOGUE", "Checkpoint", "ConvertReport", "Detection", "Diagnosis", "NotRepresentable",
+        "convert", "convert_qzeros", "doctor", "Finding", "FindingError", "GptqfmtError",
+        "InspectResult", "Module",
         "ModuleVerdict", "Report", "UsageError", "__version__", "detect", "inspect",
         "open_checkpoint", "pack", "unpack", "validate"])
     assert all(hasattr(gptqfmt, n) for n in gptqfmt.__all__)
     assert list(pyinspect.signature(gptqfmt.convert).parameters)[:3] == ["src", "dst", "to"]
     assert list(pyinspect.signature(gptqfmt.detect).parameters) == ["path", "full"]
+    assert list(pyinspect.signature(gptqfmt.doctor).parameters)[:2] == ["path", "runtime"]
 
 
 def test_inspect_and_validate_results_carry_the_gptq_model():

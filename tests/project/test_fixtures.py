@@ -32,10 +32,11 @@ def test_regenerated_fixtures_are_byte_identical(tmp_path):
 
 
 def test_committed_fixtures_stay_small():
-    # 6 MiB: the 113 checkpoints of fixtures/ckpt (the runtime-condition cases among them take
-    # about 0.6 MiB) and the invalid and hostile cases
+    # 6.25 MiB: the 117 checkpoints of fixtures/ckpt (the runtime-condition cases among them
+    # take about 0.6 MiB, auto-round's own format, at hidden 32, under 0.1 MiB), the format
+    # fixtures and the invalid and hostile cases
     total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
-    assert total < 6 * 1024 * 1024, total
+    assert total < 6.25 * 1024 * 1024, total
 
 
 def test_fixtures_contain_the_edge_cases_they_promise():

@@ -1,6 +1,7 @@
 """The compressed-tensors reader (gptqfmt/formats/ct.py): one finding per defect of its config or
-tensors, the exporter's signed clamp, padding bits, and the stream compressed-tensors itself
-writes read back."""
+tensors, the exporter's signed clamp, padding bits, the stream compressed-tensors itself
+writes read back, and its two packing layouts (padded up to 0.17, dense from 0.18) told apart by
+the shapes and read alike."""
 from __future__ import annotations
 
 import json
@@ -8,18 +9,23 @@ import json
 import numpy as np
 import pytest
 
+from gptqfmt import formats
+from gptqfmt.bits.packing import unpack
 from gptqfmt.conversion import convert
 from gptqfmt.errors import FindingError
 from gptqfmt.ops.inspect import inspect_checkpoint
 from gptqfmt.ops.verify import validate
+from gptqfmt.resources import validator
 from gptqfmt.safetensors_io import save_file
 from tests.support import (
     FORMATS,
     HAVE_CT,
     Q,
     ct_copy,
+    ct_release_helpers,
     dequant_all,
     edit_config,
+    load_generator,
     needs_ct,
     rewrite_tensors,
     tensors_of,
@@ -63,10 +69,6 @@ def _symmetric_over_zero_points(q):
     q["config_groups"]["group_0"]["weights"]["symmetric"] = True
 
 
-def _old_3bit(q):
-    q["version"] = "0.17.0"
-
-
 def _untargeted(q):
     q["config_groups"]["group_0"]["targets"] = ["re:.*mlp.*"]
 
@@ -77,7 +79,6 @@ def _ignored(q):
 
 CASES = [
     ("GQ210", "ct-b4-asym-g32", _float_weights, None, "type is 'float'"),
-    ("GQ210", "ct-b3-asym-g32", _old_3bit, None, "32 // 3 values per word"),
     ("GQ210", "ct-b4-asym-g32", _no_group_size, None, "group_size is 0"),
     ("GQ210", "ct-b4-asym-g32", _symmetric_string, None, "symmetric is 'false'"),
     ("GQ210", "ct-b4-asym-g32", _ignore_not_a_list, None, "ignore is 5"),
@@ -195,3 +196,240 @@ def test_we_read_what_compressed_tensors_compresses(bits, sym, gs, tmp_path):
     convert(d, tmp_path / "v2", backend="cpu")
     convert(tmp_path / "v2", tmp_path / "back", to="compressed-tensors", backend="cpu")
     assert tensors_of(tmp_path / "back") == tensors_of(d)
+
+
+# ------------------------------------- the two layouts: padded (<= 0.17) and dense (>= 0.18)
+
+PADDED_FIXTURE = "ct-b3-asym-g32-padded"     # ct-b3-asym-g32's weights, packed as 0.17.1 did
+FGEN = load_generator("make_formats")
+
+
+def _set_version(version):
+    return lambda q: q.__setitem__("version", version)
+
+
+@pytest.mark.parametrize(("name", "version", "layout"), [
+    ("ct-b3-asym-g32", "0.17.0", "dense"),               # an old version over dense shapes
+    ("ct-b3-asym-g32", "0.17.2a20260301", "dense"),      # a nightly: dense already
+    (PADDED_FIXTURE, "0.20.0", "padded"),                 # a new version over padded shapes
+    (PADDED_FIXTURE, None, "padded")])
+def test_the_shapes_decide_the_layout_not_the_version(name, version, layout, tmp_path):
+    d = ct_copy(tmp_path, name)
+    edit_config(d, (lambda q: q.pop("version")) if version is None else _set_version(version))
+    rep = validate(d)
+    assert [f.code for f in rep.findings] == (["GQ320"] if layout == "padded" else [])
+    assert rep.to_json()["pack_layout"]["layout"] == layout
+    ours, want = dequant_all(d), dequant_all(FORMATS / "ct-b3-asym-g32")
+    assert set(ours) == set(want) and all(np.array_equal(ours[n], want[n]) for n in want)
+
+
+def test_padded_and_dense_read_to_the_same_one_model():
+    """The same weights in both layouts: every module's one-model tensors are equal word for
+    word, and so is what they dequantize to."""
+    pairs = []
+    for name in ("ct-b3-asym-g32", PADDED_FIXTURE):
+        src = formats.open_source(FORMATS / name)
+        pairs.append({m.name: formats.module_tensors(src, m) for m in src.modules})
+        src.close()
+    dense, padded = pairs
+    assert set(dense) == set(padded) and len(dense) == 7
+    for n in dense:
+        assert np.array_equal(dense[n].qweight, padded[n].qweight), n
+        assert np.array_equal(dense[n].qzeros, padded[n].qzeros), n
+    a, b = dequant_all(FORMATS / "ct-b3-asym-g32"), dequant_all(FORMATS / PADDED_FIXTURE)
+    assert all(np.array_equal(a[n], b[n]) for n in a)
+
+
+def test_inspect_and_verify_name_the_padded_layout_and_what_vllm_makes_of_it(run_cli):
+    path = FORMATS / PADDED_FIXTURE
+    doc = inspect_checkpoint(path).to_json()
+    assert not list(validator("inspect").iter_errors(doc))
+    want = {"layout": "padded", "description": "padded (compressed-tensors <= 0.17)",
+            "padded": 7, "dense": 0}
+    assert doc["quantization"]["pack_layout"] == want and doc["status"] == "ok"
+    rep = validate(path).to_json()
+    assert not list(validator("report").iter_errors(rep))
+    assert rep["pack_layout"] == want and rep["status"] == "ok"
+    [f] = rep["findings"]
+    assert f["code"] == "GQ320" and f["severity"] == "warning"
+    assert f["tensor"] == "model.layers.0.mlp.down_proj.weight_packed"
+    assert "is [64, 13], dense [64, 12]" in f["message"] and "vLLM 0.25-0.33" in f["message"]
+    assert f["hint"] == (f"re-pack it in the dense layout: gptqfmt convert {path} {path}-dense "
+                         "--to compressed-tensors")
+    text = run_cli("inspect", path).stdout
+    assert "(layout padded (compressed-tensors <= 0.17); config version 0.17.1;" in text
+    assert "layout padded (compressed-tensors <= 0.17)" in run_cli("verify", path).stdout
+    dense = run_cli("inspect", FORMATS / "ct-b3-asym-g32").stdout
+    assert "layout dense (compressed-tensors >= 0.18)" in dense and "GQ320" not in dense
+    j = json.loads(run_cli("verify", FORMATS / "ct-b4-asym-g32", "--format", "json").stdout)
+    assert j["pack_layout"]["layout"] == "either"      # 4 bits: one layout
+    assert "layout" not in run_cli("inspect", FORMATS / "ct-b4-asym-g32").stdout
+
+
+def _widen(tensor, width):
+    def edit(t):
+        old = t[tensor][1]
+        t[tensor] = ("I32", np.zeros((old.shape[0], width), np.int32))
+    return edit
+
+
+def test_a_weight_that_fits_neither_layout_names_both_shapes(tmp_path):
+    d = ct_copy(tmp_path, "ct-b3-asym-g32")
+    rewrite_tensors(d, _widen(f"{Q}.weight_packed", 8))
+    [f] = [f for f in validate(d).findings if f.code == "GQ304"]
+    assert f.tensor == f"{Q}.weight_packed" and f.file == "model.safetensors"
+    assert f.message == ("weight_packed is [64, 8]; weight_shape (64, 64) at 3 bits (config "
+                         "group group_0) needs [64, 6] dense (compressed-tensors >= 0.18) or "
+                         "[64, 7] padded (compressed-tensors <= 0.17)")
+
+
+def test_a_zero_point_that_fits_neither_or_the_other_layout(tmp_path):
+    d = ct_copy(tmp_path, "ct-b3-asym-g32")
+    zp = f"{Q}.weight_zero_point"
+    rewrite_tensors(d, lambda t: t.__setitem__(zp, ("I32", np.zeros((8, 2), np.int32))))
+    [f] = [f for f in validate(d).findings if f.code == "GQ303"]
+    assert f.tensor == zp and f.message == (
+        "weight_zero_point is [8, 2]; expected [6, 2] dense (compressed-tensors >= 0.18) or "
+        "[7, 2] padded (compressed-tensors <= 0.17)")
+    rewrite_tensors(d, lambda t: t.__setitem__(zp, ("I32", np.zeros((7, 2), np.int32))))
+    [f] = [f for f in validate(d).findings if f.code == "GQ303"]
+    assert f.tensor == zp and "weight_packed [64, 6] is dense (compressed-tensors >= 0.18), but " \
+        "weight_zero_point [7, 2] is padded (compressed-tensors <= 0.17)" in f.message
+
+
+def test_a_set_bit_above_the_values_of_a_padded_word_is_found(tmp_path):
+    d = ct_copy(tmp_path, PADDED_FIXTURE)
+
+    def top_bit(t):
+        t[f"{Q}.weight_packed"][1][5, 0] |= np.int32(1 << 30)
+    rewrite_tensors(d, top_bit)
+    bad = [f for f in validate(d).findings if f.code == "GQ317"]
+    assert len(bad) == 1 and bad[0].tensor == f"{Q}.weight_packed"
+    assert "1 of 64" in bad[0].message and "not the padded layout" in bad[0].message
+
+
+def _tiny(d, modules, bits=3, version="0.17.1"):
+    """A compressed-tensors checkpoint of asymmetric channel-strategy modules {name: (N, K,
+    layout)}, packed by make_formats.py's slow writers; returns each module's codes [N, K] and
+    zero points [1, N]."""
+    rng = np.random.default_rng(len(modules) * 10 + bits)
+    tensors, truth = {}, {}
+    for name, (n, k, layout) in modules.items():
+        q = rng.integers(0, 1 << bits, (n, k))
+        z = rng.integers(0, 1 << bits, (1, n))
+        s = (rng.random((n, 1)) * 0.01 + 0.001).astype(np.float16)
+        rows = FGEN.padded_rows if layout == "padded" else FGEN.stream_rows
+        tensors[f"{name}.weight_packed"] = rows(q, bits)
+        tensors[f"{name}.weight_zero_point"] = np.ascontiguousarray(rows(z, bits).T)
+        tensors[f"{name}.weight_scale"] = s
+        tensors[f"{name}.weight_shape"] = np.array([n, k], np.int64)
+        truth[name] = (q, z)
+    d.mkdir()
+    save_file(tensors, d / "model.safetensors")
+    w = {"num_bits": bits, "type": "int", "symmetric": False, "strategy": "channel",
+         "group_size": None, "dynamic": False}
+    q = {"version": version, "quant_method": "compressed-tensors", "format": "pack-quantized",
+         "quantization_status": "compressed", "ignore": [],
+         "config_groups": {"group_0": {"targets": ["Linear"], "weights": w}}}
+    (d / "config.json").write_text(json.dumps({"quantization_config": q}))
+    return truth
+
+
+UNDECIDED = "model.layers.0.mlp.up_proj"      # 20 x 20 at 3 bits: 2 words a row either way
+
+
+def test_a_module_whose_shapes_fit_both_layouts_is_not_read_alone(tmp_path):
+    _tiny(tmp_path / "c", {UNDECIDED: (20, 20, "padded")})
+    rep = validate(tmp_path / "c")
+    [f] = rep.findings
+    assert f.code == "GQ319" and f.severity == "error" and rep.failed()
+    assert (f.file, f.tensor) == ("model.safetensors", f"{UNDECIDED}.weight_packed")
+    assert f.message == (
+        f"{UNDECIDED}.weight_packed is [20, 2]; weight_shape (20, 20) at 3 bits needs [20, 2] "
+        "dense (compressed-tensors >= 0.18) or [20, 2] padded (compressed-tensors <= 0.17): the "
+        "same shape, with the values at other bits; no other module's shapes tell the layout "
+        "either: not read")
+    assert rep.module_count == 0
+    with pytest.raises(FindingError):
+        convert(tmp_path / "c", tmp_path / "out")
+
+
+@pytest.mark.parametrize("layout", ["padded", "dense"])
+def test_the_other_modules_decide_an_undecided_one(layout, tmp_path):
+    truth = _tiny(tmp_path / "c", {UNDECIDED: (20, 20, layout),
+                                   "model.layers.0.mlp.down_proj": (64, 64, layout)})
+    rep = validate(tmp_path / "c")
+    assert [f.code for f in rep.findings] == (["GQ320"] if layout == "padded" else [])
+    assert rep.to_json()["pack_layout"][layout] == 2
+    assert_read_exactly(tmp_path / "c", truth)
+
+
+def assert_read_exactly(d, truth, bits=3):
+    """Every module's words as the reader hands them over are the dense rows make_formats.py's
+    slow writer packs from the true codes and zero points (20 values of 3 bits are no whole
+    words, so the one model's dequant does not take them)."""
+    src = formats.open_source(d)
+    try:
+        assert {m.name for m in src.modules} == set(truth)
+        for m in src.modules:
+            q, z = truth[m.name]
+            assert np.array_equal(src.stored_qweight(m)[0], FGEN.stream_rows(q, bits)), m.name
+            assert np.array_equal(src.qzeros(m), FGEN.stream_rows(z, bits)), m.name
+    finally:
+        src.close()
+
+
+def test_modules_that_disagree_leave_an_undecided_one_unread(tmp_path):
+    _tiny(tmp_path / "c", {UNDECIDED: (20, 20, "dense"),
+                           "model.layers.0.mlp.down_proj": (64, 64, "padded"),
+                           "model.layers.0.mlp.gate_proj": (64, 64, "dense")})
+    rep = validate(tmp_path / "c")
+    assert sorted(f.code for f in rep.findings) == ["GQ319", "GQ320"]
+    [f] = [f for f in rep.findings if f.code == "GQ319"]
+    assert "the other modules' shapes say both layouts" in f.message
+    assert rep.to_json()["pack_layout"] == {
+        "layout": "mixed", "padded": 1, "dense": 1,
+        "description": "mixed: 1 module padded (compressed-tensors <= 0.17), 1 dense "
+                       "(compressed-tensors >= 0.18)"}
+
+
+def test_rows_of_one_word_are_the_same_bits_in_both(tmp_path):
+    """8 values of 3 bits fit one word: both layouts store them alike, nothing to decide."""
+    truth = _tiny(tmp_path / "c", {UNDECIDED: (8, 8, "padded")})
+    rep = validate(tmp_path / "c")
+    assert rep.findings == [] and rep.to_json()["pack_layout"]["layout"] == "either"
+    assert_read_exactly(tmp_path / "c", truth)
+
+
+@pytest.mark.parametrize("bits", [5, 6, 7])
+def test_the_layout_of_bits_gptqfmt_does_not_read_is_still_said(bits, tmp_path):
+    """5, 6 and 7 bits are outside the one model (GQ210), but their shapes tell the layout, and
+    the padded one is still one vLLM refuses: GQ320 then names compressed-tensors' own way."""
+    _tiny(tmp_path / "c", {"model.layers.0.mlp.down_proj": (64, 64, "padded")}, bits=bits)
+    doc = inspect_checkpoint(tmp_path / "c").to_json()
+    assert doc["quantization"]["pack_layout"]["layout"] == "padded"
+    codes = sorted(f["code"] for f in doc["findings"])
+    assert codes == ["GQ210", "GQ320"], codes
+    [f] = [f for f in doc["findings"] if f["code"] == "GQ320"]
+    assert f"{32 // bits} values a word at {bits} bits" in f["message"]
+    assert "gptqfmt convert" not in f["hint"] and "compressed-tensors 0.17" in f["hint"]
+
+
+def test_we_read_what_compressed_tensors_0171_packs():
+    """The padded fixture against compressed-tensors 0.17.1's own unpack_from_int32: the codes
+    and zero points we read are theirs (+ 2^(bits-1))."""
+    import torch
+    ct = ct_release_helpers("0.17.1")
+    src = formats.open_source(FORMATS / PADDED_FIXTURE)
+    try:
+        for m in src.modules:
+            n, k = m.out_features, m.in_features
+            t = formats.module_tensors(src, m)
+            packed = torch.from_numpy(np.array(src.store.view(m.tensors["qweight"])))
+            q = ct.unpack_from_int32(packed, 3, torch.Size((n, k))).numpy().astype(int) + 4
+            assert np.array_equal(unpack(t.qweight, 3, axis=0).T, q), m.name
+            zp = torch.from_numpy(np.array(src.store.view(m.tensors["qzeros"])))
+            z = ct.unpack_from_int32(zp, 3, torch.Size((n, m.groups)), packed_dim=0).numpy()
+            assert np.array_equal(unpack(t.qzeros, 3, axis=1).T, z.astype(int) + 4), m.name
+    finally:
+        src.close()

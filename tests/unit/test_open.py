@@ -35,8 +35,13 @@ def test_inspect_and_verify_read_every_format_fixture(name):
     rep = validate(FORMATS / name)
     assert not list(validator("report").iter_errors(rep.to_json()))
     codes = sorted({f.code for f in rep.findings})
-    assert codes == (["GQ418"] if truth["params"]["clamp"] else []), codes
+    assert codes == (["GQ418"] if truth["params"]["clamp"] else []) + \
+        (["GQ320"] if truth["params"]["packing"] == "padded" else []), codes
     assert r.ok is not truth["params"]["clamp"]
+    if truth["params"]["layout"] == "ct":   # the layout its shapes show, in both documents
+        want = truth["params"]["packing"] if truth["params"]["bits"] == 3 else "either"
+        assert doc["quantization"]["pack_layout"]["layout"] == want
+        assert rep.to_json()["pack_layout"]["layout"] == want
 
 
 def test_a_stray_gptq_config_does_not_turn_gptq_into_awq(tmp_path):

@@ -55,9 +55,15 @@ def test_ct_golden_word():
     assert w.view(np.uint32)[0, 0] == 0xCBA9F810
 
 
-def test_padding_bits():
-    q = np.arange(40, dtype=np.int64)[None] % 8                      # 40 3-bit values: 120 bits
-    words = FGEN.stream_rows(q, 3)
-    assert relayout.padding_clean(words, 40, 3, axis=1).all()
-    words[0, -1] |= np.int32(1 << 30)                                 # bit 126: padding
-    assert not relayout.padding_clean(words, 40, 3, axis=1).any()
+@pytest.mark.parametrize("bits", range(2, 9))
+def test_padded_rows_become_the_dense_rows(bits):
+    """compressed-tensors 0.17's padded words, written by make_formats.py's slow writer, become
+    the dense words its stream writer writes, along dim 1 (weight) and dim 0 (zero point)."""
+    rng = np.random.default_rng(bits)
+    q = rng.integers(0, 1 << bits, (300, 96))                        # [N, K]: 300 rows, 2 blocks
+    dense = relayout.padded_to_dense(FGEN.padded_rows(q, bits), bits, 96, axis=1)
+    assert np.array_equal(dense, FGEN.stream_rows(q, bits))
+    z = rng.integers(0, 1 << bits, (3, 300))                         # [G, N], packed along N
+    zp = np.ascontiguousarray(FGEN.padded_rows(z, bits).T)
+    assert np.array_equal(relayout.padded_to_dense(zp, bits, 300, axis=0),
+                          FGEN.stream_rows(z, bits).T)

@@ -85,3 +85,34 @@ def test_readme_carries_the_generated_table():
     readme = (ROOT / "README.md").read_text()
     assert mod.block() in readme, "run: python3 scripts/runtimes_table.py (README block)"
     assert "verify --runtime vllm" in readme
+
+
+def _rule(runtime, rule_id):
+    return next(x for x in runtime.requires if x.id == rule_id)
+
+
+def test_gptqmodel_refuses_is_marlin_format_in_the_file_it_reads():
+    """GPTQModel >= 6.0 raises on the key itself, `false` too (quantization/config.py
+    from_quant_config), in the first of quantize_config.json, quant_config.json, config.json
+    that exists; a key in a file it does not read is harmless."""
+    from dataclasses import replace
+    rule = _rule(rt.BY_ID["gptqmodel"], "no_is_marlin_format")
+    assert rule.scope == "config" and rule.source.path == "gptqmodel/quantization/config.py"
+    assert "fix-label" in rule.hint
+    ckpt = open_checkpoint(CKPT / "autogptq-b4-sym-gptq")   # AutoGPTQ 0.7.1: both files
+    try:
+        cfg = config_facts(ckpt, 80)
+    finally:
+        ckpt.close()
+    assert cfg.legacy_keys == (("config.json:quantization_config", "is_marlin_format"),
+                               ("quantize_config.json", "is_marlin_format"))
+    assert rule.test(cfg) == ("quantize_config.json carries is_marlin_format (refused by name "
+                              "since GPTQModel 6.0)")
+    only_config_json = replace(cfg, legacy_keys=cfg.legacy_keys[:1])
+    assert rule.test(only_config_json) is None   # quantize_config.json is read, not config.json
+    no_quantize_config = replace(only_config_json, sources=("config.json:quantization_config",))
+    assert rule.test(no_quantize_config) == ("config.json:quantization_config carries "
+                                             "is_marlin_format (refused by name since "
+                                             "GPTQModel 6.0)")
+    assert rule.test(replace(cfg, version=(5, 8, 0))) is None   # 5.8.0 still accepted it
+    assert rule.test(replace(cfg, version=(6, 0, 0))) is not None

@@ -1,6 +1,8 @@
 """The runtime table applied to the shipped fixtures (gptqfmt/runtimes/verdicts.py): which path
 each runtime takes, what it reads, where it decodes wrong and why, counted on the packed words
 and compared field by field."""
+import shutil
+
 import numpy as np
 import pytest
 
@@ -188,3 +190,39 @@ def test_field_comparison_in_chunks_equals_one_pass(monkeypatch):
                  for m, v in zip(ckpt.modules, det.modules)}
         monkeypatch.undo()
         assert parts == whole
+
+
+@pytest.mark.parametrize("name", ["rt-nodescact-b4-sym-gptq", "b8-sym-noact-gptq_v2-single",
+                                  "b2-sym-noact-gptq-single", "mislabelled-b4-sym-v2-as-gptq",
+                                  "b3-sym-noact-gptq_v2-single", "b4-asym-noact-gptq_v2-single"])
+def test_a_scenario_judges_as_the_written_fix_does(name, tmp_path):
+    """doctor's plan judges a fix without writing it (Scenario): relabelled, and converted
+    into the other convention. Each judgement equals the one on the checkpoint that
+    fix-label and convert actually write, for every runtime."""
+    from gptqfmt.conversion import convert
+    from gptqfmt.conversion.relabel import fix_label
+    from gptqfmt.errors import FindingError
+    from gptqfmt.runtimes.verdicts import Scenario, assess
+
+    def judged(path, scenario=Scenario()):
+        ck = open_checkpoint(path)
+        det = detect_checkpoint(ck, full=True)
+        return [(v.runtime.id, v.loads, v.decodes_correctly,
+                 v.taken.cells_affected if v.taken else None,
+                 v.taken.modules_affected if v.taken else None)
+                for v in assess(ck, det, scenario=scenario)], det.verdict
+
+    src = CKPT / name
+    _, truth = judged(src)
+    relabelled = tmp_path / "relabelled"
+    shutil.copytree(src, relabelled)
+    fix_label(relabelled)
+    assert judged(src, Scenario(label=truth))[0] == judged(relabelled)[0]
+    other = GPTQ if truth == GPTQ_V2 else GPTQ_V2
+    if name.startswith("b4-asym"):   # zero points of 0: gptq cannot hold them
+        with pytest.raises(FindingError):
+            convert(src, tmp_path / "converted", to=other, src_convention=truth)
+        return
+    convert(src, tmp_path / "converted", to=other, src_convention=truth)
+    assert judged(src, Scenario(label=other, convention=other))[0] == \
+        judged(tmp_path / "converted")[0]

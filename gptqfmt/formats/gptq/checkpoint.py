@@ -176,7 +176,8 @@ def open_checkpoint(path: str | os.PathLike[str], store: TensorStore | None = No
     config, cfg_findings = load_config(store.root, first.metadata)
     findings += cfg_findings
     found, others = _group(store, config)
-    modules = [_infer(m, store, findings) for m in found]
+    g_idx_written = config.g_idx_written if config else True
+    modules = [_infer(m, store, findings, g_idx_written) for m in found]
     for m in modules:
         if m.declared is None and m.valid:
             findings.append(Finding("GQ313", "config's dynamic rules leave this module "
@@ -218,10 +219,12 @@ def _group(store: TensorStore, config: QuantConfig | None
     return modules, sorted(t for t in store.locations if t not in claimed)
 
 
-def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding]
-           ) -> Module | InvalidModule:
+def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding],
+           g_idx_written: bool = True) -> Module | InvalidModule:
     """`m` with its geometry from the tensors' headers (and g_idx), as far as it is consistent:
-    a Module when all of it is, else an InvalidModule; each inconsistency is a finding."""
+    a Module when all of it is, else an InvalidModule; each inconsistency is a finding.
+    `g_idx_written`: whether the producer writes g_idx (QuantConfig.g_idx_written): where it
+    does not, a missing one is no GQ308."""
     geo: dict[str, Any] = {}  # what is known so far; an early return keeps it
     def add(code: str, message: str, role: str = "qweight", hint: str | None = None) -> None:
         t = m.tensors.get(role) or f"{m.name}.{role}"
@@ -311,8 +314,9 @@ def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding]
             add("GQ309", why or "", "g_idx")
             return replace(m, **geo)
     else:
-        add("GQ308", "no g_idx: runtimes assume no act-order", "g_idx",
-            hint="AutoAWQ checkpoints have none; GPTQ exporters always write it")
+        if g_idx_written:
+            add("GQ308", "no g_idx: runtimes assume no act-order", "g_idx",
+                hint="AutoAWQ checkpoints have none; GPTQ exporters always write it")
         gs = decl.group_size if decl.group_size and layout.n_groups(k, decl.group_size) == groups \
             else (-1 if groups == 1 else (k // groups if k % groups == 0 else None))
         geo["act_order"] = False
