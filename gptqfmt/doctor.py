@@ -27,14 +27,14 @@ from typing import Any, Callable
 
 from .bits.conventions import CONVENTIONS, GPTQ, GPTQ_V2
 from .conversion.plan import plan_conversion
-from .conversion.relabel import fix_label, plan_relabel
+from .conversion.relabel import LabelChange, fix_label, plan_relabel
 from .conversion.run import convert
 from .detection.decide import AMBIGUOUS
 from .detection.pool import Detection
 from .errors import FindingError, UsageError
 from .findings import ERROR, Finding
 from .formats.gptq.checkpoint import Checkpoint
-from .formats.open import open_labelled, open_source
+from .formats.open import open_source
 from .formats.source import Source
 from .ops.reports import tool_json
 from .ops.verify import Report, validate
@@ -187,7 +187,8 @@ def _diagnose(path: str, entry: rt.Runtime, version: tuple[int, ...] | None,
     det = report.detection
     blocking = [f for f in report.findings if f.severity == ERROR and f.code not in PLANNABLE
                 and not f.code.startswith("GQ6")]
-    src, ckpt = open_labelled(path)
+    src, ckpt = report.source, report.source.labelled   # verify's open, its detection
+    assert ckpt is not None   # a GPTQ source
     try:
         modules = len([m for m in ckpt.valid_modules if m.declared is not None])
         if blocking or det is None:
@@ -249,21 +250,15 @@ def _answer(v: RuntimeVerdict, entry: rt.Runtime, version: tuple[int, ...] | Non
 
 # ---------------------------------------------------------------- the plan
 
-def _trivial_act_order(ckpt: Checkpoint) -> bool:
-    """desc_act declared true where no g_idx reorders (every one arange(K) // group_size, or
-    none): relabelling desc_act false changes nothing the data hold."""
-    cfg = ckpt.config
-    mods = [m for m in ckpt.valid_modules if m.declared is not None]
-    return bool(cfg and mods and any(m.declared and m.declared.desc_act for m in mods)
-                and not any(m.act_order for m in mods))
-
-
 def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
           version: tuple[int, ...] | None, capability: int, path: str,
           dst: str | os.PathLike[str] | None, report: Report) -> Plan:
     plan = Plan()
     truth = det.verdict if det.verdict != AMBIGUOUS else None
-    act = _trivial_act_order(ckpt)
+    relabel = _relabel(path, det)
+    # what fix-label writes besides the label: desc_act false where no g_idx reorders (also
+    # after a convert, which keeps desc_act)
+    act = any(c.key == "desc_act" for c in relabel)
     p, d = quoted(path), quoted(dst if dst is not None else _default_dst(path, entry))
     if truth is None:
         plan.tried.append("the data do not decide between gptq and gptq_v2, so no plan can "
@@ -271,11 +266,11 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
                           f"{p} --to gptq` (or gptq_v2), then doctor again")
         plan.elsewhere = _elsewhere(report, entry, ckpt, det, capability)
         return plan
-    relabel = _relabel_changes(path)
-    label_scenario = Scenario(label=truth, no_act_order=act, drop_legacy=True)
     if relabel:
-        v = _judge(ckpt, det, entry, version, capability, label_scenario)
-        what = ", ".join(relabel)
+        v = _judge(ckpt, det, entry, version, capability,
+                   Scenario(label=truth, no_act_order=act, drop_legacy=True))
+        keys = " and ".join(dict.fromkeys(c.key for c in relabel))
+        what = f"{keys} in {' and '.join(dict.fromkeys(c.file for c in relabel))}"
         if _serves(v):
             if dst is None:
                 plan.steps = [Step("fix-label", f"gptqfmt fix-label {p}",
@@ -291,7 +286,7 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
             return plan
         plan.tried.append(f"fix-label ({what}): " + _short(v))
     other = GPTQ_V2 if truth == GPTQ else GPTQ
-    why_not = _lossless(src, truth, other)
+    why_not = _lossless(src, det, truth, other)
     if why_not:
         plan.tried.append(f"convert to {other}: {why_not}")
     else:
@@ -321,7 +316,7 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
         if fails:
             plan.tried.append(f"convert --to compressed-tensors: {route.name}: {fails}")
         else:
-            why_ct = _lossless(src, truth, "compressed-tensors")
+            why_ct = _lossless(src, det, truth, "compressed-tensors")
             if why_ct:
                 plan.tried.append(f"convert --to compressed-tensors: {why_ct}")
             else:
@@ -342,22 +337,19 @@ def _default_dst(path: str, entry: rt.Runtime) -> str:
     return str(root.with_name(f"{root.name}-{entry.family or entry.id}"))
 
 
-def _relabel_changes(path: str) -> list[str]:
-    """What fix-label would rewrite ("config.json checkpoint_format", ...): its own plan."""
+def _relabel(path: str, det: Detection) -> list[LabelChange]:
+    """What fix-label would rewrite (its own plan; none where it cannot relabel at all)."""
     try:
-        plan = plan_relabel(path)
+        return plan_relabel(path, detection=det).changes
     except UsageError:
         return []
-    keys = list(dict.fromkeys(c.key for c in plan.changes))
-    files = list(dict.fromkeys(c.file for c in plan.changes))
-    return [f"{' and '.join(keys)} in {' and '.join(files)}"] if plan.changes else []
 
 
-def _lossless(src: Source, truth: str, to: str) -> str | None:
+def _lossless(src: Source, det: Detection, truth: str, to: str) -> str | None:
     """None where convert's own plan converts `src` (read as `truth`) into `to` exactly, else
     its refusal, in one line."""
     try:
-        plan_conversion(src, truth, to, allow_lossy=False)
+        plan_conversion(src, truth, to, allow_lossy=False, detection=det)
     except FindingError as e:
         return e.findings[0].message if e.findings else str(e)
     except UsageError as e:
@@ -426,9 +418,9 @@ def _carry_out(diag: Diagnosis, path: str, dst: str | os.PathLike[str] | None,
         if diag.answer == SERVES and dst is None:
             return Fixed(out, ran, diag)
         return Fixed(out, ran, None)
-    if dst is None and any(s.action in ("convert", "copy") for s in diag.plan.steps):
+    if dst is None and not in_place_possible(diag.plan):
         # a format's re-layout is never written over its source
-        step = next(s for s in diag.plan.steps if s.action in ("convert", "copy"))
+        step = next(s for s in diag.plan.steps if s.to not in CONVENTIONS)
         return Fixed(out, [(step, f"writes a new directory, not in place: run `gptqfmt doctor "
                                   f"{quoted(path)} --runtime {_spec(entry, version)} --fix DST`")],
                      None)
@@ -470,8 +462,7 @@ def _spec(entry: rt.Runtime, version: tuple[int, ...] | None) -> str:
 def in_place_possible(plan: Plan) -> bool:
     """Whether --fix --in-place can carry the plan out (a conversion between formats writes a
     new directory)."""
-    return not any(s.action in ("convert", "copy") and s.to not in CONVENTIONS
-                   for s in plan.steps)
+    return all(s.to in CONVENTIONS for s in plan.steps)
 
 
 def _run(step: Step, path: str, dst: str | os.PathLike[str] | None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..conversion import ConvertReport
 from ..conversion.relabel import RelabelResult
-from ..doctor import Diagnosis, in_place_possible
+from ..doctor import BROKEN, UNDECIDED, Diagnosis, in_place_possible
 from ..findings import Finding
 from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
@@ -304,12 +304,12 @@ def doctor_lines(d: Diagnosis) -> list[Line]:
             lines.append(Line(f"  then: {escape(p.expect)}"))
     elif not d.ok:
         if p.tried:
-            lines.append(Line("no lossless way:" if d.answer != "broken" else "next:"))
+            lines.append(Line("no lossless way:" if d.answer != BROKEN else "next:"))
             lines += [Line(f"  - {escape(t)}") for t in p.tried]
         if p.elsewhere:
             lines.append(Line("serves it as it is:"))
             lines += [Line(f"  - {escape(e)}") for e in p.elsewhere]
-        if d.answer not in ("broken", "undecided"):
+        if d.answer not in (BROKEN, UNDECIDED):
             lines.append(Line("otherwise requantize: no conversion makes these weights right "
                               "for this runtime"))
     f = d.fixed

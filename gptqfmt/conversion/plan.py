@@ -71,14 +71,16 @@ def relayout(from_: str, to: str) -> bool:
 
 
 def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
-                    jobs: int = 1, trust_from: bool = False) -> Plan:
+                    jobs: int = 1, trust_from: bool = False,
+                    detection: Detection | None = None) -> Plan:
     """The Plan of converting `src` (opened; `requested`: --from, or auto) into `to`, with the
     refusals raised (FindingError, exit 1; UsageError for a --from, --to or --jobs that does
     not apply). A labelled source is checked, its convention resolved and its zero points
     planned field by field into `to` (into gptq_v2, the one model, where the tensors are
     re-laid out); a source that stores Z itself is checked and carried exactly.
     `trust_from`: a --from the data contradict is converted as asked (GQ413) instead of
-    refused (GQ422)."""
+    refused (GQ422). `detection`: the source's, where the caller has it (doctor: verify's),
+    else detected here."""
     ck = src.labelled
     if ck is not None and requested not in CONVENTIONS + ("auto",):
         raise UsageError(f"{src.path}: a GPTQ checkpoint, not --from {requested}")
@@ -95,7 +97,7 @@ def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
                  for m in src.modules]
         findings: list[Finding] = []
     else:
-        det = detect_checkpoint(ck, full=False)
+        det = detection or detect_checkpoint(ck, full=False)
         refuse_invalid(src, det)
         notes = list[Finding]()
         from_ = resolve_from(requested, ck, det, notes, trust_from)

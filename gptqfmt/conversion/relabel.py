@@ -87,15 +87,17 @@ class RelabelPlan:
         return list(dict.fromkeys(c.file for c in self.changes))
 
 
-def plan_relabel(path: str | os.PathLike, to: str = DETECTED) -> RelabelPlan:
-    """What fix-label would write for the checkpoint at `path` (nothing is written). Raises
-    UsageError where it cannot relabel at all (see the module docstring)."""
+def plan_relabel(path: str | os.PathLike, to: str = DETECTED,
+                 detection: Detection | None = None) -> RelabelPlan:
+    """What fix-label would write for the checkpoint at `path` (nothing is written).
+    `detection`: the data's, where the caller has it (doctor: verify's), else detected here.
+    Raises UsageError where it cannot relabel at all (see the module docstring)."""
     if to not in TARGETS:
         raise UsageError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
     src, ckpt = open_labelled(path)
     try:
         root = src.root
-        det = detect_checkpoint(ckpt, full=False)
+        det = detection or detect_checkpoint(ckpt, full=False)
         g_idx = any("g_idx" in m.tensors for m in ckpt.valid_modules)
         # desc_act true where no g_idx reorders (every one arange(K) // group_size): the
         # act-order label says what the data do not have, and makes vLLM >= 0.30 and Humming
