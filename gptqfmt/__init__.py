@@ -12,20 +12,73 @@ Library entry points:
     open_checkpoint(path)               -> Checkpoint (modules, config, zero-copy tensor views)
     pack(codes, bits, word_bits, axis)  / unpack(words, bits, axis)
 """
-import os
+from __future__ import annotations
 
-from .bits.packing import pack, unpack
-from .conversion import ConvertReport, NotRepresentable, convert, convert_qzeros
-from .detection.decide import ModuleVerdict
-from .detection.pool import Detection
-from .doctor import Diagnosis, doctor
-from .errors import FindingError, GptqfmtError, UsageError
-from .findings import CATALOGUE, Finding
-from .formats.gptq.checkpoint import Checkpoint, Module, open_checkpoint
-from .ops.inspect import InspectResult
-from .ops.inspect import inspect_checkpoint as inspect
-from .ops.verify import Report, validate
+import os
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
 from .version import __version__
+
+if TYPE_CHECKING:
+    from .bits.packing import pack, unpack
+    from .conversion import ConvertReport, NotRepresentable, convert, convert_qzeros
+    from .detection.decide import ModuleVerdict
+    from .detection.pool import Detection
+    from .doctor import Diagnosis, doctor
+    from .errors import FindingError, GptqfmtError, UsageError
+    from .findings import CATALOGUE, Finding
+    from .formats.gptq.checkpoint import Checkpoint, Module, open_checkpoint
+    from .ops.inspect import InspectResult
+    from .ops.inspect import inspect_checkpoint as inspect
+    from .ops.verify import Report, validate
+
+# Each export but detect and __version__: (module, name there). Imported on first use, so that
+# `import gptqfmt` (and the command line's start) does not load numpy and the whole library.
+_LAZY: dict[str, tuple[str, str]] = {
+    "pack": (".bits.packing", "pack"), "unpack": (".bits.packing", "unpack"),
+    **{n: (".conversion", n) for n in ("ConvertReport", "NotRepresentable", "convert",
+                                        "convert_qzeros")},
+    "ModuleVerdict": (".detection.decide", "ModuleVerdict"),
+    "Detection": (".detection.pool", "Detection"),
+    "Diagnosis": (".doctor", "Diagnosis"), "doctor": (".doctor", "doctor"),
+    **{n: (".errors", n) for n in ("FindingError", "GptqfmtError", "UsageError")},
+    "CATALOGUE": (".findings", "CATALOGUE"), "Finding": (".findings", "Finding"),
+    **{n: (".formats.gptq.checkpoint", n) for n in ("Checkpoint", "Module", "open_checkpoint")},
+    "InspectResult": (".ops.inspect", "InspectResult"),
+    "inspect": (".ops.inspect", "inspect_checkpoint"),
+    "Report": (".ops.verify", "Report"), "validate": (".ops.verify", "validate"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """An export, imported from its module the first time it is asked for."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module, attr = _LAZY[name]
+    value = getattr(importlib.import_module(module, __name__), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """This package as a module object: importing the submodule gptqfmt.doctor binds the name
+    `doctor` here to the function it defines, the export, and not to the submodule."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _LAZY.get(name, ("", ""))[0] == f".{name}":
+            value = getattr(value, _LAZY[name][1])
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def detect(path: str | os.PathLike[str], full: bool = False) -> Detection:

@@ -23,7 +23,7 @@ import os
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .bits.conventions import CONVENTIONS, GPTQ, GPTQ_V2
 from .conversion.plan import plan_conversion
@@ -36,7 +36,7 @@ from .findings import ERROR, Finding
 from .formats.gptq.checkpoint import Checkpoint
 from .formats.open import open_source
 from .formats.source import Source
-from .ops.reports import tool_json
+from .ops.reports import Progress, tool_json
 from .ops.verify import Report, validate
 from .runtimes import rules as rt
 from .runtimes.table import COMPRESSED_TENSORS_ROUTES, RUNTIMES, family_entries, resolve
@@ -154,12 +154,14 @@ def _dotted(v: tuple[int, ...] | None) -> str | None:
 def doctor(path: str | os.PathLike[str], runtime: str = "vllm", *,
            capability: int = DEFAULT_CAPABILITY, dst: str | os.PathLike[str] | None = None,
            fix: bool = False, in_place: bool = False,
-           progress: Callable[[int, int], None] | None = None) -> Diagnosis:
+           progress: Progress | None = None) -> Diagnosis:
     """The library form of `gptqfmt doctor`: `runtime` is an id or family, with an optional
     @VERSION ("vllm", "vllm@0.25", "sglang-gptq-gemm"). With `fix`, the plan is carried out
     into `dst` (a new directory) or, with `in_place`, on `path` itself, and the result judged
     again (Diagnosis.fixed). Raises UsageError for a runtime the table does not know, a
-    checkpoint in another format, or --fix without a destination."""
+    checkpoint in another format, or --fix without a destination. `progress` hears of every
+    phase (reports.Progress): verify's, the plan's checks, and with `fix` those of the steps
+    and of the verify after them."""
     entry, version, notes = resolve(runtime)
     if fix and (dst is None) == (not in_place):
         raise UsageError("--fix needs a destination: --fix DST writes a fixed copy, --fix "
@@ -174,7 +176,7 @@ def doctor(path: str | os.PathLike[str], runtime: str = "vllm", *,
 
 
 def _diagnose(path: str, entry: rt.Runtime, version: tuple[int, ...] | None,
-              capability: int, progress: Callable[[int, int], None] | None,
+              capability: int, progress: Progress | None,
               dst: str | os.PathLike[str] | None) -> Diagnosis:
     source = open_source(path)
     fmt = source.format
@@ -203,7 +205,7 @@ def _diagnose(path: str, entry: rt.Runtime, version: tuple[int, ...] | None,
         verdict = _judge(ckpt, det, entry, version, capability, NONE)
         answer, headline, reason, wrong = _answer(verdict, entry, version, modules)
         plan = Plan() if answer == SERVES else \
-            _plan(ckpt, det, src, entry, version, capability, path, dst, report)
+            _plan(ckpt, det, src, entry, version, capability, path, dst, report, progress)
     finally:
         src.close()
     return Diagnosis(path, entry, version, answer, headline, reason, wrong, modules, verdict,
@@ -252,7 +254,8 @@ def _answer(v: RuntimeVerdict, entry: rt.Runtime, version: tuple[int, ...] | Non
 
 def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
           version: tuple[int, ...] | None, capability: int, path: str,
-          dst: str | os.PathLike[str] | None, report: Report) -> Plan:
+          dst: str | os.PathLike[str] | None, report: Report,
+          progress: Progress | None = None) -> Plan:
     plan = Plan()
     truth = det.verdict if det.verdict != AMBIGUOUS else None
     relabel = _relabel(path, det)
@@ -286,7 +289,7 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
             return plan
         plan.tried.append(f"fix-label ({what}): " + _short(v))
     other = GPTQ_V2 if truth == GPTQ else GPTQ
-    why_not = _lossless(src, det, truth, other)
+    why_not = _lossless(src, det, truth, other, progress)
     if why_not:
         plan.tried.append(f"convert to {other}: {why_not}")
     else:
@@ -316,7 +319,7 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
         if fails:
             plan.tried.append(f"convert --to compressed-tensors: {route.name}: {fails}")
         else:
-            why_ct = _lossless(src, det, truth, "compressed-tensors")
+            why_ct = _lossless(src, det, truth, "compressed-tensors", progress)
             if why_ct:
                 plan.tried.append(f"convert --to compressed-tensors: {why_ct}")
             else:
@@ -345,11 +348,12 @@ def _relabel(path: str, det: Detection) -> list[LabelChange]:
         return []
 
 
-def _lossless(src: Source, det: Detection, truth: str, to: str) -> str | None:
+def _lossless(src: Source, det: Detection, truth: str, to: str,
+              progress: Progress | None = None) -> str | None:
     """None where convert's own plan converts `src` (read as `truth`) into `to` exactly, else
     its refusal, in one line."""
     try:
-        plan_conversion(src, truth, to, allow_lossy=False, detection=det)
+        plan_conversion(src, truth, to, allow_lossy=False, detection=det, progress=progress)
     except FindingError as e:
         return e.findings[0].message if e.findings else str(e)
     except UsageError as e:
@@ -409,14 +413,15 @@ def _span(since: tuple[int, ...], before: tuple[int, ...] | None) -> str:
 
 def _carry_out(diag: Diagnosis, path: str, dst: str | os.PathLike[str] | None,
                entry: rt.Runtime, version: tuple[int, ...] | None, capability: int,
-               progress: Callable[[int, int], None] | None) -> Fixed:
+               progress: Progress | None) -> Fixed:
     """Run the plan's steps with the commands' library code (each with its own proof and
     refusals); stop at the first that fails; judge what they left."""
     out = str(dst) if dst is not None else path
     ran: list[tuple[Step, str | None]] = []
     if not diag.plan.steps:
-        if diag.answer == SERVES and dst is None:
-            return Fixed(out, ran, diag)
+        if diag.answer == SERVES:
+            # nothing to fix: PATH itself is the answer, and DST is not written
+            return Fixed(path, ran, diag)
         return Fixed(out, ran, None)
     if dst is None and not in_place_possible(diag.plan):
         # a format's re-layout is never written over its source
@@ -426,7 +431,7 @@ def _carry_out(diag: Diagnosis, path: str, dst: str | os.PathLike[str] | None,
                      None)
     for step in diag.plan.steps:
         try:
-            _run(step, path, dst)
+            _run(step, path, dst, progress)
         except (FindingError, UsageError, OSError) as e:
             msg = (e.findings[0].one_line() if isinstance(e, FindingError) and e.findings
                    else str(e))
@@ -439,7 +444,7 @@ def _carry_out(diag: Diagnosis, path: str, dst: str | os.PathLike[str] | None,
 
 
 def _diagnose_format(path: str, entry: rt.Runtime, version: tuple[int, ...] | None,
-                     progress: Callable[[int, int], None] | None) -> Diagnosis:
+                     progress: Progress | None) -> Diagnosis:
     """The answer on a checkpoint the plan converted into another format: verify's checks
     (convert proved it computes what the source does), then the route's conditions."""
     route = COMPRESSED_TENSORS_ROUTES[entry.family]
@@ -465,17 +470,19 @@ def in_place_possible(plan: Plan) -> bool:
     return all(s.to in CONVENTIONS for s in plan.steps)
 
 
-def _run(step: Step, path: str, dst: str | os.PathLike[str] | None) -> None:
+def _run(step: Step, path: str, dst: str | os.PathLike[str] | None,
+         progress: Progress | None = None) -> None:
     if step.action == "fix-label":
         target = str(dst) if dst is not None else path
-        result = fix_label(target)
+        result = fix_label(target, progress=progress)
         if result.plan.refused:
             raise FindingError(*result.plan.findings)
     elif step.action == "convert-in-place":
         convert(path, None, to=step.to or GPTQ_V2, src_convention=step.src_convention or "auto",
-                in_place=True)
+                in_place=True, progress=progress, on_module=progress)
     else:   # "convert", "copy": into DST
-        convert(path, dst, to=step.to or GPTQ_V2, src_convention=step.src_convention or "auto")
+        convert(path, dst, to=step.to or GPTQ_V2, src_convention=step.src_convention or "auto",
+                progress=progress, on_module=progress)
 
 
 __all__ = ["ANSWERS", "Diagnosis", "Plan", "Step", "doctor", "RUNTIMES"]

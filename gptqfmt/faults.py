@@ -38,7 +38,10 @@ ENV = "GPTQFMT_FAULT"
 
 # stage -> (where it is, how many index parts it takes)
 STAGES = {
-    "command": ("cli.run, before the command is parsed and run", 0),
+    "start": ("gptqfmt.cli.run, before the command line's modules are imported and its signal "
+              "handlers set (SIGINT there is a KeyboardInterrupt)", 0),
+    "command": ("cli.main.run, its signal handlers set, before the command is parsed and run",
+                0),
     "staging-created": ("convert: the staging directory beside DST exists, empty", 0),
     "mid-shard": ("convert: shard S written up to and including its qzeros tensor T (file "
                   "order); the rest of the shard is not", 2),

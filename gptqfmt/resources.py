@@ -3,12 +3,13 @@
 Installed wheels carry them inside the package (gptqfmt/schemas, gptqfmt/kernels); a source
 checkout keeps them at the repository's top level.
 
-The schemas carry no `$id`: a reference to another schema is relative to the file
-("report.schema.json#/$defs/finding"), so an independent validator given the file
-(`check-jsonschema --schemafile .../convert.schema.json`) resolves it from the file's folder,
-offline. validator() does the same without touching the disk or the network again: every shipped
-schema is registered under its file name, which is what a relative reference from a schema
-without a base URI resolves to.
+Each schema file is self-contained: every `$ref` is local (`#/$defs/finding`), and a definition
+shared with another schema is a copy of it, written from its one home (report.schema.json,
+quantize_config.schema.json) by scripts/bundle_schemas.py. So a plain validator given the one
+file needs nothing else: `jsonschema.validate(doc, json.load(f))`, `check-jsonschema
+--schemafile .../convert.schema.json`, with no registry, no neighbour and no network.
+registry() still holds every shipped schema under its file name (no `$id`), for a schema of the
+caller's that references one of them ("report.schema.json#/$defs/finding").
 """
 from __future__ import annotations
 
@@ -56,12 +57,14 @@ def schema(name: str) -> dict:
 
 @lru_cache(maxsize=None)
 def registry() -> referencing.Registry:
-    """Every shipped schema, keyed by its file name (the target of the relative `$ref`s)."""
+    """Every shipped schema, keyed by its file name (what a relative `$ref` to it from a schema
+    without a base URI resolves to)."""
     return referencing.Registry().with_resources(
         (f"{n}{SCHEMA_SUFFIX}", DRAFT202012.create_resource(schema(n))) for n in schema_names())
 
 
 @lru_cache(maxsize=None)
 def validator(name: str) -> jsonschema.protocols.Validator:
-    """A validator for schema `name` that resolves references to the other shipped schemas."""
+    """A validator for schema `name` (each is self-contained; with the registry, a `$ref` to a
+    shipped schema by file name resolves too)."""
     return jsonschema.Draft202012Validator(schema(name), registry=registry())

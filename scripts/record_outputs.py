@@ -43,7 +43,8 @@ def fixture_dirs(root: Path = ROOT / "fixtures") -> list[Path]:
 
 
 def run(args: list[str], tmp: Path) -> dict:
-    r = CliRunner().invoke(main, args, catch_exceptions=False)
+    # the width a person sees, whatever the caller's environment (the tests set 0)
+    r = CliRunner(env={"GPTQFMT_WIDTH": "100"}).invoke(main, args, catch_exceptions=False)
     out = r.stdout.replace(str(tmp), "<TMP>").replace(str(ROOT), "<ROOT>").replace(
         f'"version": "{__version__}"', '"version": "<VERSION>"')
     return {"exit": r.exit_code, "stdout": out}

@@ -333,3 +333,18 @@ def ct_release_helpers(version: str):
         exec(compile(code, f"{wheel}/{CT_HELPERS}", "exec"), mod.__dict__)
         sys.modules[name] = mod
     return sys.modules[name]
+
+
+def unwrap(text: str) -> list[str]:
+    """A text report's logical lines: each line the reporter wrapped at 100 columns joined back
+    (a continuation is indented four columns deeper than the line it continues)."""
+    out: list[str] = []
+    base = 0
+    for line in text.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if out and line.strip() and indent == base + 4:
+            out[-1] += " " + line.strip()
+            continue
+        out.append(line)
+        base = indent
+    return out

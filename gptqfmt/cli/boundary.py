@@ -7,32 +7,40 @@ import io
 import os
 import traceback
 from pathlib import Path
+from signal import SIGINT
 from typing import Callable
 
 import click
 
 from ..errors import FindingError, GptqfmtError, OutputError, UsageError
-from ..safetensors_io import hub
-from .ci import GithubReporter
 from .output import Reporter, note
-from .reporters import REPORTERS, reporter
 from .view import COLOR_CHOICES, PLAIN, SUMMARY_ABOVE, View, colour_wanted
 
-FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(list(REPORTERS)),
+# The names of reporters.REPORTERS, in its order: what --format and --output take. Written out
+# here because the reporters import the library (numpy), which `--help` must not wait for;
+# tests/cli/test_reporters.py holds every command's --format to REPORTERS.
+FORMAT_NAMES = ("text", "json", "github", "sarif", "junit")
+
+FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(FORMAT_NAMES),
                              default="text", show_default=True,
                              help="Output format on stdout: text, json (one document), github "
                                   "(workflow commands), sarif (SARIF 2.1.0), junit (JUnit XML).")
 
 
-def _outputs(ctx, param, values) -> list[tuple[str, Path]]:
+def _outputs(ctx, param, values) -> list[tuple[str, Path | None]]:
     """--output FORMAT=FILE, repeatable: checked before the command runs, so that a report
-    that cannot be written is a usage error, not a surprise after an hour of verify."""
-    out, seen = [], set()
+    that cannot be written is a usage error, not a surprise after an hour of verify. FILE `-`
+    is stdout (None)."""
+    out: list[tuple[str, Path | None]] = []
+    seen = set()
     for v in values:
         fmt, eq, file = v.partition("=")
-        if not eq or fmt not in REPORTERS or not file:
+        if not eq or fmt not in FORMAT_NAMES or not file:
             raise click.BadParameter(f"{v!r}: expected FORMAT=FILE with FORMAT one of "
-                                     f"{', '.join(REPORTERS)}", ctx, param)
+                                     f"{', '.join(FORMAT_NAMES)}", ctx, param)
+        if file == "-":   # stdout, as `-` is everywhere else: --format's place
+            out.append((fmt, None))
+            continue
         path = Path(file)
         if path.resolve() in seen:
             raise click.BadParameter(f"{file!r} named twice", ctx, param)
@@ -47,13 +55,18 @@ def _outputs(ctx, param, values) -> list[tuple[str, Path]]:
 OUTPUT_OPTION = click.option(
     "--output", "outputs", multiple=True, metavar="FORMAT=FILE", callback=_outputs,
     help="Also write the report in FORMAT to FILE (repeatable), e.g. --output sarif=gptqfmt."
-         "sarif; stdout keeps --format. Written when the command ends, also on failure.")
+         "sarif; FILE - is stdout (in place of --format). Written when the command ends, also "
+         "on failure.")
 COLOR_OPTION = click.option("--color", "color", type=click.Choice(COLOR_CHOICES),
                             default="auto", show_default=True,
                             help="Colour text by severity: auto (a terminal, NO_COLOR unset), "
                                  "always, never.")
 QUIET_OPTION = click.option("-q", "--quiet", is_flag=True,
-                            help="Only the final line and errors; no progress bar.")
+                            help="Only the final line and what made the command fail (errors; "
+                                 "under --strict, warnings too); no progress bar.")
+VERBOSE_OPTION = click.option("-v", "--explain", "--verbose", "verbose", is_flag=True,
+                              help="Every detail: each finding, infos too, and why each "
+                                   "runtime refuses or decodes wrong (kernels, readings).")
 SUMMARY_OPTION = click.option(
     "--summary/--no-summary", "summary", default=None,
     help=f"Leave out per-module rows (the default above {SUMMARY_ABOVE} modules); "
@@ -66,6 +79,9 @@ class Outputs:
 
     def __init__(self, fmt: str, view: View, files: list[tuple[str, Path]], target,
                  command: str = "gptqfmt"):
+        from .ci import GithubReporter
+        from .reporters import reporter
+
         self.fmt, self.view = fmt, view
         self.main = reporter(fmt, None, view)
         self.buffers = [(io.StringIO(), path) for _, path in files]
@@ -86,6 +102,8 @@ class Outputs:
         Face repo id or cache entry resolved to its cached snapshot (hub.resolve; said on
         stderr). The reporters locate the findings' files under the first. --download with no
         Hub name among them is refused, not ignored."""
+        from ..safetensors_io import hub
+
         if download and not self.progress:
             _hub_bars_off()
         resolved = [None if a is None else hub.resolve(a, download) for a in args]
@@ -139,6 +157,48 @@ def _hub_bars_off() -> None:
     disable_progress_bars()
 
 
+# The runtime table's entry ids in its order (runtimes.table.RUNTIMES) and its families, sorted:
+# what --runtime's help and shell completion offer. Written out here because the table imports
+# the library (numpy), which `--help` and completion must not wait for; the table itself judges
+# every --runtime given, and tests/cli/test_startup.py holds these equal to it.
+RUNTIME_IDS = ("vllm", "vllm-gptq-gemm", "vllm-legacy", "vllm-humming", "sglang",
+               "sglang-gptq-gemm", "exllamav2", "tgi", "transformers", "gptqmodel", "autogptq",
+               "llama.cpp")
+RUNTIME_FAMILIES = ("autogptq", "exllamav2", "gptqmodel", "llama.cpp", "sglang", "tgi",
+                    "transformers", "vllm", "vllm-humming")
+
+
+class RuntimeId(click.ParamType):
+    """doctor's --runtime: a runtime id or family in any case, with an optional @VERSION (the
+    table's resolve() judges it when the command runs); completed from the table's names."""
+    name = "ID[@VERSION]"
+
+    def shell_complete(self, ctx, param, incomplete):
+        from click.shell_completion import CompletionItem
+
+        low = incomplete.lower()
+        return [CompletionItem(i) for i in sorted({*RUNTIME_FAMILIES, *RUNTIME_IDS})
+                if i.startswith(low)]
+
+
+class RuntimeIds(click.ParamType):
+    """verify's --runtime: runtime ids separated by commas, or `all`, in any case: passed on
+    lowercased (the table's ids are), for the command to judge; each id completed in turn."""
+    name = "ID[,ID...]"
+
+    def convert(self, value, param, ctx):
+        return value.lower() if isinstance(value, str) else value
+
+    def shell_complete(self, ctx, param, incomplete):
+        from click.shell_completion import CompletionItem
+
+        done, comma, last = incomplete.rpartition(",")
+        given = {n.strip().lower() for n in done.split(",")}
+        names = RUNTIME_IDS if comma else ("all", *RUNTIME_IDS)
+        return [CompletionItem(done + comma + i) for i in names
+                if i.startswith(last.strip().lower()) and i not in given]
+
+
 DOWNLOAD_OPTION = click.option(
     "--download", is_flag=True,
     help="Fetch a Hugging Face repo id (org/model[@revision]) that is not cached yet, with "
@@ -161,6 +221,10 @@ def handle(body: Callable[[], int | None], failure: Callable[..., None], debug: 
     except Interrupted as e:  # SIGINT/SIGTERM/SIGHUP; `finally` blocks (staging) have run
         failure("error", e.exit_code, message=str(e))
         return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C where run() set no handler (main() called directly)
+        interrupted = Interrupted(SIGINT)
+        failure("error", interrupted.exit_code, message=str(interrupted))
+        return interrupted.exit_code
     except BrokenPipeError:
         raise  # stdout was closed (`| head`): not an internal error; run() exits quietly
     except Exception as e:  # noqa: BLE001 - the catch-all that keeps tracebacks off CI logs
@@ -182,12 +246,25 @@ def guarded(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, fmt="text", debug=False, outputs=(), color="auto", quiet=False,
-                **kwargs):
+                verbose=False, **kwargs):
+        outputs = list(outputs)
+        to_stdout = [f for f, path in outputs if path is None]
+        if to_stdout:
+            # `--output FORMAT=-`: stdout carries one report, so it names --format's
+            if len(to_stdout) > 1 or fmt not in ("text", to_stdout[0]):
+                raise click.UsageError(
+                    "stdout carries one report: --format " + fmt + " and "
+                    + " and ".join(f"--output {f}=-" for f in to_stdout) + " both name it")
+            fmt = to_stdout[0]
+            outputs = [(f, path) for f, path in outputs if path is not None]
         view = View(color=fmt == "text" and colour_wanted(color), quiet=quiet,
-                    summary=kwargs.pop("summary", None))
+                    summary=kwargs.pop("summary", None), verbose=verbose)
         target = kwargs.get("path") or kwargs.get("src")
         command = fn.__name__.removesuffix("_cmd").replace("_", "-")  # verify_cmd: verify
-        out = Outputs(fmt, view, list(outputs), target, command)
+        try:
+            out = Outputs(fmt, view, list(outputs), target, command)  # loads the library
+        except KeyboardInterrupt:  # raised, not signalled: click would make it Abort
+            raise Interrupted(SIGINT) from None
         code = handle(lambda: fn(*args, out=out, **kwargs), out.failure, debug)
         try:
             out.commit()
@@ -197,7 +274,7 @@ def guarded(fn):
         raise SystemExit(code or 0)
 
     wrapper = DEBUG_OPTION(wrapper)
-    for option in (QUIET_OPTION, COLOR_OPTION, OUTPUT_OPTION, FORMAT_OPTION):
+    for option in (VERBOSE_OPTION, QUIET_OPTION, COLOR_OPTION, OUTPUT_OPTION, FORMAT_OPTION):
         wrapper = option(wrapper)
     return wrapper
 

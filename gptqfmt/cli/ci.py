@@ -8,6 +8,11 @@
 - JunitReporter (`--format junit`): JUnit XML, one test case per module and one for the
   checkpoint as a whole, for test-report viewers (GitLab, Jenkins, Azure).
 
+A finding about a config block inside a file (`config.json:quantization_config`) is located at
+the file a runner or viewer can open (`config.json`), with the key named: first in the message
+of a GitHub annotation, as a SARIF logical location beside the physical one (JUnit's cases
+are modules, and its lines print the finding's `file` as it is).
+
 verify --against and --reference report modules, not findings: a module that differs is a
 GQ504 here (a tensor outside the modules or a config entry a GQ507), a module inconsistent
 with the fp32 reference a GQ505, so that every CI line carries a code of the catalogue."""
@@ -26,6 +31,7 @@ from ..conversion import ConvertReport
 from ..conversion.relabel import RelabelResult
 from ..doctor import Diagnosis
 from ..findings import CATALOGUE, ERROR, WARNING, Finding
+from ..formats.configs import FILES
 from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
 from ..ops.verify import Report
@@ -121,6 +127,16 @@ class _CiReporter(Reporter):
                           list(findings), message=message))
 
 
+def physical(file: str | None) -> tuple[str | None, str | None]:
+    """(the file, the key inside it) of a finding's `file`: a config block is labelled
+    FILE:KEY (`config.json:quantization_config`, formats/configs.py), a path a CI system cannot
+    open; any other file is itself, with no key."""
+    for name, key in FILES:
+        if key is not None and file == f"{name}:{key}":
+            return name, key
+    return file, None
+
+
 def artifact(target: str | None, file: str | None) -> str | None:
     """The path of a finding's file as a CI system wants it: relative to the working directory
     (the repository root in a CI job) when it lies inside it, else absolute. `file` is relative
@@ -177,10 +193,12 @@ class GithubReporter(_CiReporter):
     def emit(self, o: Outcome) -> None:
         for f in o.findings:
             text = escape(f.message) + (f" (hint: {escape(f.hint)})" if f.hint else "")
-            if f.tensor:
-                text = f"{escape(f.tensor)}: {text}"
+            file, key = physical(f.file)
+            for inside in (f.tensor, key):   # each put in front: key, tensor, message
+                if inside:
+                    text = f"{escape(inside)}: {text}"
             self.echo(gh_command(GITHUB_LEVEL[f.severity], text,
-                                 file=escape(artifact(o.target, f.file)) if f.file else None,
+                                 file=escape(artifact(o.target, file)) if file else None,
                                  title=f"{f.code} {CATALOGUE[f.code].title}"))
         if o.message:
             self.echo(gh_command("error", escape(o.message), title="gptqfmt"))
@@ -227,7 +245,8 @@ def sarif_rules() -> list[dict]:
 
 
 def _sarif_location(o: Outcome, f: Finding) -> dict:
-    path = artifact(o.target, f.file)
+    file, key = physical(f.file)
+    path = artifact(o.target, file)
     loc: dict = {}
     if path is not None:
         absolute = path.startswith("/")
@@ -235,8 +254,13 @@ def _sarif_location(o: Outcome, f: Finding) -> dict:
         if not absolute:
             uri["uriBaseId"] = "%SRCROOT%"
         loc["physicalLocation"] = {"artifactLocation": uri}
+    logical = []
     if f.tensor:
-        loc["logicalLocations"] = [{"fullyQualifiedName": f.tensor, "kind": "member"}]
+        logical.append({"fullyQualifiedName": f.tensor, "kind": "member"})
+    if key:   # the JSON object under that key of the file
+        logical.append({"name": key, "fullyQualifiedName": key, "kind": "object"})
+    if logical:
+        loc["logicalLocations"] = logical
     return loc
 
 

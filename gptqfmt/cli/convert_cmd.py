@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..bits.conventions import GPTQ_V2
-from ..conversion import convert
-from ..formats import FORMATS, TARGETS
 from .boundary import DOWNLOAD_OPTION, guarded
-from .progress import Progress
 
 
 @click.command("convert", short_help="Convert losslessly into a new directory (gptq <-> gptq_v2, "
@@ -16,10 +12,14 @@ from .progress import Progress
 @click.argument("src", type=click.Path(exists=False, file_okay=True, dir_okay=True))
 @click.argument("dst", type=click.Path(exists=False, file_okay=False, dir_okay=True),
                 required=False)
-@click.option("--to", "to", type=click.Choice(TARGETS), default=GPTQ_V2,
-              show_default=True, help="Target: a GPTQ zero-point convention, or "
-                                      "compressed-tensors (pack-quantized).")
-@click.option("--from", "src_convention", type=click.Choice(["auto", *FORMATS]),
+# the choices: formats.TARGETS and formats.FORMATS, written out so that --help loads no library
+# (tests/cli/test_startup.py holds them equal)
+@click.option("--to", "to", type=click.Choice(("gptq", "gptq_v2", "compressed-tensors")),
+              default="gptq_v2", show_default=True,
+              help="Target: a GPTQ zero-point convention, or compressed-tensors "
+                   "(pack-quantized).")
+@click.option("--from", "src_convention",
+              type=click.Choice(("auto", "gptq", "gptq_v2", "compressed-tensors", "awq")),
               default="auto", show_default=True,
               help="Source format or GPTQ convention; auto reads the configs and tensors "
                    "(for GPTQ: the declared convention, refused when the data contradict it).")
@@ -54,6 +54,9 @@ def convert_cmd(src, dst, out, to, src_convention, allow_lossy, dry_run, force, 
 
     Exit 0 converted (or planned, with --dry-run), 1 refused or invalid input (nothing
     written), 2 usage error or DST exists, 3 internal error."""
+    from ..conversion import convert
+    from .progress import Progress
+
     [src] = out.checkpoints(src, download=download)
     show = out.progress
     with Progress(enabled=show, unit="B", desc="write") as bar, \

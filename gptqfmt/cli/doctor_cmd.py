@@ -4,31 +4,16 @@ from __future__ import annotations
 
 import click
 
-from ..doctor import doctor
 from ..errors import UsageError
-from ..runtimes.table import RUNTIMES
-from .boundary import DOWNLOAD_OPTION, guarded
-from .progress import Progress
-
-_IDS = sorted({r.family for r in RUNTIMES} | {r.id for r in RUNTIMES})
-
-
-class _RuntimeId(click.ParamType):
-    """A runtime id or family, with an optional @VERSION; completed from the table."""
-    name = "ID[@VERSION]"
-
-    def shell_complete(self, ctx, param, incomplete):
-        from click.shell_completion import CompletionItem
-        low = incomplete.lower()
-        return [CompletionItem(i) for i in _IDS if i.startswith(low)]
+from .boundary import DOWNLOAD_OPTION, RUNTIME_FAMILIES, RuntimeId, guarded
 
 
 @click.command("doctor", short_help="Will this runtime compute the right weights? If not, "
                                      "the commands that make it so; --fix runs them.")
 @click.argument("path", type=click.Path(exists=False, dir_okay=True, file_okay=True))
-@click.option("--runtime", "runtime", type=_RuntimeId(), default="vllm", show_default=True,
-              help="The runtime, as `gptqfmt doctor` knows it: " + ", ".join(
-                  sorted({r.family for r in RUNTIMES})) + " (or an entry such as "
+@click.option("--runtime", "runtime", type=RuntimeId(), default="vllm", show_default=True,
+              help="The runtime, as `gptqfmt doctor` knows it (any case): "
+                   + ", ".join(RUNTIME_FAMILIES) + " (or an entry such as "
                   "vllm-gptq-gemm), with an optional @VERSION, e.g. vllm@0.25; without one, "
                   "the newest the table knows.")
 @click.option("--fix", "fix", is_flag=False, flag_value="", default=None, metavar="DST",
@@ -52,6 +37,9 @@ def doctor_cmd(path, out, runtime, fix, in_place, capability, download):
 
     Exit 0 when the runtime computes the right weights (with --fix: after the fix), 1 when
     not, 2 usage error, 3 internal error."""
+    from ..doctor import doctor
+    from .progress import Progress
+
     if in_place and fix is None:
         raise UsageError("--in-place goes with --fix (doctor writes only when told to)")
     if fix == "" and not in_place:

@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import click
 
-from ..conversion.relabel import DETECTED, TARGETS, fix_label
 from .boundary import guarded
-from .progress import Progress
 
 
 @click.command("fix-label", short_help="Set checkpoint_format/format in the configs to the "
                                         "convention the data have, in place; then verify.")
 @click.argument("path", type=click.Path(exists=False, file_okay=True, dir_okay=True))
-@click.option("--to", "to", type=click.Choice(TARGETS), default=DETECTED, show_default=True,
+# the choices: conversion.relabel.TARGETS, written out so that --help loads no library
+# (tests/cli/test_startup.py holds them equal)
+@click.option("--to", "to", type=click.Choice(("detected", "gptq", "gptq_v2")),
+              default="detected", show_default=True,
               help="The label to write: the detected convention, or one you name (refused "
                    "when the data contradict it).")
 @click.option("--dry-run", is_flag=True, help="Say what would change; write nothing.")
@@ -28,6 +29,9 @@ def fix_label_cmd(path, out, to, dry_run):
 
     Exit 0 relabelled (or planned) and verify passes, 1 refused or verify fails, 2 usage
     error or unwritable configs, 3 internal error."""
+    from ..conversion.relabel import fix_label
+    from .progress import Progress
+
     with Progress(enabled=out.progress and not dry_run, unit="B",
                   desc="verify") as bar:
         result = fix_label(path, to=to, dry_run=dry_run, progress=bar.update)

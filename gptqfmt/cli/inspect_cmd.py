@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import click
 
-from ..ops.inspect import inspect_checkpoint
 from .boundary import DOWNLOAD_OPTION, SUMMARY_OPTION, guarded
 
 
@@ -19,6 +18,8 @@ def inspect_cmd(path, out, download):
 
     Exit 0 when nothing is wrong, 1 when findings of severity error exist, 2 when PATH cannot be
     read."""
+    from ..ops.inspect import inspect_checkpoint
+
     [path] = out.checkpoints(path, download=download)
     result = inspect_checkpoint(path)
     code = 0 if result.ok else 1

@@ -6,12 +6,11 @@ from __future__ import annotations
 import click
 
 from ..version import __version__
-from .boundary import Interrupted
+from .boundary import FORMAT_NAMES, Interrupted
 from .convert_cmd import convert_cmd
 from .doctor_cmd import doctor_cmd
 from .fix_label_cmd import fix_label_cmd
 from .inspect_cmd import inspect_cmd
-from .reporters import REPORTERS, reporter
 from .verify_cmd import verify_cmd
 
 __all__ = ["Interrupted", "main", "run"]
@@ -44,12 +43,15 @@ def run(argv: list[str] | None = None, command: click.Command | None = None,
     argument) still prints one JSON document under --format json.
 
     SIGINT, SIGTERM and SIGHUP unwind like Ctrl-C (convert removes its staging directory) and
-    exit 128 + the signal number: 130, 143, 129. A closed stdout (`| head -1`) exits 141
-    quietly."""
+    exit 128 + the signal number: 130, 143, 129; so does a Ctrl-C before the handlers are set
+    (interrupted_at_start). A closed stdout (`| head -1`) exits 141 quietly."""
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
-    restore = _handle_signals()
+    try:
+        restore = _handle_signals()
+    except KeyboardInterrupt:  # Ctrl-C before the handlers were set
+        raise SystemExit(interrupted_at_start(args)) from None
     try:
         try:
             code = _invoke(args, command or main, prog_name)
@@ -79,7 +81,10 @@ def _invoke(args: list[str], command: click.Command, prog_name: str) -> int:
         except ValueError as e:  # a malformed GPTQFMT_FAULT (a test hook): one line, exit 2
             _report_outside_command(args, 2, str(e))
             return 2
-        return command.main(args=args, prog_name=prog_name, standalone_mode=False)
+        try:
+            return command.main(args=args, prog_name=prog_name, standalone_mode=False)
+        except click.NoSuchOption as e:
+            raise _with_its_commands(e, args) from None
     except SystemExit as e:
         # click catches EPIPE itself: it swaps in a sys.stdout that swallows the error and exits
         # 1 (older versions: from inside the except clause). Closed output is handled here.
@@ -91,15 +96,74 @@ def _invoke(args: list[str], command: click.Command, prog_name: str) -> int:
         if _format_of(args) == "text":
             e.show()  # click's own usage text
         else:
-            reporter(_format_of(args)).failure("error", e.exit_code, message=e.format_message())
+            _report_outside_command(args, e.exit_code, message=e.format_message())
         return e.exit_code
-    except click.Abort:  # EOF at a prompt, or a KeyboardInterrupt click caught itself
+    except click.Abort as e:  # EOF at a prompt, or a KeyboardInterrupt click caught itself
+        if isinstance(e.__cause__, KeyboardInterrupt):
+            return interrupted(args)
         _report_outside_command(args, 130, "aborted")
         return 130
 
 
 def _report_outside_command(args: list[str], exit_code: int, message: str) -> None:
-    reporter(_format_of(args)).failure("error", exit_code, message=message)
+    fmt = _format_of(args)
+    if fmt == "text":  # what the text reporter prints, without loading the reporters
+        from .output import note
+
+        note(f"gptqfmt: error: {message}")
+        return
+    from .reporters import reporter
+
+    reporter(fmt).failure("error", exit_code, message=message)
+
+
+def interrupted_at_start(args: list[str]) -> int:
+    """A Ctrl-C (KeyboardInterrupt) before run() set its signal handlers (gptqfmt.cli.run
+    catches one while this module loads), reported as one later is; returns 130. A second
+    Ctrl-C meanwhile ends the process at once, as one does while a command unwinds."""
+    import signal
+    import threading
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_DFL) if in_main else None
+    try:
+        return interrupted(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def interrupted(args: list[str]) -> int:
+    """Report a Ctrl-C that came outside a command body as Interrupted reports one: one line
+    (or one document); returns the exit code, 130."""
+    import signal
+
+    e = Interrupted(signal.SIGINT)
+    _report_outside_command(args, e.exit_code, str(e))
+    return e.exit_code
+
+
+def _with_its_commands(e: click.NoSuchOption, args: list[str]) -> click.NoSuchOption:
+    """An option the command does not have: when other commands of the group have it, the
+    error says which, and the command line with the first of them, in place of click's "Did
+    you mean", which would offer an unrelated option of this command. Else `e` as it is."""
+    import shlex
+
+    ctx = e.ctx
+    root = ctx.find_root() if ctx is not None else None
+    if ctx is None or root is None or ctx is root or not isinstance(root.command, click.Group):
+        return e  # a command without siblings, or an option before the command name
+    name, here = e.option_name, ctx.info_name or ""
+    owners = [n for n, c in root.command.commands.items() if n != here
+              and any(name in p.opts or name in p.secondary_opts for p in c.params)]
+    if not owners:
+        return e  # no command has it: click's suggestion stands
+    have = owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}"
+    i = args.index(here) if here in args else len(args)
+    line = shlex.join([root.info_name or "gptqfmt", *args[:i], owners[0], *args[i + 1:]])
+    message = (f"{e.message.rstrip('.')} ({here} has no {name}; {have} "
+               f"{'has' if len(owners) == 1 else 'have'} it: `{line}`)")
+    return click.NoSuchOption(name, message, ctx=ctx)
 
 
 HANDLED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
@@ -170,6 +234,6 @@ def _format_of(args: list[str]) -> str:
     for a, b in zip(args, args[1:] + [""]):
         value = a.partition("=")[2] if a.startswith("--format=") else b if a == "--format" \
             else None
-        if value in REPORTERS:
+        if value in FORMAT_NAMES:
             fmt = value
     return fmt

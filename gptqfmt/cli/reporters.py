@@ -31,7 +31,7 @@ from .text_lines import (
     verify_lines,
     without_rows,
 )
-from .view import PLAIN, Line, View
+from .view import PLAIN, Line, View, width, wrapped
 
 
 def with_exit_code(doc: dict[str, Any], code: int) -> dict[str, Any]:
@@ -50,10 +50,10 @@ class JsonReporter(Reporter):
     name = "json"
 
     def inspect(self, result: InspectResult, code: int) -> None:
-        emit_json(result.to_json(), self.stream)
+        emit_json(with_exit_code(result.to_json(), code), self.stream)
 
     def verify(self, report: Report, strict: bool, code: int) -> None:
-        emit_json(report.to_json(strict), self.stream)
+        emit_json(with_exit_code(report.to_json(strict), code), self.stream)
 
     def against(self, rep: EquivalenceReport, code: int) -> None:
         emit_json(with_exit_code(rep.to_json(), code), self.stream)
@@ -65,7 +65,10 @@ class JsonReporter(Reporter):
         emit_json(with_exit_code(report.to_json(), code), self.stream)
 
     def fix_label(self, result: RelabelResult, code: int) -> None:
-        emit_json(with_exit_code(result.to_json(), code), self.stream)
+        doc = with_exit_code(result.to_json(), code)
+        if result.verify is not None:   # verify's document as verify prints it (not --strict)
+            doc["verify"] = with_exit_code(doc["verify"], 1 if result.verify.failed() else 0)
+        emit_json(doc, self.stream)
 
     def doctor(self, result: Diagnosis, code: int) -> None:
         emit_json(with_exit_code(result.to_json(), code), self.stream)
@@ -86,15 +89,17 @@ class TextReporter(Reporter):
     def _show(self, lines: list[Line], modules: int = 0) -> None:
         if self.view.summarise(modules):
             lines = without_rows(lines)
+        columns = width()
         for line in self.view.shown(lines):
-            self.echo(self.view.paint(Line(defuse(line.text), line.kind, line.level)))
+            for piece in wrapped(line.text, columns):
+                self.echo(self.view.paint(Line(defuse(piece), line.kind, line.level)))
 
     def inspect(self, result: InspectResult, code: int) -> None:
         doc = result.to_json()
-        self._show(inspect_lines(result, doc), len(doc["modules"]))
+        self._show(inspect_lines(result, doc, self.view.verbose), len(doc["modules"]))
 
     def verify(self, report: Report, strict: bool, code: int) -> None:
-        self._show(verify_lines(report, strict))
+        self._show(verify_lines(report, strict, self.view.verbose))
 
     def against(self, rep: EquivalenceReport, code: int) -> None:
         self._show(against_lines(rep), len(rep.modules))
@@ -103,17 +108,17 @@ class TextReporter(Reporter):
         self._show(reference_lines(rep), len(rep.modules))
 
     def convert(self, report: ConvertReport, code: int) -> None:
-        self._show(convert_lines(report))
+        self._show(convert_lines(report, self.view.verbose))
 
     def fix_label(self, result: RelabelResult, code: int) -> None:
-        self._show(fix_label_lines(result))
+        self._show(fix_label_lines(result, self.view.verbose))
 
     def doctor(self, result: Diagnosis, code: int) -> None:
-        self._show(doctor_lines(result))
+        self._show(doctor_lines(result, self.view.verbose))
 
     def failure(self, status: str, code: int, findings: Sequence[Finding] = (),
                 message: str | None = None) -> None:
-        self._show(failure_lines(list(findings)))
+        self._show(failure_lines(list(findings), self.view.verbose))
         if message:
             note(f"gptqfmt: error: {message}")  # note() escapes, once; never quieted
 

@@ -4,6 +4,9 @@ line. Every report is built from the result object or its JSON document, never f
 reading of the checkpoint; the CI reporters (ci.py) take their final line from here too."""
 from __future__ import annotations
 
+import re
+
+from ..bits.conventions import CONVENTIONS
 from ..conversion import ConvertReport
 from ..conversion.relabel import RelabelResult
 from ..doctor import BROKEN, UNDECIDED, Diagnosis, in_place_possible
@@ -19,8 +22,91 @@ def final(text: str, ok: bool) -> Line:
     return Line(text, "final", "ok" if ok else "error")
 
 
-def findings_lines(findings, indent: str = "") -> list[Line]:
-    return [Line(indent + finding_line(f), "finding", f.severity) for f in findings]
+def status(ok: bool, summary: dict, tail: str = "", infos_hidden: bool = False) -> Line:
+    """The last line of every command, one grammar: `OK|FAIL: N modules, E errors, W warnings,
+    I infos; what happened` (the modules left out where the command stopped before it
+    counted them)."""
+    modules = "" if summary["modules"] is None else f"{plural(summary['modules'], 'module')}, "
+    text = (f"{'OK' if ok else 'FAIL'}: {modules}"
+            f"{plural(summary['errors'], 'error')}, {plural(summary['warnings'], 'warning')}, "
+            f"{plural(summary['infos'], 'info')}")
+    if infos_hidden and summary["infos"]:
+        text += " (-v lists them)"
+    return final(text + (f"; {tail}" if tail else ""), ok)
+
+
+def counts(findings, modules: int | None) -> dict:
+    """The status line's counts: modules (None: not known, left out) and findings by
+    severity."""
+    by = {"error": 0, "warning": 0, "info": 0}
+    for f in findings:
+        by[f.severity] += 1
+    return {"modules": modules, "errors": by["error"], "warnings": by["warning"],
+            "infos": by["info"]}
+
+
+def verdict(ok: bool, reason: str) -> Line:
+    """The first line of every command: the answer and the one reason that matters most."""
+    return Line(f"{'OK' if ok else 'FAIL'}: {reason}", "verdict", "ok" if ok else "error")
+
+
+#: Which failing finding gives the verdict's reason: the label first (every zero point off by
+#: one), then the container, the configs, the shapes, the rest, in code order.
+def _weight(f: Finding) -> tuple:
+    return (f.code != "GQ401", f.code)
+
+
+def top_reason(findings: list[Finding], failing: set[str], cf: dict | None) -> str | None:
+    """The reason of the most important failing finding, in words, with how many others
+    there are; None when nothing fails."""
+    bad = [f for f in findings if f.severity in failing]
+    if not bad:
+        return None
+    top = min(bad, key=_weight)
+    if top.code == "GQ401" and cf is not None:
+        declared = cf.get("declared") or "nothing"
+        reason = (f"declared {declared}, the data are {cf['detected']}: every runtime that reads "
+                  "the zero points reads each one off by one")
+    else:
+        where = _where(top)
+        reason = (f"{escape(top.message).rstrip('.')} "
+                  f"({where + ': ' if where else ''}{top.code})")
+    others = len(bad) - 1
+    return reason + (f" (and {plural(others, 'more finding')})" if others else "")
+
+
+def _where(f: Finding) -> str:
+    where = escape(f.file)
+    if f.tensor:
+        where = f"{where}::{escape(f.tensor)}" if where else escape(f.tensor)
+    return where
+
+
+def findings_lines(findings, indent: str = "", verbose: bool = True,
+                   failing: frozenset[str] = frozenset({"error"})) -> list[Line]:
+    """One line per finding (-v); by default infos are left out (the status line counts them)
+    and findings that say the same thing of several modules (the same code and message, but
+    for the numbers) are one line naming the first and counting the others."""
+    if verbose:
+        return [Line(indent + finding_line(f), "finding", f.severity,
+                     f.severity in failing) for f in findings]
+    groups: dict[tuple, list[Finding]] = {}
+    for f in findings:
+        if f.severity != "info":
+            groups.setdefault((f.code, _DIGITS.sub("#", f.message), f.hint and
+                               _DIGITS.sub("#", f.hint)), []).append(f)
+    lines = []
+    for same in groups.values():
+        text = finding_line(same[0])
+        if len(same) > 1:
+            head, more = _where(same[0]), f"(and {len(same) - 1} more like it)"
+            text = f"{head} {more}{text[len(head):]}" if head else f"{more} {text}"
+        lines.append(Line(indent + text, "finding", same[0].severity,
+                          same[0].severity in failing))
+    return lines
+
+
+_DIGITS = re.compile(r"\d+(\.\d+)?")
 
 
 def rows(lines: list[str]) -> list[Line]:
@@ -50,7 +136,7 @@ def _yn(v) -> str:
     return "?" if v is None else ("yes" if v else "no")
 
 
-def _where(declared_in: list[dict]) -> str:
+def _places(declared_in: list[dict], verbose: bool = True) -> str:
     if not declared_in:
         return ""
     if len({d["value"] for d in declared_in}) == 1:
@@ -59,22 +145,24 @@ def _where(declared_in: list[dict]) -> str:
         keys = sorted({f"{d['file']}:{d['key']}" + (f"={escape(d['written'])}"
                                                      if "written" in d else "")
                        for d in declared_in})
-        return f"  (in {len(keys)} place{'s' if len(keys) > 1 else ''}: {', '.join(keys)})"
+        n = f"in {len(keys)} place{'s' if len(keys) > 1 else ''}"
+        return f"  ({n}: {', '.join(keys)})" if verbose or len(keys) == 1 else \
+            f"  ({n}; -v lists them)"
     return "  (conflicting: " + ", ".join(
         f"{d['file']}:{d['key']}={escape(d.get('written', d['value']))}"
         + (f" ({d['value']})" if "written" in d else "") for d in declared_in) + ")"
 
 
 def _head_lines(doc: dict) -> list[Line]:
-    """inspect's first lines, every format: the path, the files and where the config is from."""
+    """inspect's first lines after the verdict: the path, the files and where the config is
+    from."""
     size = sum(f["size"] for f in doc["files"])
-    n_files = len(doc["files"])
     bad = doc.get("unreadable_files", [])
     n_files = len(doc["files"]) + len(bad)
     kind = "shards" if doc["sharded"] else "file" + ("s" if n_files > 1 else "")
     cannot = f" ({len(bad)} cannot be read: {', '.join(map(escape, bad))})" if bad else ""
     return [Line(f"checkpoint   {escape(doc['path'])}"),
-            Line(f"files        {n_files} {kind}{cannot}, {human_bytes(size)}, config from "
+            Line(f"files        {n_files} {kind}{cannot}, {human_bytes(size)}; config from "
                  f"{', '.join(doc['config_sources']) or 'nothing (no config file)'}")]
 
 
@@ -84,31 +172,53 @@ def _modules_line(doc: dict) -> Line:
                 f"({human_bytes(doc['other_tensors']['bytes'])})")
 
 
-def _tail_lines(findings: list[Finding], doc: dict) -> list[Line]:
-    """inspect's last lines, every format: the findings and the status."""
-    lines = []
-    if findings:
-        lines.append(Line(f"findings     {len(findings)}"))
-        lines += findings_lines(findings, "  ")
-    s = doc["summary"]
-    lines.append(final(f"{doc['status']}: {plural(s['errors'], 'error')}, "
-                       f"{plural(s['warnings'], 'warning')}, {plural(s['infos'], 'info')}",
-                       doc["status"] == "ok"))
-    return lines
+def _reads(cf: dict) -> str:
+    """The convention the runtimes read: the label's, gptq where there is none."""
+    return cf.get("effective") or cf.get("declared") or "gptq"
 
 
-def inspect_lines(result: InspectResult, doc: dict) -> list[Line]:
-    """inspect's text report, from its JSON document (one source for both): a checkpoint
-    whose zero points follow a label with what it declares and what the data are, one that
-    stores them exactly with its format."""
+def _ok_reason(cf: dict | None, runtimes: list[dict], what: str, describe: str = "") -> str:
+    """The verdict's reason where nothing fails: what the zero points are, and how many
+    runtimes serve the checkpoint right."""
+    if cf is None:
+        head = f"{describe}, zero points stored exactly"
+    elif cf["detected"] == _reads(cf):
+        head = (f"the data are {cf['detected']}, as declared" if cf["declared"]
+                else f"no label, data {cf['detected']} (as runtimes assume)")
+    else:
+        head = (f"declared {cf['declared'] or 'nothing'}; the data do not decide "
+                f"({cf['detected']})")
+    right = sum(1 for v in runtimes if v["loads"] and v["decodes_correctly"])
+    tail = f"; {right} of {len(runtimes)} runtimes decode it right" if runtimes else ""
+    return f"{what + '; ' if what else ''}{head}{tail}"
+
+
+def _mark(verdict: str | None, reads: str) -> str:
+    """A module's zero-point verdict, marked where it is not what the runtimes read."""
+    if verdict in (None, "-"):
+        return "-"
+    return verdict + (" (!)" if verdict in CONVENTIONS and verdict != reads else "")
+
+
+def inspect_lines(result: InspectResult, doc: dict, verbose: bool = False) -> list[Line]:
+    """inspect's text report, from its JSON document (one source for both): the verdict, a
+    checkpoint whose zero points follow a label with what it declares and what the data are,
+    one that stores them exactly with its format; the runtimes; the findings; the status."""
     if result.detection is None:
-        return format_inspect_lines(result, doc)
+        return format_inspect_lines(result, doc, verbose)
     cf, q = doc["checkpoint_format"], doc["quantization"]
-    lines = _head_lines(doc)
+    reads = _reads(cf)
+    reason = top_reason(result.findings, {"error"}, cf) or _ok_reason(
+        cf, doc.get("runtimes", []), "")
+    lines = [verdict(doc["status"] == "ok", reason)] + _head_lines(doc)
     declared = cf["declared"] or "none (runtimes read gptq)"
-    lines.append(Line(f"declared     {declared}{_where(cf['declared_in'])}"))
+    mismatch = (f"  MISMATCH: the data are {cf['detected']}"
+                if cf["detected"] in CONVENTIONS and cf["detected"] != reads else "")
+    lines.append(Line(f"declared     {declared}{mismatch}{_places(cf['declared_in'], verbose)}",
+                      "text", "error" if mismatch else None))
+    evidence = cf["evidence"] if verbose else cf["evidence"][:1]
     lines.append(Line(f"detected     {cf['detected']} (confidence {cf['confidence']:.2f}; "
-                      f"{escape('; '.join(cf['evidence']))})"))
+                      f"{escape('; '.join(evidence))})"))
     lines.append(Line(f"quantization bits={q['bits']} group_size={q['group_size']} "
                       f"sym={_yn(q['sym'])} desc_act={_yn(q['desc_act'])} "
                       f"pack_dtype={q['pack_dtype']}"
@@ -120,18 +230,45 @@ def inspect_lines(result: InspectResult, doc: dict) -> list[Line]:
                   _yn(m["desc_act"]),
                   f"{m['in_features']}x{m['out_features']}" if m["in_features"] else "?",
                   m["pack_dtype"] or "?", m["scale_dtype"] or "?",
-                  (m["zero_point"] or {}).get("verdict", "-")] for m in mods]
+                  _mark((m["zero_point"] or {}).get("verdict"), reads)] for m in mods]
         lines += rows(["  " + r for r in table(cells, ["module", "bits", "group", "act", "KxN",
                                                        "pack", "scales", "zeros"])])
-    return lines + runtime_lines(doc["runtimes"]) + _tail_lines(result.findings, doc)
+    return (lines + runtime_lines(doc.get("runtimes", []), verbose)
+            + _tail_lines(result.findings, doc, verbose))
 
 
-def format_inspect_lines(result: InspectResult, doc: dict) -> list[Line]:
+def _tail_lines(findings: list[Finding], doc: dict, verbose: bool) -> list[Line]:
+    """inspect's last lines: the findings and the status."""
+    lines = []
+    shown = findings_lines(findings, "  ", verbose)
+    if shown:
+        lines.append(Line("findings"))
+        lines += shown
+    return lines + [status(doc["status"] == "ok", doc["summary"], _conventions(doc),
+                           infos_hidden=not verbose)]
+
+
+def _conventions(doc: dict) -> str:
+    """The status line's tail for inspect and verify: the label and the data, or the
+    format where zero points are stored exactly."""
+    cf = doc.get("checkpoint_format")
+    if cf is None:
+        return doc.get("format") or ""
+    declared = cf["declared"] or "none"
+    if declared == cf["detected"]:
+        return f"{declared} declared and detected"
+    return f"declared {declared}, detected {cf['detected']}"
+
+
+def format_inspect_lines(result: InspectResult, doc: dict, verbose: bool = False
+                         ) -> list[Line]:
     """inspect's text report of a checkpoint that stores its zero points exactly
     (compressed-tensors, AWQ), from its JSON."""
     q = doc["quantization"]
-    lines = _head_lines(doc) + [
-        Line(f"format       {escape(result.source.describe())}"),
+    describe = escape(result.source.describe())
+    reason = top_reason(result.findings, {"error"}, None) or _ok_reason(None, [], "", describe)
+    lines = [verdict(doc["status"] == "ok", reason)] + _head_lines(doc) + [
+        Line(f"format       {describe}"),
         Line("zero points  stored exactly (Z itself): no convention to detect"),
         Line(f"quantization bits={q['bits']} group_size={q['group_size']} sym={_yn(q['sym'])} "
              f"desc_act={_yn(q['desc_act'])}" + (" (mixed per module)" if q["mixed"] else ""))]
@@ -143,17 +280,24 @@ def format_inspect_lines(result: InspectResult, doc: dict) -> list[Line]:
                   "sym" if m["sym"] else "asym"] for m in mods]
         lines += rows(["  " + r for r in table(cells, ["module", "bits", "group", "act", "KxN",
                                                        "scales", "zeros"])])
-    return lines + _tail_lines(result.findings, doc)
+    return lines + _tail_lines(result.findings, doc, verbose)
 
 
-def verify_lines(report: Report, strict: bool) -> list[Line]:
-    lines = findings_lines(report.findings)
+def verify_lines(report: Report, strict: bool, verbose: bool = False) -> list[Line]:
+    """verify's text report: the verdict, the findings, the checksums, the runtimes, the
+    status."""
     doc = report.to_json(strict)
     ok = not report.failed(strict)
-    s = doc["summary"]
-    counts = (f"{'OK' if ok else 'FAIL'}: {plural(s['modules'], 'module')}, "
-              f"{plural(s['errors'], 'error')}, {plural(s['warnings'], 'warning')}, "
-              f"{plural(s['infos'], 'info')}; ")
+    failing = {"error", "warning"} if strict else {"error"}
+    cf = doc.get("checkpoint_format")
+    runtimes = doc.get("runtimes", [])
+    describe = escape(report.source.describe()) if report.detection is None else ""
+    warned = doc["summary"]["warnings"]
+    reason = top_reason(report.findings, failing, cf) or _ok_reason(
+        cf, runtimes, "every check passes" + (f" ({plural(warned, 'warning')})" if warned
+                                              else ""), describe)
+    lines = [verdict(ok, reason)]
+    lines += findings_lines(report.findings, "", verbose, frozenset(failing))
     cs = doc.get("checksums")
     if cs:
         lines.append(Line(f"checksums    {plural(cs['files'], 'file')} "
@@ -164,13 +308,12 @@ def verify_lines(report: Report, strict: bool) -> list[Line]:
                           + (f"; {plural(len(cs['unrecorded']), 'file')} with no record"
                              if cs["unrecorded"] else ""),
                           "text", "error" if cs["mismatched"] else None))
-    if report.detection is None:
-        return lines + [final(counts + f"{escape(report.source.describe())}; zero points "
-                                       "stored exactly", ok)]
-    cf = doc["checkpoint_format"]
-    return lines + runtime_lines(doc["runtimes"]) + [final(
-        counts + f"declared {cf['declared'] or 'none'} (runtimes read {cf['effective']}), "
-                 f"detected {cf['detected']} (confidence {cf['confidence']:.4f})", ok)]
+    if cf is not None and verbose:
+        lines.append(Line(f"zero points  declared {cf['declared'] or 'none'} (runtimes read "
+                          f"{cf['effective']}), detected {cf['detected']} (confidence "
+                          f"{cf['confidence']:.4f}; {escape('; '.join(cf['evidence']))})"))
+    return lines + runtime_lines(runtimes, verbose) + [
+        status(ok, doc["summary"], _conventions(doc), infos_hidden=not verbose)]
 
 
 def against_lines(rep: EquivalenceReport) -> list[Line]:
@@ -184,7 +327,11 @@ def against_lines(rep: EquivalenceReport) -> list[Line]:
     lines += [Line(f"{escape(d.where)}: DIFFERS: {d.what}", "finding", "error")
               for d in rep.tensors + rep.configs]
     n_eq = sum(m.equal for m in rep.modules)
-    return lines + [final(
+    n = len(rep.modules)
+    return [verdict(rep.equivalent, "both compute the same Y = X @ W in every module"
+                    if rep.equivalent else f"{n - n_eq} of {plural(n, 'module')} compute "
+                    "another Y = X @ W" if n_eq < n else "a tensor or config differs")
+            ] + lines + [final(
         f"{'OK' if rep.equivalent else 'FAIL'}: {n_eq} of {plural(len(rep.modules), 'module')} "
         f"compute the same Y = X @ W, {rep.tensors_identical} of "
         f"{plural(rep.tensors_compared, 'other tensor')} identical byte for byte, "
@@ -209,91 +356,127 @@ def reference_lines(rep: ReferenceReport) -> list[Line]:
     lines = [Line(f"{escape(d.name)}: {d.verdict}" + (f" ({d.detail})" if d.detail else ""),
                   "finding" if d in bad else "row", "error" if d in bad else None)
              for d in rep.modules]
-    return lines + [final(f"{'FAIL' if bad else 'OK'}: {len(rep.modules) - len(bad)} of "
+    return [verdict(not bad, f"{len(bad)} of {plural(len(rep.modules), 'module')} inconsistent"
+                    if bad else "every module consistent under every runtime's reading")
+            ] + lines + [final(f"{'FAIL' if bad else 'OK'}: {len(rep.modules) - len(bad)} of "
                           f"{len(rep.modules)} modules consistent under every runtime's "
                           f"reading of the label {rep.declared} (the data are "
                           f"{rep.detected}; fp32 reference)", not bad)]
 
 
-def convert_lines(report: ConvertReport) -> list[Line]:
+def convert_lines(report: ConvertReport, verbose: bool = False) -> list[Line]:
+    """convert's text report: what was converted (the verdict), the findings, the proof, the
+    status."""
     doc = report.to_json()
-    lines = findings_lines(report.findings)
     t = doc["totals"]
+    n = len(doc["modules"])
     verb = "would convert" if report.dry_run else "converted"
+    if report.in_place:
+        where = f"{escape(report.src)} in place ({doc['from']} -> {doc['to']})"
+    else:
+        where = (f"{escape(report.src)} ({doc['from']}) -> {escape(report.dst)} "
+                 f"({doc['to']})")
     if report.between_formats:
-        lines.append(final(
-            f"{verb} {escape(report.src)} ({doc['from']}) -> {escape(report.dst)} "
-            f"({doc['to']}): {plural(len(doc['modules']), 'module')} re-laid out "
-            f"(codes, zero points, scales); "
-            + (f"{t['changed']} of {plural(t['fields'], 'zero point')} re-encoded "
-               f"from gptq's Z - 1, {t['ambiguous']} ambiguous, {t['lossy']} lossy"
-               if report.zeros_reencoded else
-               f"{plural(t['fields'], 'zero point')} carried exactly"), True))
-        if report.gate is not None:
-            checks = report.gate.modules
-            lines.append(Line(f"verified ({report.backend}): {plural(len(checks), 'module')} "
-                              f"equal in codes, zero points, scales and g_idx with Y = X @ W "
-                              f"bitwise; {report.gate.bytes_compared} bytes of other tensors "
-                              "identical"))
-        return lines
-    where = (f"{escape(report.src)} in place ({doc['from']} -> {doc['to']})" if report.in_place
-             else f"{escape(report.src)} ({doc['from']}) -> {escape(report.dst)} ({doc['to']})")
-    lines.append(final(f"{verb} {where}: {plural(len(doc['modules']), 'module')}, "
-                       f"{t['changed']} of {plural(t['fields'], 'zero-point field')} changed, "
-                       f"{t['ambiguous']} ambiguous, {t['lossy']} lossy", True))
-    if t["changed"] == 0 and not report.dry_run:
+        what = (f"{plural(n, 'module')} re-laid out (codes, zero points, scales); "
+                + (f"{t['changed']} of {plural(t['fields'], 'zero point')} re-encoded from "
+                   f"gptq's Z - 1, {t['ambiguous']} ambiguous, {t['lossy']} lossy"
+                   if report.zeros_reencoded else
+                   f"{plural(t['fields'], 'zero point')} carried exactly"))
+    else:
+        what = (f"{plural(n, 'module')}, {t['changed']} of "
+                f"{plural(t['fields'], 'zero-point field')} changed, {t['ambiguous']} "
+                f"ambiguous, {t['lossy']} lossy")
+    lines = [verdict(True, f"{verb} {where}: {what}")]
+    lines += findings_lines(report.findings, "", verbose)
+    if not report.between_formats and t["changed"] == 0 and not report.dry_run:
         lines.append(Line("no zero point changed (already in the target convention); configs "
                           "normalised"))
     if report.gate is not None:
-        checks = report.gate.modules
-        lossy = sum(1 for c in checks if c.lossy_cells)
-        what = (f"{report.gate.bytes_compared} bytes rewritten (qzeros ranges and configs) and "
-                "read back as proven" if report.in_place else
-                f"{report.gate.bytes_compared} bytes outside qzeros identical")
-        lines.append(Line(
-            f"verified ({report.backend}): {what}, "
-            f"{plural(len(checks) - lossy, 'module')} bitwise equal"
-            + (f", {lossy} lossy as reported (max relative output error "
-               f"{max(c.rel_err for c in checks):.3g})" if lossy else "")))
-    return lines
+        lines.append(Line(_proof(report, doc)))
+    tail = ("nothing written (--dry-run)" if report.dry_run else
+            f"{escape(report.src)} rewritten in place" if report.in_place else
+            f"{escape(report.dst)} written")
+    return lines + [status(True, counts(report.findings, n), tail, infos_hidden=not verbose)]
 
 
-def fix_label_lines(result: RelabelResult) -> list[Line]:
+def _proof(report: ConvertReport, doc: dict) -> str:
+    """What the gate proved before anything was visible, and, for a lossy conversion, how far
+    the outputs moved: measured against the source read as its own convention."""
+    gate = report.gate
+    assert gate is not None
+    checks = gate.modules
+    if report.between_formats:
+        return (f"verified ({report.backend}): {plural(len(checks), 'module')} equal in codes, "
+                f"zero points, scales and g_idx with Y = X @ W bitwise; "
+                f"{gate.bytes_compared} bytes of other tensors identical")
+    lossy = [c for c in checks if c.lossy_cells]
+    what = (f"{gate.bytes_compared} bytes rewritten (qzeros ranges and configs) and read back "
+            "as proven" if report.in_place else
+            f"{gate.bytes_compared} bytes outside qzeros identical")
+    text = (f"verified ({report.backend}): {what}, "
+            f"{plural(len(checks) - len(lossy), 'module')} bitwise equal")
+    if lossy:
+        worst = max(lossy, key=lambda c: c.rel_err)
+        src, dst = doc["from"], doc["to"]
+        z = ("Z = 0, which gptq cannot store" if dst == "gptq" else
+             "a stored maxq, whose Z (2^bits under gptq's reading) gptq_v2 cannot store")
+        text += (f"; {len(lossy)} lossy as reported: where the source's zero points are {z}, "
+                 f"Y = X @ W moves by at most {worst.rel_err:.3g} relative "
+                 f"(||Y - Y_src|| / ||Y_src||, {worst.name}; Y_src: the source read as {src}, "
+                 "on the columns that hold such a zero, random X)")
+    return text
+
+
+def fix_label_lines(result: RelabelResult, verbose: bool = False) -> list[Line]:
+    """fix-label's text report: what it wrote (the verdict), each change, then verify's
+    findings and runtimes on the result, and the status."""
     p = result.plan
-    lines = findings_lines(p.findings)
     det = p.detection
+    modules = len(det.modules)
     if p.refused:
-        return lines + [final(f"FAIL: nothing written to {escape(str(p.path))} (detected "
-                              f"{det.verdict})", False)]
+        f = counts(p.findings, modules)
+        return ([verdict(False, (top_reason(p.findings, {"error"}, None) or "refused")
+                         + f"; nothing written to {escape(str(p.path))}")]
+                + findings_lines(p.findings, "", verbose)
+                + [status(False, f, f"nothing written (detected {det.verdict})")])
     verb = "would set" if result.dry_run else "set"
+    head = f"label {p.target} (detected {det.verdict}, confidence {det.confidence:.4f})"
+    if not p.changes:
+        first, tail = f"{head}: every config already says so", "nothing written"
+    elif result.dry_run:
+        first = f"{head}: {plural(len(p.files), 'file')} would change"
+        tail = "nothing written (--dry-run)"
+    else:
+        first = f"{head}: rewrote {', '.join(escape(f) for f in result.written)}"
+        tail = f"{', '.join(escape(f) for f in result.written)} rewritten"
+    rep = result.verify
+    ok = rep is None or not rep.failed()
+    lines = [verdict(ok, first)] + findings_lines(p.findings, "", verbose)
     for c in p.changes:
-        old = "missing" if c.old is None else repr(c.old)
+        old = "missing" if c.old is None else c.old
         if c.new is None:   # a key GPTQModel refuses by name (is_marlin_format: false)
             lines.append(Line(f"{escape(c.file)}: {'would remove' if result.dry_run else 'remove'}"
                               f" {c.key} ({escape(c.old or '')}; GPTQModel 6.0 and later refuse "
                               "the key)"))
             continue
-        lines.append(Line(f"{escape(c.file)}: {verb} {c.key} {escape(old)} -> {c.new!r}"))
-    head = f"label {p.target} (detected {det.verdict}, confidence {det.confidence:.4f})"
-    if not p.changes:
-        lines.append(final(f"{head}: every config already says so; nothing written", True))
-    elif result.dry_run:
-        lines.append(final(f"{head}: {plural(len(p.files), 'file')} would change; nothing "
-                           "written (--dry-run)", True))
-    else:
-        lines.append(final(f"{head}: rewrote {', '.join(escape(f) for f in result.written)}",
-                           True))
-    if result.verify is not None:
-        lines += verify_lines(result.verify, False)
-    return lines
+        lines.append(Line(f"{escape(c.file)}: {verb} {c.key} {escape(old)} -> {escape(c.new)}"))
+    if rep is None:
+        return lines + [status(ok, counts(p.findings, modules), tail)]
+    after = verify_lines(rep, False, verbose)
+    body = [ln for ln in after if ln.kind not in ("verdict", "final")]
+    if not ok:
+        body.insert(0, Line("verify after: " + after[0].text, "text", "error"))
+    summary = rep.to_json()["summary"]
+    return lines + body + [status(ok, summary, tail if ok else f"{tail}, and verify fails",
+                                  infos_hidden=not verbose)]
 
 
-def doctor_lines(d: Diagnosis) -> list[Line]:
+def doctor_lines(d: Diagnosis, verbose: bool = False) -> list[Line]:
     """The answer first, its reason second, then the plan (or why there is none), --fix's
-    steps and the answer after them, and one final line."""
-    lines = [Line(escape(d.headline)), Line(f"why: {escape(d.reason)}")]
+    steps and the answer after them, and the status line."""
+    lines = [verdict(d.ok, escape(d.headline)), Line(f"why: {escape(d.reason)}")]
     lines += [Line(f"note: {escape(n)}") for n in d.notes]
-    lines += findings_lines(d.blocking)
+    lines += findings_lines(d.blocking, "", verbose)
     p = d.plan
     if p.steps:
         lines.append(Line("plan:"))
@@ -318,31 +501,36 @@ def doctor_lines(d: Diagnosis) -> list[Line]:
         for s, err in f.ran:
             lines.append(Line(f"  {escape(s.command)}: " + ("done" if err is None else
                                                              escape(err))))
-        if f.after is not None:
+        if not f.ran:
+            lines.append(Line("  nothing to run: " + (
+                "it already computes the right weights (nothing written)"
+                if f.after is not None else "no plan")))
+        elif f.after is not None:
             lines.append(Line(f"  after: {escape(f.after.headline)}"))
-        elif not f.ran:
-            lines.append(Line("  nothing to run: no plan"))
     who = d.runtime.id + (f"@{'.'.join(map(str, d.version))}" if d.version else "")
     steps = len(p.steps)
     if f is not None:
-        tail = (f"OK: {who}: fixed, {escape(f.output)} computes the right weights" if d.ok
-                else f"FAIL: {who}: not fixed")
+        tail = (f"{who}: fixed, {escape(f.output)} computes the right weights" if d.ok
+                else f"{who}: not fixed")
     elif d.ok:
-        tail = f"OK: {who}: {d.modules} modules, right weights"
+        tail = f"{who}: right weights"
     else:
-        tail = (f"FAIL: {who}: {d.answer}; " + (
+        tail = (f"{who}: {d.answer}; " + (
             f"plan: {plural(steps, 'step')} (--fix DST"
             + (" or --fix --in-place" if in_place_possible(p) else "") + " runs it)" if steps
             else "no plan"))
-    lines.append(final(tail, d.ok))
-    return lines
+    return lines + [status(d.ok, counts(d.blocking, d.modules), tail)]
 
 
-def failure_lines(findings: list[Finding]) -> list[Line]:
-    lines = findings_lines(findings)  # each with its hint: the next step, as in JSON
-    if findings:
-        lines.append(final(f"FAIL: stopped by {plural(len(findings), 'finding')}", False))
-    return lines
+def failure_lines(findings: list[Finding], verbose: bool = True) -> list[Line]:
+    """A command stopped by findings: the reason first, the findings (with their hints: the
+    next step, as in JSON), the status."""
+    if not findings:
+        return []
+    reason = top_reason(findings, {"error", "warning", "info"}, None)
+    assert reason is not None
+    return ([verdict(False, reason)] + findings_lines(findings, "", verbose)
+            + [status(False, counts(findings, None), "stopped")])
 
 
 def _decodes(v: dict) -> str:
@@ -352,35 +540,57 @@ def _decodes(v: dict) -> str:
 
 
 def _affected(v: dict) -> str:
-    if not v["modules_affected"]:
-        return "-"
-    out = plural(v["modules_affected"], "module")
+    """How much a runtime gets wrong beyond the modules its reason counts: zero-point cells,
+    the largest weight change."""
+    out = []
     if v["zero_cells_affected"]:
-        out += f", {v['zero_cells_affected']} cells"
+        out.append(f"{v['zero_cells_affected']} zero-point cells")
     if v["max_weight_change"]:
-        out += f", |dW| <= {v['max_weight_change']:.3g}"
-    return out
+        out.append(f"|dW| <= {v['max_weight_change']:.3g}")
+    return f" ({', '.join(out)})" if out else ""
 
 
-def runtime_lines(verdicts: list[dict]) -> list[Line]:
-    """The runtimes section: one row per runtime (the path it takes on the default device),
-    then why, for each runtime that does not load it or decode it right, and each other path
-    (another GPU, an option) that would end otherwise. A runtime that fails is coloured as a
-    warning: verify makes it an error only under --runtime, as a finding of its own."""
+def _range(versions: str) -> str:
+    """A runtime's version range without the code that was read (`>= 0.22 (read: 0.33.0)`:
+    `>= 0.22`); an entry read at one commit only says so."""
+    head = versions.split(" (read:")[0]
+    return head.replace("read: ", "at ") if head.startswith("read: ") else head
+
+
+def _read(versions: str) -> str:
+    """The release or commit of a runtime's code that its rules were read from."""
+    read = versions.partition("read: ")[2]
+    return read[:-1] if read.endswith(")") else read or "-"
+
+
+_DEVICE = "on an NVIDIA GPU of compute capability 8.0"
+
+
+def runtime_lines(verdicts: list[dict], verbose: bool = False) -> list[Line]:
+    """The runtimes section. By default one compact table (runtime, version range, loads,
+    decodes), two runtimes to a row; -v: one row per runtime with the kernel it takes on the
+    default device, the convention it reads and what it gets wrong, then why, for each runtime
+    that does not load it or decode it right, and each other path (another GPU, an option)
+    that would end otherwise. A runtime that fails is coloured as a warning: verify makes it
+    an error only under --runtime, as a finding of its own."""
     if not verdicts:
         return []
-    cells = [[v["id"], v["versions"], "yes" if v["loads"] else "NO", v["kernel"] or "-",
-              v["convention_read"] or "-", _decodes(v), _affected(v)] for v in verdicts]
-    table_lines = table(cells, ["runtime", "versions", "loads", "kernel", "reads", "decodes",
-                                "affected"])
-    lines = [Line("runtimes     (on an NVIDIA GPU of compute capability 8.0)"),
+    if not verbose:
+        return _runtime_table(verdicts)
+    cells = [[v["id"], _range(v["versions"]), _read(v["versions"]),
+              "yes" if v["loads"] else "NO", v["kernel"] or "-", v["convention_read"] or "-",
+              _decodes(v), v["modules_affected"] or "-"] for v in verdicts]
+    table_lines = table(cells, ["runtime", "versions", "code read", "loads", "kernel", "reads",
+                                "decodes", "modules"])
+    lines = [Line(f"runtimes     {_DEVICE}"),
              Line("  " + table_lines[0])]
     for v, text in zip(verdicts, table_lines[1:]):
         bad = not v["loads"] or v["decodes_correctly"] is False
         lines.append(Line("  " + text, "text", "warning" if bad else None))
     for v in verdicts:
         if not v["loads"] or v["decodes_correctly"] is not True:
-            lines.append(Line(f"  {v['id']}: " + escape("; ".join(v["reasons"]))))
+            lines.append(Line(f"  {v['id']}: " + escape("; ".join(v["reasons"]))
+                              + (_affected(v) if v["loads"] else "")))
         if v["kernel"] is None:
             continue  # refused before any path: the paths say nothing more
         outcome = (v["loads"], v["decodes_correctly"])
@@ -397,4 +607,27 @@ def runtime_lines(verdicts: list[dict]) -> list[Line]:
                      "other paths " + ", ".join(p["kernel"] for p in ps))
             lines.append(Line(f"  {v['id']}: {escape(which)}: {state}"
                               + (f": {escape(why)}" if why else "")))
+    return lines
+
+
+def _runtime_table(verdicts: list[dict]) -> list[Line]:
+    """The compact runtimes table: runtime, version range, loads, decodes, two runtimes to a
+    row, read down the left half first (as `ls` lists), within WIDTH columns."""
+    cells = [[v["id"], _range(v["versions"]), "yes" if v["loads"] else "NO", _decodes(v)]
+             for v in verdicts]
+    head = ["runtime", "versions", "loads", "decodes"]
+    widths = [max(len(str(r[i])) for r in [head] + cells) for i in range(len(head))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    half = (len(cells) + 1) // 2
+    left, right = cells[:half], cells[half:]
+    bad = [not v["loads"] or v["decodes_correctly"] is False for v in verdicts]
+    lines = [Line(f"runtimes     {_DEVICE} (-v: kernels and why)"),
+             Line("  " + (fmt.format(*head) + "    " + fmt.format(*head) if right
+                          else fmt.format(*head)).rstrip())]
+    for i, row in enumerate(left):
+        text = fmt.format(*row)
+        if i < len(right):
+            text += "    " + fmt.format(*right[i])
+        worse = bad[i] or (i < len(right) and bad[half + i])
+        lines.append(Line("  " + text.rstrip(), "text", "warning" if worse else None))
     return lines

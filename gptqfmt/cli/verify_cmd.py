@@ -4,12 +4,7 @@ from __future__ import annotations
 import click
 
 from ..errors import UsageError
-from ..ops.equivalence import check_usage, compare, reference_fp32
-from ..ops.verify import validate, with_checksums
-from ..runtimes import BY_ID, RUNTIMES
-from ..safetensors_io import hub
-from .boundary import DOWNLOAD_OPTION, SUMMARY_OPTION, guarded
-from .progress import Progress
+from .boundary import DOWNLOAD_OPTION, RUNTIME_IDS, SUMMARY_OPTION, RuntimeIds, guarded
 
 
 @click.command("verify", short_help="Every check over all the data; exit 0/1 for CI. "
@@ -22,10 +17,10 @@ from .progress import Progress
               help="Check that PATH and this checkpoint compute the same Y = X @ W.")
 @click.option("--reference", type=click.Choice(["fp32"]), default=None,
               help="Compare runtime output with an fp32 dequant and classify the difference.")
-@click.option("--runtime", "runtime", default=None, metavar="ID[,ID...]",
+@click.option("--runtime", "runtime", type=RuntimeIds(), default=None, metavar="ID[,ID...]",
               help="Fail (exit 1) when one of these runtimes would not load the checkpoint or "
-                   "would decode it wrongly (GQ601-GQ605); `all` names every one. Ids: "
-                   + ", ".join(r.id for r in RUNTIMES) + ".")
+                   "would decode it wrongly (GQ601-GQ605); `all` names every one. Ids (any "
+                   "case): " + ", ".join(RUNTIME_IDS) + ".")
 @click.option("--backend", type=click.Choice(["auto", "cpu", "cupy"]), default=None,
               help="Backend of --against and --reference (default: auto, CuPy when a CUDA "
                    "device is usable).")
@@ -48,6 +43,11 @@ def verify_cmd(path, out, strict, jobs, against, reference, runtime, backend, ch
     PATH (and --against's) may be a Hugging Face repo id, org/model[@revision], or a cache
     entry models--org--model: read offline from the local cache (--download fetches it).
     --checksums hashes every file against the hash its cache entry records."""
+    from ..ops.equivalence import check_usage
+    from ..ops.verify import validate, with_checksums
+    from ..safetensors_io import hub
+    from .progress import Progress
+
     gate = runtime_ids(runtime) if runtime is not None else ()
     if against or reference:
         check_usage(against, reference)
@@ -89,6 +89,8 @@ def _refuse_inapplicable(mode: str, **given) -> None:
 
 
 def _against(src, dst, backend, out) -> int:
+    from ..ops.equivalence import compare
+
     rep = compare(src, dst, backend)
     code = 0 if rep.equivalent else 1
     out.against(rep, code)
@@ -96,6 +98,8 @@ def _against(src, dst, backend, out) -> int:
 
 
 def _reference(path, backend, out) -> int:
+    from ..ops.equivalence import reference_fp32
+
     rep = reference_fp32(path, backend)
     code = 1 if rep.inconsistent else 0
     out.reference(rep, code)
@@ -105,6 +109,8 @@ def _reference(path, backend, out) -> int:
 def runtime_ids(text: str) -> tuple[str, ...]:
     """The runtime ids of `--runtime a,b` (`all`: every one), in the table's order; a name
     that is not one is a usage error listing the known ones."""
+    from ..runtimes import BY_ID
+
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise UsageError("--runtime: expected one or more runtime ids separated by commas")

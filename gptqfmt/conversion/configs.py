@@ -93,8 +93,24 @@ def dumps(doc) -> bytes:
     return (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def provenance(src: str, dst: str, counts: dict) -> dict:
-    return {"converter": "gptqfmt", "version": __version__, "from": src, "to": dst, **counts}
+def provenance(src: str | None, dst: str, totals: dict[str, int] | None = None, *,
+               command: str = "convert", previous: dict | None = None) -> dict:
+    """The record `meta.gptqfmt` that convert and fix-label write into each config they write,
+    one shape for both: `tool` (gptqfmt), `version`, `command` (convert or fix-label), `from`
+    and `to`, then the command's own field. `from`: for convert, the source's format (the
+    convention its zero points are stored in); for fix-label, the label the file carried
+    (None where it named none). `to`: the format written. convert's `totals`: its zero-point
+    fields (fields, changed, ambiguous, lossy; the totals of its report); fix-label's
+    `previous`: each key it set in the file, with the value it had (None where absent).
+    set_convention adds `removed` (the keys dropped, with their values), and convert `config:
+    "derived"` to a config it derived."""
+    record: dict = {"tool": "gptqfmt", "version": __version__, "command": command,
+                    "from": src, "to": dst}
+    if totals is not None:
+        record["totals"] = dict(totals)
+    if previous is not None:
+        record["previous"] = dict(previous)
+    return record
 
 
 def _read(p: Path):
@@ -166,16 +182,9 @@ def derive_config(ckpt: Checkpoint, src_conv: str, to: str) -> tuple[dict | None
     if decl is not None:
         declared = {k: getattr(decl, k) for k in ("bits", "group_size", "desc_act", "sym",
                                                   "pack_dtype") if getattr(decl, k) is not None}
-    bits = _one(modules, lambda m: m.bits, "bits", found)
-    pack_dtype = _one(modules, lambda m: m.pack_dtype, "pack_dtype", found)
-    group_size = _group_size(modules, found)
+    from_shapes = data_values(ckpt, src_conv, found)
     if found:
         return None, found
-    from_shapes = {
-        "bits": bits, "group_size": group_size,
-        "desc_act": any(m.act_order for m in modules),
-        "sym": all(ckpt.symmetric_pattern(m) == src_conv for m in modules),
-        "pack_dtype": pack_dtype}
     values = {**from_shapes, **declared}
     body = {"bits": values["bits"], "group_size": values["group_size"],
             "desc_act": values["desc_act"], "sym": values["sym"]}
@@ -196,6 +205,32 @@ def derive_config(ckpt: Checkpoint, src_conv: str, to: str) -> tuple[dict | None
              "left unchanged",
         details={"written": body, "declared": sorted(declared), "from_shapes": shaped}))
     return body, found
+
+
+def data_values(ckpt: Checkpoint, convention: str, found: list[Finding],
+                keys=("bits", "pack_dtype", "group_size", "desc_act", "sym")) -> dict:
+    """What the data say each quantization key is, for the modules as stored in `convention`:
+    bits and word size per module, group size from the shapes, desc_act true when any g_idx
+    reorders, sym true exactly when every zero point is 2^(bits-1) (Marlin ignores qzeros, so
+    sym true on any other zero would decode wrong). A key the modules disagree on is left out,
+    with a GQ415 in `found`. sym reads every qzeros; the others only the headers."""
+    modules = ckpt.valid_modules
+    values: dict = {}
+    for key in keys:
+        before = len(found)
+        if key == "bits":
+            v = _one(modules, lambda m: m.bits, "bits", found)
+        elif key == "pack_dtype":
+            v = _one(modules, lambda m: m.pack_dtype, "pack_dtype", found)
+        elif key == "group_size":
+            v = _group_size(modules, found)
+        elif key == "desc_act":
+            v = any(m.act_order for m in modules)
+        else:
+            v = all(ckpt.symmetric_pattern(m) == convention for m in modules)
+        if len(found) == before:
+            values[key] = v
+    return values
 
 
 def _one(modules: list[Module], value, key: str, found: list[Finding]):

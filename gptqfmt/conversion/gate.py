@@ -37,6 +37,7 @@ from ..errors import FindingError
 from ..findings import ERROR
 from ..formats.gptq.checkpoint import Checkpoint, Module, open_checkpoint
 from ..numerics.cpu import dequant_fields
+from ..ops.reports import GATE, Progress, start
 from ..ops.verify import validate
 from ..safetensors_io.dtypes import to_float32
 from ..safetensors_io.index import TensorStore
@@ -79,7 +80,8 @@ class GateResult:
 
 
 def check_labels(path, target: str, reread: bool = False,
-                 store: TensorStore | None = None) -> list[str]:
+                 store: TensorStore | None = None, progress: Progress | None = None
+                 ) -> list[str]:
     """What verify would fail the staged output at `path` for, on its configs and labels: one
     message per problem, each saying what the staged configs declare; empty when they declare
     `target` as every runtime reads it.
@@ -93,9 +95,9 @@ def check_labels(path, target: str, reread: bool = False,
     declared values against the shapes, GQ304-GQ307): the source had none, or was refused.
     `store`: the output's tensors where they are open already (in place: the source's own, whose
     headers the conversion leaves as they are), so that tens of thousands of header entries are
-    not held twice; it stays open."""
+    not held twice; it stays open. `progress`: verify's phases, where the output is read again."""
     if reread:
-        report = validate(path)
+        report = validate(path, progress=progress)
         return [f"verify of the output would report {f.one_line()}" for f in report.findings
                 if f.severity == ERROR]
     try:
@@ -213,10 +215,10 @@ def read_columns(ckpt: Checkpoint, tensor: str, cols: np.ndarray) -> np.ndarray:
 
 
 def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str, copied: int,
-             on_module=None) -> GateResult:
+             on_module: Progress | None = None) -> GateResult:
     """The exact CPU gate over the staged output `tmp` (see the module docstring), `copied`
-    being the bytes outside qzeros the shard writer copied and accounted for: `on_module(1,
-    total)` after each module (first with 0)."""
+    being the bytes outside qzeros the shard writer copied and accounted for: `on_module` hears
+    of GATE, module by module."""
     result = GateResult(method="cpu exact: every byte outside qzeros copied once and accounted "
                                "for, headers and sizes read back; the qzeros read back prove "
                                "the effective zero of every cell (equal zeros over the same "
@@ -225,19 +227,19 @@ def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str, copied: i
                         bytes_compared=copied)
     out = open_checkpoint(tmp)
     modules = src.valid_modules   # every one: convert refuses a source with an invalid one
-    on_module and on_module(0, len(modules))
     try:
         compare_headers(src, out, result)
         if result.failures:  # the qzeros are found through the headers: nothing to prove on
             return result
         rng = np.random.default_rng(0)
+        advance = start(on_module, GATE, len(modules))
         for i, m in enumerate(modules):
             qz = m.tensors["qzeros"]
             chk = check_words(src, m, src.view(qz), out.view(qz), src_conv, dst_conv, rng)
             src.store.release(m.tensors.values())
             out.store.release([qz])
             result.add(chk)
-            on_module and on_module(1, len(modules))
+            advance(1)
             faults.point("gate-module", i)
     finally:
         out.close()

@@ -36,7 +36,7 @@ from ..findings import Finding
 from ..formats.configs import CONFIG_FILES
 from ..formats.gptq.checkpoint import Checkpoint
 from ..formats.open import open_labelled
-from ..ops.reports import Progress
+from ..ops.reports import GATE, SYNC, WRITE, Progress, start
 from ..safetensors_io import journal
 from .configs import DERIVED_FILE, declaring_configs, dumps, provenance, relabelled, set_convention
 from .gate import GateResult, check_labels, check_words
@@ -51,7 +51,10 @@ def convert_in_place(path: str | os.PathLike[str], to: str, src_convention: str 
                      on_module: Progress | None = None,
                      trust_from: bool = False) -> ConvertReport:
     """Convert the GPTQ checkpoint directory `path` into convention `to`, in place (see the
-    module docstring); the ConvertReport, with `in_place` set. `trust_from`: as convert's."""
+    module docstring); the ConvertReport, with `in_place` set. `trust_from`: as convert's.
+    `progress` hears of the plan's phases (DETECT, CHECK, PLAN), then WRITE over the qzeros
+    bytes rewritten and SYNC over the shards they are in, each as its fsync returns;
+    `on_module` of GATE, the proof of each module's new words."""
     root = Path(path)
     if not root.is_dir():
         raise UsageError(f"{path}: " + ("a file; --in-place converts a checkpoint directory "
@@ -66,7 +69,8 @@ def convert_in_place(path: str | os.PathLike[str], to: str, src_convention: str 
                   + [n for n in CONFIG_FILES if (root / n).exists()])
     source, ckpt = open_labelled(root)
     try:
-        plan = plan_conversion(source, src_convention, to, allow_lossy, trust_from=trust_from)
+        plan = plan_conversion(source, src_convention, to, allow_lossy, trust_from=trust_from,
+                               progress=progress)
         report = ConvertReport.of(plan, str(path), str(path), dry_run, "cpu", in_place=True)
         if dry_run:
             return report
@@ -168,12 +172,12 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
                              "against the journal")
     rng = np.random.default_rng(0)
     ranges = _ranges(ckpt)
-    on_module and on_module(0, len(ranges))
     changed = []   # (module, qzeros, shard, offset, CRC-32 of the proven words, no lossy field)
     fds: dict[str, int] = {}   # shard -> opened for writing before the journal is sealed
     w: journal.Writer | None = None
     try:
         w = journal.Writer(root, f"convert {from_conv} -> {to}")
+        advance = start(on_module, GATE, len(ranges))
         for m, qz, name, offset in ranges:
             old = ckpt.view(qz)
             new, c = convert_words(old, m.bits, from_conv, to, allow_lossy)
@@ -183,7 +187,7 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
                 e = w.range(name, offset, _bytes(old), _bytes(new))
                 changed.append((m, qz, name, offset, e.new_crc32, clean))
             ckpt.store.release(m.tensors.values())
-            on_module and on_module(1, len(ranges))
+            advance(1)
         if gate.failures:
             raise FindingError(*[Finding("GQ503", msg, file=str(root))
                                  for msg in gate.failures])
@@ -216,7 +220,7 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
                 faults.point("inplace-config", j)
         journal.fsync_path(root)
         gate.bytes_compared = written + _read_back(root, w.entries)
-        mislabelled = check_labels(root, to, reread, ckpt.store)
+        mislabelled = check_labels(root, to, reread, ckpt.store, progress)
         if mislabelled:
             raise FindingError(*[Finding("GQ503", msg, file=str(root)) for msg in mislabelled])
         journal.complete(root)
@@ -273,7 +277,7 @@ def _write(ckpt: Checkpoint, root: Path, changed, fds: dict[str, int], from_conv
     with what was written. The writes are unbuffered (pwrite): no byte of a range can reach the
     file after a rollback has written the old ones back."""
     total = sum(ckpt.store.info(qz).nbytes for _, qz, _, _, _, _ in changed)
-    progress and progress(0, total)
+    advance = start(progress, WRITE, total)
     for i, (m, qz, name, offset, proven, clean) in enumerate(changed):
         words, _ = convert_words(ckpt.view(qz), m.bits, from_conv, to, allow_lossy, clean)
         new = _bytes(words)
@@ -292,10 +296,12 @@ def _write(ckpt: Checkpoint, root: Path, changed, fds: dict[str, int], from_conv
                 raise FindingError(Finding("GQ503", "holds other bytes than the ones just "
                                            "written; rolled back", file=name, tensor=qz))
             faults.point("inplace-range", i)
-        progress and progress(len(new), total)
+        advance(len(new))
+    advance = start(progress, SYNC, sum(os.fstat(fd).st_size for fd in fds.values()))
     for name, fd in fds.items():
         with naming(root / name):
             os.fsync(fd)
+            advance(os.fstat(fd).st_size)
     faults.point("inplace-synced")
     return total
 

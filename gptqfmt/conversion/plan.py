@@ -20,6 +20,7 @@ from ..errors import FindingError, UsageError
 from ..findings import ERROR, Finding
 from ..formats import WRITERS, Source
 from ..formats.gptq.checkpoint import Checkpoint, Module
+from ..ops.reports import CHECK, DETECT, PLAN, Progress, rounds, start
 from ..runtimes.groups import maxq_readings
 from .configs import declaring_configs, derive_config
 from .reformat import name_clashes, no_form
@@ -72,7 +73,8 @@ def relayout(from_: str, to: str) -> bool:
 
 def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
                     jobs: int = 1, trust_from: bool = False,
-                    detection: Detection | None = None) -> Plan:
+                    detection: Detection | None = None,
+                    progress: Progress | None = None) -> Plan:
     """The Plan of converting `src` (opened; `requested`: --from, or auto) into `to`, with the
     refusals raised (FindingError, exit 1; UsageError for a --from, --to or --jobs that does
     not apply). A labelled source is checked, its convention resolved and its zero points
@@ -80,7 +82,8 @@ def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
     re-laid out); a source that stores Z itself is checked and carried exactly.
     `trust_from`: a --from the data contradict is converted as asked (GQ413) instead of
     refused (GQ422). `detection`: the source's, where the caller has it (doctor: verify's),
-    else detected here."""
+    else detected here. `progress` hears of the phases (reports.Progress): DETECT, CHECK and
+    PLAN, each module by module."""
     ck = src.labelled
     if ck is not None and requested not in CONVENTIONS + ("auto",):
         raise UsageError(f"{src.path}: a GPTQ checkpoint, not --from {requested}")
@@ -91,18 +94,19 @@ def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
     det = None
     if ck is None:
         _check_exact_target(src, requested, to)
-        refuse_invalid(src, None)
+        refuse_invalid(src, None, progress)
         from_, notes = src.format, list[Finding]()
         plans = [ModulePlan(m.name, m.bits, m.groups * m.out_features, 0, 0, 0, [])
                  for m in src.modules]
         findings: list[Finding] = []
     else:
-        det = detection or detect_checkpoint(ck, full=False)
-        refuse_invalid(src, det)
+        det = detection or detect_checkpoint(ck, full=False,
+                                             progress=rounds(progress, DETECT))
+        refuse_invalid(src, det, progress)
         notes = list[Finding]()
         from_ = resolve_from(requested, ck, det, notes, trust_from)
         plans, findings = plan_zeros(ck, det, from_, to if to in CONVENTIONS else GPTQ_V2,
-                                     allow_lossy)
+                                     allow_lossy, progress)
         src = src.read_as(from_, allow_lossy)
     found = notes + findings
     derived = None
@@ -167,11 +171,12 @@ def resolve_from(requested: str, ckpt: Checkpoint, det: Detection,
     return declared
 
 
-def plan_zeros(ckpt: Checkpoint, det: Detection, src: str, dst: str,
-               allow_lossy: bool) -> tuple[list[ModulePlan], list[Finding]]:
+def plan_zeros(ckpt: Checkpoint, det: Detection, src: str, dst: str, allow_lossy: bool,
+               progress: Progress | None = None) -> tuple[list[ModulePlan], list[Finding]]:
     """Count what changes per module; refusal findings where the target cannot hold a field."""
     verdicts = {v.name: v for v in det.modules}
     plans, findings = [], []
+    advance = start(progress, PLAN, len(ckpt.valid_modules))
     for m in ckpt.valid_modules:
         qz = m.tensors["qzeros"]
         _, c = convert_words(ckpt.view(qz), m.bits, src, dst, allow_lossy=True)
@@ -188,6 +193,7 @@ def plan_zeros(ckpt: Checkpoint, det: Detection, src: str, dst: str,
         plans.append(ModulePlan(m.name, m.bits, c.fields, c.changed, c.ambiguous, lossy, sigs,
                                 change))
         ckpt.store.release([qz])
+        advance(1)
         file = ckpt.store.file_of(qz)
         if c.ambiguous:
             unrecoverable = (" Neighbouring fields are corrupted too (" + ", ".join(sigs) +
@@ -216,7 +222,8 @@ def _max_scale(ckpt: Checkpoint, m: Module, mask: np.ndarray) -> float:
     return float(np.abs(ckpt.float32(m.tensors["scales"])[mask]).max(initial=0.0))
 
 
-def refuse_invalid(src: Source, det: Detection | None) -> None:
+def refuse_invalid(src: Source, det: Detection | None,
+                   progress: Progress | None = None) -> None:
     """Raise FindingError for input that verify would reject on its cheap checks: container,
     index, config and shape errors, then every module's (scales, zero points and writer
     corruption: --allow-lossy does not pass a GQ405, whose overwritten fields hold no zero
@@ -226,12 +233,13 @@ def refuse_invalid(src: Source, det: Detection | None) -> None:
     if blocking:
         raise FindingError(*blocking)
     verdicts = {v.name: v for v in det.modules} if det is not None else None
-    for m in src.modules:
-        if verdicts is not None and m.name not in verdicts:
-            continue
+    modules = [m for m in src.modules if verdicts is None or m.name in verdicts]
+    advance = start(progress, CHECK, len(modules))
+    for m in modules:
         verdict = None if verdicts is None else verdicts[m.name]
         blocking += [f for f in module_findings(src, m, verdict)
                      if f.severity == ERROR]
         src.store.release(m.tensors.values())
+        advance(1)
     if blocking:
         raise FindingError(*blocking)

@@ -24,6 +24,7 @@ from ..findings import Finding
 from ..formats import QuantModule, Source, Writer
 from ..formats.configs import CONFIG_FILES, CONFIG_JSON, CONFIG_KEY
 from ..formats.model import outside_words
+from ..ops.reports import WRITE, Progress, start
 from ..safetensors_io.dtypes import DTYPES, nbytes
 from ..safetensors_io.index import INDEX_NAME
 from ..safetensors_io.writer import Entry, layout
@@ -104,33 +105,44 @@ def name_clashes(src: Source, w: Writer) -> list[Finding]:
     return out
 
 
+def shard_layout(src: Source, shard: str, tensors: list[OutTensor], w: Writer
+                 ) -> tuple[bytes, list[Entry]]:
+    """An output shard's prefix (length and header) and its entries in data order; the SRC
+    shard's __metadata__ as the target keeps it."""
+    meta = w.metadata(src.store.files[shard].metadata)
+    return layout([Entry(t.name, t.dtype, t.shape, t.nbytes) for t in tensors], meta)
+
+
 def write_shard(src: Source, shard: str, tensors: list[OutTensor], w: Writer, out: Path,
-                index: int) -> int:
-    """Write one output shard; the SRC shard's __metadata__ is kept as the target keeps it.
+                index: int, advance: Callable[[int], Any] | None = None) -> int:
+    """Write one output shard (shard_layout); `advance(n)` as each n of its bytes are written.
     Returns the bytes written."""
     f = src.store.files[shard]
-    meta = w.metadata(f.metadata)
-    prefix, ordered = layout([Entry(t.name, t.dtype, t.shape, t.nbytes) for t in tensors], meta)
+    prefix, ordered = shard_layout(src, shard, tensors, w)
     by_name = {t.name: t for t in tensors}
     written = len(prefix)
     # a module tensor is written by a second thread while the next one is built (the write
     # releases the GIL): at most two tensors in memory
-    pending: list[tuple[Any, int]] = []
+    pending: list[tuple[Any, int, int]] = []
 
     def settle() -> None:
-        for fut, i in pending:
+        for fut, i, n in pending:
             fut.result()
+            if advance:
+                advance(n)
             faults.point("mid-shard", index, i)
         pending.clear()
 
     with open(f.path, "rb") as fin, atomic.create(out) as fout, ThreadPoolExecutor(1) as io:
         fout.write(prefix)
+        if advance:
+            advance(len(prefix))
         for i, e in enumerate(ordered):
             t = by_name[e.name]
             if t.module is None:
                 settle()
                 info = f.tensors[t.name]
-                copy_range(fin, fout, f.header.data_start + info.begin, info.nbytes)
+                copy_range(fin, fout, f.header.data_start + info.begin, info.nbytes, advance)
                 faults.point("mid-shard", index, i)
             else:
                 assert t.role is not None
@@ -141,7 +153,7 @@ def write_shard(src: Source, shard: str, tensors: list[OutTensor], w: Writer, ou
                                          f"planned {t.dtype}{list(t.shape)}")
                 settle()
                 if arr.size:   # (a zero-size array has no bytes, and no buffer to cast)
-                    pending.append((io.submit(fout.write, arr.data.cast("B")), i))
+                    pending.append((io.submit(fout.write, arr.data.cast("B")), i, e.nbytes))
                 src.store.release(t.module.tensors.values())
             written += e.nbytes
         settle()
@@ -196,17 +208,18 @@ def _weight_modules(src: Source) -> list[str]:
 
 
 def write_all(src: Source, w: Writer, tmp: Path, prov: dict[str, Any],
-              progress: Callable[[int, int], Any] | None = None,
+              progress: Progress | None = None,
               written: Callable[[Path], Any] | None = None) -> dict[str, list[OutTensor]]:
     """Every output file into `tmp`; `written(path)` after each shard (convert flushes it to
-    disk in the background while the next one is built)."""
+    disk in the background while the next one is built). `progress` hears of WRITE, over the
+    bytes of the output's shards."""
     shards = out_shards(src, w)
-    total = sum(t.nbytes for ts in shards.values() for t in ts)
-    progress and progress(0, total)
+    total = sum(len(shard_layout(src, name, ts, w)[0]) + sum(t.nbytes for t in ts)
+                for name, ts in shards.items())
+    advance = start(progress, WRITE, total) if progress else None
     for i, (name, tensors) in enumerate(sorted(shards.items())):
-        n = write_shard(src, name, tensors, w, tmp / name, i)
+        write_shard(src, name, tensors, w, tmp / name, i, advance)
         written and written(tmp / name)
-        progress and progress(n, total)
     faults.point("shards-written")
     write_index(src, shards, tmp)
     skip = set(src.store.files) | set(CONFIG_FILES) | {INDEX_NAME}

@@ -9,7 +9,6 @@ readers and the kernel arithmetic on top.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
 
 import numpy as np
 
@@ -26,17 +25,19 @@ from ..numerics import Backend, get_backend
 from ..numerics.backend import sample_columns
 from ..numerics.cpu import dequant_fields
 from ..ops.differences import bytes_differ, field_differences, scheme_differences
+from ..ops.reports import CHECK, COMPARE, GATE, Progress, start
 from ..safetensors_io.dtypes import to_float32
 from .gate import GEMM_ROWS, GateResult, ModuleCheck, check_labels
 
 GEMM_COLUMNS = 16      # output columns per module in Y = X @ W
 
 
-def open_output(tmp: Path, to: str) -> tuple[Source | None, list[str]]:
+def open_output(tmp: Path, to: str, progress: Progress | None = None
+                ) -> tuple[Source | None, list[str]]:
     """The staged output in the target format, and what verify would fail it for: a labelled
     output the labels its configs declare, as verify reads them (check_labels: its convention
     is the target's, so the data are not read again); another format's opening findings and
-    every module's checks, as for a source."""
+    every module's checks, as for a source (CHECK, to `progress`)."""
     try:
         out = open_source(tmp)
     except FindingError as e:
@@ -44,8 +45,10 @@ def open_output(tmp: Path, to: str) -> tuple[Source | None, list[str]]:
     if out.labelled is not None:
         return out.read_as(to), check_labels(tmp, to)
     errors = [f for f in out.findings if f.severity == ERROR]
+    advance = start(progress, CHECK, len(out.modules))
     for m in out.modules:
         errors += [f for f in module_findings(out, m) if f.severity == ERROR]
+        advance(1)
     return out, [f"the output would fail verify: {f.one_line()}" for f in errors]
 
 
@@ -97,9 +100,12 @@ def check_module(src: Source, out: Source, m: QuantModule, mo: QuantModule,
                        max_err, rel), why
 
 
-def compare_passthrough(src: Source, out: Source, to: str, result: GateResult) -> None:
+def compare_passthrough(src: Source, out: Source, to: str, result: GateResult,
+                        progress: Progress | None = None) -> None:
     """Every tensor outside the modules that the target keeps: the same dtype, shape and
-    bytes."""
+    bytes (COMPARE, over the bytes of those in the output, to `progress`)."""
+    there = [t for t in src.passthrough if t in out.store.locations]
+    advance = start(progress, COMPARE, sum(src.store.info(t).nbytes for t in there))
     for t in src.passthrough:
         if t not in out.store.locations:
             if WRITERS[to].keeps(t):   # else left out on purpose
@@ -109,10 +115,13 @@ def compare_passthrough(src: Source, out: Source, to: str, result: GateResult) -
         if why:
             result.failures.append(f"{t}: {why} (SRC vs the output)")
         result.bytes_compared += size
+        advance(src.store.info(t).nbytes)
 
 
 def run_format_gate(src: Source, tmp: Path, to: str, backend: str = "cpu",
-                    on_module: Callable[[int, int], Any] | None = None) -> GateResult:
+                    on_module: Progress | None = None) -> GateResult:
+    """The gate of the module docstring over the staged output `tmp`; `on_module` hears of its
+    phases: CHECK (an output of a format other than GPTQ), GATE module by module, COMPARE."""
     backends = [get_backend("cpu")] + ([get_backend("cupy")] if backend == "cupy" else [])
     result = GateResult(method=(
         "exact, in the one model: codes, effective zero points, scales and g_idx of every "
@@ -120,7 +129,7 @@ def run_format_gate(src: Source, tmp: Path, to: str, backend: str = "cpu",
         "(cpu)" + ("; Y = X @ W on every column with the CUDA kernel (cupy)"
                    if backend == "cupy" else "") + "; every other tensor compared byte for "
         "byte"))
-    out, problems = open_output(tmp, to)
+    out, problems = open_output(tmp, to, on_module)
     result.failures += problems
     if out is None:
         return result
@@ -130,8 +139,8 @@ def run_format_gate(src: Source, tmp: Path, to: str, backend: str = "cpu",
         extra = sorted(set(theirs) - {m.name for m in src.modules})
         result.failures += [f"{n}: missing in the output" for n in missing]
         result.failures += [f"{n}: in the output but not in SRC" for n in extra]
-        on_module and on_module(0, len(src.modules))
         rng = np.random.default_rng(0)
+        advance = start(on_module, GATE, len(src.modules))
         for i, m in enumerate(src.modules):
             if m.name in theirs:
                 chk, why = check_module(src, out, m, theirs[m.name], rng, backends)
@@ -141,9 +150,9 @@ def run_format_gate(src: Source, tmp: Path, to: str, backend: str = "cpu",
                 if why:
                     result.failures.append(f"{m.name}: the converted module does not compute "
                                            f"what the source computed ({'; '.join(why)})")
-            on_module and on_module(1, len(src.modules))
+            advance(1)
             faults.point("gate-module", i)
-        compare_passthrough(src, out, to, result)
+        compare_passthrough(src, out, to, result, on_module)
     finally:
         out.close()
     return result

@@ -1,10 +1,13 @@
 """`fix-label`: set the configs' convention label to what the data are, in place, without
 touching a tensor (the fix GQ401's hint asks for).
 
-Only `checkpoint_format` and `format` change (both set: vLLM, transformers and ExLlamaV2 read the
+`checkpoint_format` and `format` change (both set: vLLM, transformers and ExLlamaV2 read the
 first, GPTQModel the second), and AutoGPTQ's `is_marlin_format: false` is dropped (GPTQModel 6.0
-and later refuse the key by name; a label already right with that key is still rewritten); every
-other key keeps its value and place, and `meta.gptqfmt` records what was done. Each file is
+and later refuse the key by name; a label already right with that key is still rewritten).
+`desc_act: true` becomes false where no g_idx reorders. A key the config files disagree on
+(GQ205: bits, group_size, sym, desc_act, pack_dtype) is set in each file to what the data are,
+where the modules agree on it (configs.data_values). Every other key keeps its value and place,
+and `meta.gptqfmt` records what was done. Each file is
 replaced atomically: a temporary file beside it, written, fsynced, renamed over it, the directory
 fsynced; a file is never half-written, and a failure before the renames leaves every file as it
 was.
@@ -41,14 +44,20 @@ from ..detection.read import detect_checkpoint
 from ..errors import OutputError, UsageError, naming
 from ..findings import Finding
 from ..formats.configs import CONFIG_FILES, CONFIG_JSON
-from ..formats.gptq.config import label_values
+from ..formats.gptq.config import (
+    AUTOROUND_DEFAULT,
+    AUTOROUND_PACKING,
+    COMPARED_KEYS,
+    PACKING_KEY,
+    is_autoround,
+    label_values,
+)
 from ..formats.open import open_labelled
-from ..ops.reports import tool_json
+from ..ops.reports import DETECT, Progress, rounds, tool_json
 from ..ops.verify import Report, validate
 from ..safetensors_io.journal import fsync_path, rename_over, write_beside
-from ..version import __version__
 from .atomic import TMP_TAG, alive
-from .configs import dumps, legacy_dropped, quant_config, relabelled
+from .configs import data_values, dumps, legacy_dropped, provenance, quant_config, relabelled
 
 DETECTED = "detected"
 TARGETS = (DETECTED,) + CONVENTIONS
@@ -88,23 +97,31 @@ class RelabelPlan:
 
 
 def plan_relabel(path: str | os.PathLike, to: str = DETECTED,
-                 detection: Detection | None = None) -> RelabelPlan:
+                 detection: Detection | None = None,
+                 progress: Progress | None = None) -> RelabelPlan:
     """What fix-label would write for the checkpoint at `path` (nothing is written).
-    `detection`: the data's, where the caller has it (doctor: verify's), else detected here.
+    `detection`: the data's, where the caller has it (doctor: verify's), else detected here
+    (DETECT, to `progress`).
     Raises UsageError where it cannot relabel at all (see the module docstring)."""
     if to not in TARGETS:
         raise UsageError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
     src, ckpt = open_labelled(path)
     try:
         root = src.root
-        det = detection or detect_checkpoint(ckpt, full=False)
+        det = detection or detect_checkpoint(ckpt, full=False,
+                                             progress=rounds(progress, DETECT))
         g_idx = any("g_idx" in m.tensors for m in ckpt.valid_modules)
         # desc_act true where no g_idx reorders (every one arange(K) // group_size): the
         # act-order label says what the data do not have, and makes vLLM >= 0.30 and Humming
         # refuse a checkpoint they would serve; false changes nothing the data hold
         reorders = any(m.act_order for m in ckpt.valid_modules)
+        return _plan(path, to, root, det, g_idx, reorders, ckpt)
     finally:
         src.close()
+
+
+def _plan(path, to: str, root: Path, det: Detection, g_idx: bool, reorders: bool,
+          ckpt) -> RelabelPlan:
     files = [n for n in CONFIG_FILES if (root / n).exists() or (root / n).is_symlink()]
     linked = [n for n in files if (root / n).is_symlink()]
     if linked:
@@ -141,6 +158,7 @@ def plan_relabel(path: str | os.PathLike, to: str = DETECTED,
                 hint=f"run with --to {detected} (or --to detected)",
                 details={"requested": to, "detected": detected}))
             return RelabelPlan(Path(path), root, None, det, [], findings, docs)
+    agreed = _agreed(ckpt, target, declaring, docs)
     changes = []
     for name in declaring:
         q = quant_config(name, docs[name])
@@ -153,9 +171,42 @@ def plan_relabel(path: str | os.PathLike, to: str = DETECTED,
                                            else json.dumps(old), new))
         changes += [LabelChange(name, key, json.dumps(q[key]), None)
                     for key in legacy_dropped(q)]
-        if q.get("desc_act") is True and not reorders:
+        if q.get("desc_act") is True and not reorders and "desc_act" not in agreed:
             changes.append(LabelChange(name, "desc_act", "true", "false"))
+        # keys the files disagree on (GQ205) take the data's value in every file
+        for key, value in agreed.items():
+            if key in q and q[key] != value:
+                changes.append(LabelChange(name, key, json.dumps(q[key]), json.dumps(value)))
     return RelabelPlan(Path(path), root, target, det, changes, findings, docs, g_idx)
+
+
+def _agreed(ckpt, convention: str, declaring: list[str], docs: dict) -> dict:
+    """The data's value of each quantization key the config files disagree on (GQ205), for
+    the data read as `convention`; a key the data do not settle either (the modules differ)
+    is left out, and stays a GQ205."""
+    seen: dict[str, set[str]] = {}
+    for name in declaring:
+        q = quant_config(name, docs[name])
+        assert q is not None
+        for key in COMPARED_KEYS:
+            if key in q:
+                seen.setdefault(key, set()).add(json.dumps(q[key]))
+    disputed = tuple(k for k in COMPARED_KEYS if len(seen.get(k, ())) > 1)
+    if not disputed:
+        return {}
+    return data_values(ckpt, convention, [], keys=disputed)
+
+
+def _label(q: dict) -> str | None:
+    """The label quantization config `q` carries (provenance's `from`): its checkpoint_format,
+    else its format, else in auto-round's config the convention its packing_format names;
+    None where it names none."""
+    for key in ("checkpoint_format", "format"):
+        if isinstance(q.get(key), str):
+            return q[key]
+    if is_autoround(q):
+        return AUTOROUND_PACKING.get(q.get(PACKING_KEY, AUTOROUND_DEFAULT))
+    return None
 
 
 def apply_relabel(plan: RelabelPlan) -> list[str]:
@@ -173,18 +224,20 @@ def apply_relabel(plan: RelabelPlan) -> list[str]:
         _remove_stale(root)
         for i, name in enumerate(plan.files):
             dst = root / name
-            prov = {"tool": "gptqfmt", "version": __version__, "command": "fix-label",
-                    "from": {c.key: c.old for c in plan.changes
-                             if c.file == name and c.new is not None},
-                    "to": plan.target}
+            before = quant_config(name, plan.docs[name])
+            assert before is not None   # a file with a change declares
+            prov = provenance(_label(before), target, command="fix-label",
+                              previous={c.key: before.get(c.key) for c in plan.changes
+                                        if c.file == name and c.new is not None})
             tmp = root / f".{name}{TMP_TAG}{os.getpid()}-{secrets.token_hex(4)}"
             staged.append((tmp, dst))
             doc = relabelled(name, plan.docs[name], target, prov, relabel=True,
                              g_idx=plan.g_idx)
-            if any(c.file == name and c.key == "desc_act" for c in plan.changes):
-                q = quant_config(name, doc)
-                assert q is not None   # a declaring file
-                q["desc_act"] = False
+            for c in plan.changes:
+                if c.file == name and c.key in COMPARED_KEYS:
+                    q = quant_config(name, doc)
+                    assert q is not None and c.new is not None   # a declaring file's key
+                    q[c.key] = json.loads(c.new)
             write_beside(dst, tmp, dumps(doc),
                          ("relabel-new", i))
             with naming(dst):
@@ -254,10 +307,10 @@ class RelabelResult:
 
 
 def fix_label(path: str | os.PathLike, to: str = DETECTED, dry_run: bool = False,
-              progress=None) -> RelabelResult:
+              progress: Progress | None = None) -> RelabelResult:
     """Plan, write (unless `dry_run` or refused) and verify: the library form of
-    `gptqfmt fix-label`."""
-    plan = plan_relabel(path, to)
+    `gptqfmt fix-label`. `progress` hears of the detection's and verify's phases."""
+    plan = plan_relabel(path, to, progress=progress)
     if plan.refused or dry_run:
         return RelabelResult(plan, dry_run, [])
     written = apply_relabel(plan)

@@ -6,15 +6,18 @@ copy written once: the ranges between qzeros tensors are copied by the kernel
 (os.copy_file_range, no pass through this process) where available, every one of their bytes
 accounted for (a short copy is an error, never a shorter file); memory stays bounded by one
 qzeros tensor. The gate (gate.py) proves the copy from that accounting, the headers and the
-qzeros read back.
+qzeros read back. A progress callback (`advance(n)`) hears of every byte of the copy as it is
+written, at most COPY_CHUNK at a time.
 """
 from __future__ import annotations
 
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,32 +44,38 @@ class ShardWritten:
 
 
 def write_shard(src: Path, out: Path, jobs: list[QzerosJob], src_conv: str, dst_conv: str,
-                allow_lossy: bool, index: int = 0) -> ShardWritten:
-    """Write `out` from `src`, each qzeros range of `jobs` converted. `index` (the shard's place
-    in sorted order) only names the shard to the fault hook."""
+                allow_lossy: bool, index: int = 0,
+                advance: Callable[[int], Any] | None = None) -> ShardWritten:
+    """Write `out` from `src`, each qzeros range of `jobs` converted; `advance(n)` after each n
+    bytes of `out` written. `index` (the shard's place in sorted order) only names the shard to
+    the fault hook."""
     f = SafetensorsFile(src)
     ranges = sorted((f.header.data_start + f.tensors[j.tensor].begin, j) for j in jobs)
     copied = 0
     with open(src, "rb") as fin, create(out) as fout:
         pos = 0
         for t, (start, job) in enumerate(ranges):
-            copy_range(fin, fout, pos, start - pos)
+            copy_range(fin, fout, pos, start - pos, advance)
             copied += start - pos
             new, _ = convert_words(f.view(job.tensor), job.bits, src_conv, dst_conv,
                                    allow_lossy)
             f.release()
             fout.write(np.ascontiguousarray(new))
+            if advance:
+                advance(new.nbytes)
             pos = start + new.nbytes
             faults.point("mid-shard", index, t)
-        copy_range(fin, fout, pos, f.size - pos)
+        copy_range(fin, fout, pos, f.size - pos, advance)
         copied += f.size - pos
     # the gate reads back every shard's size and header; the caller fsyncs before the rename
     return ShardWritten(f.size, copied)
 
 
-def copy_range(fin, fout, offset: int, length: int) -> None:
-    """Copy `length` bytes of fin from `offset` to fout's current position. The holes of a
-    sparse fin stay holes (as `cp` leaves them): the kernel's copy would write their zeros."""
+def copy_range(fin, fout, offset: int, length: int,
+               advance: Callable[[int], Any] | None = None) -> None:
+    """Copy `length` bytes of fin from `offset` to fout's current position; `advance(n)` after
+    each n of them are in fout. The holes of a sparse fin stay holes (as `cp` leaves them): the
+    kernel's copy would write their zeros."""
     if length <= 0:
         return
     fout.flush()
@@ -77,7 +86,9 @@ def copy_range(fin, fout, offset: int, length: int) -> None:
             at = fout.seek(data - offset, os.SEEK_CUR)
             if at > os.fstat(fout.fileno()).st_size:
                 fout.truncate(at)
-        _copy_data(fin, fout, data, hole - data)
+            if advance:
+                advance(data - offset)
+        _copy_data(fin, fout, data, hole - data, advance)
         offset = hole
 
 
@@ -97,16 +108,18 @@ def _data_extent(fd: int, offset: int, end: int) -> tuple[int, int]:
     return data, min(end, os.lseek(fd, data, os.SEEK_HOLE))
 
 
-def _copy_data(fin, fout, offset: int, length: int) -> None:
-    """copy_range of data: by the kernel where it can, else read and written here."""
+def _copy_data(fin, fout, offset: int, length: int,
+               advance: Callable[[int], Any] | None = None) -> None:
+    """copy_range of data: by the kernel where it can, else read and written here; at most
+    COPY_CHUNK bytes a step, each step told to `advance`."""
     if length <= 0:
         return
     if hasattr(os, "copy_file_range"):
         done = 0
         while done < length:
             try:
-                n = os.copy_file_range(fin.fileno(), fout.fileno(), length - done,
-                                       offset + done)
+                n = os.copy_file_range(fin.fileno(), fout.fileno(),
+                                       min(length - done, COPY_CHUNK), offset + done)
             except OSError as e:
                 if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                     raise  # a full disk or a file-size limit is an error, not a fallback
@@ -114,6 +127,8 @@ def _copy_data(fin, fout, offset: int, length: int) -> None:
             if n == 0:
                 break
             done += n
+            if advance:
+                advance(n)
         if done == length:
             fout.seek(0, os.SEEK_END)
             return
@@ -126,6 +141,8 @@ def _copy_data(fin, fout, offset: int, length: int) -> None:
             raise OSError(f"{fin.name}: ended while copying")
         fout.write(buf)
         length -= len(buf)
+        if advance:
+            advance(len(buf))
 
 
 def copy_plain(src: str | Path, out: str | Path) -> None:

@@ -10,9 +10,11 @@ import multiprocessing
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -83,12 +85,15 @@ def module_verdict(ckpt: Checkpoint, m: Module, full: bool, sample: int = SAMPLE
 PROCESS_MIN_MODULES = 64
 
 
-def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = None) -> Detection:
+def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = None,
+                      progress: Callable[[int], Callable[[int], Any]] | None = None
+                      ) -> Detection:
     """The checkpoint's convention from every valid module: all of qweight with `full`
     (verify), else a sample that grows while the pooled evidence does not decide (inspect).
     Modules are read by `jobs` workers (default: one per CPU): forked processes for
     PROCESS_MIN_MODULES modules or more where the platform forks safely, else threads. The
-    answer does not depend on the workers or their order."""
+    answer does not depend on the workers or their order. `progress(n)` as each round of reads
+    starts, over n modules: it returns the function told of each module read (`(1)`)."""
     mods = ckpt.valid_modules
     sizes = [ckpt.store.info(m.tensors["qweight"]).nbytes for m in mods]
     work = _Work(ckpt, mods, full)
@@ -100,12 +105,14 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
         chunk = max(1, len(mods) // (4 * workers))
 
         def run(fn, args):
-            return list(pool.map(_in_worker, [fn] * len(args), args, chunksize=chunk))
+            return _counted(pool.map(_in_worker, [fn] * len(args), args, chunksize=chunk),
+                            len(args), progress)
     else:
         pool = ThreadPoolExecutor(max_workers=workers)
 
         def run(fn, args):
-            return list(bounded_map(pool, lambda a: fn(work, *a), args))
+            return _counted(bounded_map(pool, lambda a: fn(work, *a), args), len(args),
+                            progress)
     try:
         det = detect_sequential(ModuleReads(run, [m.name for m in mods]), sizes, full)
     except BrokenProcessPool:
@@ -115,6 +122,18 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
         pool.shutdown(wait=True, cancel_futures=True)
     ckpt.keep_patterns({v.name: v.pattern for v in det.modules})  # read in the workers
     return det
+
+
+def _counted(results: Iterable[Any], n: int,
+             progress: Callable[[int], Callable[[int], Any]] | None) -> list[Any]:
+    """The `n` results of one round of reads, each counted as it arrives."""
+    advance = progress(n) if progress else None
+    out = []
+    for r in results:
+        out.append(r)
+        if advance:
+            advance(1)
+    return out
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """What inspect and verify both report (Result), and the JSON blocks more than one report
-carries, built in one place (the schemas in schemas/ are the contract for their shape)."""
+carries, built in one place (the schemas in schemas/ are the contract for their shape); the
+progress protocol every command reports its phases through (Progress, Phase)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..detection.pool import Detection
 from ..findings import ERROR, WARNING, Finding
@@ -15,8 +16,56 @@ from ..runtimes.verdicts import RuntimeVerdict
 from ..safetensors_io.index import TensorStore
 from ..version import __version__
 
-# a command's progress callback: (done, total), first called with done=0 so a bar knows its total
-Progress = Callable[[int, int], Any]
+BYTES, MODULES = "B", "module"   # what a phase counts
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One stretch of a command's work as its progress callback hears of it: `name` says what
+    is being done, `unit` what is counted (BYTES or MODULES)."""
+    name: str
+    unit: str
+
+
+DETECT = Phase("detect", MODULES)    # the convention: every qzeros, a sample of qweight
+CHECK = Phase("check", MODULES)      # every module's checks (qzeros, scales, g_idx)
+PLAN = Phase("plan", MODULES)        # convert's per-field plan of every module's zero points
+VERIFY = Phase("verify", BYTES)      # verify's read of every qweight row
+WRITE = Phase("write", BYTES)        # the output's shards; in place, the qzeros ranges
+GATE = Phase("verify", MODULES)      # convert's proof, module by module, before commit
+GPU_GATE = Phase("verify on GPU", MODULES)
+COMPARE = Phase("compare", BYTES)    # the tensors outside the modules, byte for byte
+SYNC = Phase("sync", BYTES)          # written shards still on their way to the disk
+
+
+class Progress(Protocol):
+    """A command's progress callback: `progress(0, total, phase)` as a phase's work starts (a
+    bar measures its rate and ETA from that call on), then `progress(n, total)` each time n
+    more of its `total` units are done; the n of a phase add up to its total."""
+
+    def __call__(self, done: int, total: int, phase: Phase | None = None, /) -> Any: ...
+
+
+def start(progress: Progress | None, phase: Phase, total: int) -> Callable[[int], Any]:
+    """Start `phase` over `total` units now; the function to call with each n units done
+    (it does nothing where no progress is wanted)."""
+    if progress is None:
+        return _nothing
+    progress(0, total, phase)
+    return lambda n: progress(n, total)
+
+
+def rounds(progress: Progress | None, phase: Phase
+           ) -> Callable[[int], Callable[[int], Any]] | None:
+    """For work done in rounds whose sizes are known only as each begins (detection): called
+    with a round's total as it starts, it starts `phase` again over that round."""
+    if progress is None:
+        return None
+    return lambda total: start(progress, phase, total)
+
+
+def _nothing(n: int) -> None:
+    return None
 
 
 @dataclass(frozen=True)

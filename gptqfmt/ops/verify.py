@@ -21,7 +21,17 @@ from ..formats import QuantModule, open_source
 from ..parallel import bounded_map, cpus
 from ..runtimes.verdicts import assess, runtime_findings
 from ..safetensors_io.hub import Checksums
-from .reports import Progress, Result, checkpoint_format_json, failed, summary_counts, tool_json
+from .reports import (
+    CHECK,
+    VERIFY,
+    Progress,
+    Result,
+    checkpoint_format_json,
+    failed,
+    start,
+    summary_counts,
+    tool_json,
+)
 
 
 @dataclass(frozen=True)
@@ -93,11 +103,12 @@ def validate(path: str | os.PathLike[str], progress: Progress | None = None,
     """Run every check on the checkpoint at `path`, reading all of its quantized data.
 
     Modules are checked in `jobs` threads (default: one per CPU this process may use; verify's
-    work is large numpy loops over qweight, which release the GIL). `progress(nbytes,
-    total_bytes)` is called after each module with its qweight bytes (first with 0, so a
-    progress bar knows its total). `gate`: runtime ids (runtimes.BY_ID) whose refusal or wrong
-    decoding is a finding (verify --runtime: GQ601-GQ607); refused for a checkpoint the runtime
-    table does not describe (zero points stored exactly)."""
+    work is large numpy loops over qweight, which release the GIL). `progress` hears of the
+    phases (reports.Progress): VERIFY, every qweight row read (a module's qweight bytes as
+    it is done), then for a GPTQ checkpoint CHECK, the checks of each module's verdict.
+    `gate`: runtime ids (runtimes.BY_ID) whose refusal or wrong decoding is a finding (verify
+    --runtime: GQ601-GQ607); refused for a checkpoint the runtime table does not describe (zero
+    points stored exactly)."""
     src = open_source(path)
     ck = src.labelled
     if gate and ck is None:
@@ -108,8 +119,6 @@ def validate(path: str | os.PathLike[str], progress: Progress | None = None,
     modules = src.modules
     sizes = [src.store.info(m.tensors["qweight"]).nbytes for m in modules]
     total = sum(sizes)
-    if progress:
-        progress(0, total)
 
     def evidence(m: QuantModule) -> ModuleVerdict:
         assert ck is not None
@@ -131,16 +140,19 @@ def validate(path: str | os.PathLike[str], progress: Progress | None = None,
             # that read each module's verdict in the light of all of them (pooled evidence,
             # misfits against the module count): qzeros and scales only, small beside qweight
             read = []
+            advance = start(progress, VERIFY, total)
             for size, v in zip(sizes, bounded_map(pool, evidence, modules)):
                 read.append(v)
-                if progress:
-                    progress(size, total)
+                advance(size)
             det = combine(read)
             verdicts = list(det.modules)
-        for size, found in zip(sizes, bounded_map(pool, check, modules, verdicts)):
+            # the checks of each verdict read qzeros and scales: counted in modules
+            steps, advance = [1] * len(modules), start(progress, CHECK, len(modules))
+        else:  # the checks read the codes: verify's read of all of qweight
+            steps, advance = sizes, start(progress, VERIFY, total)
+        for step, found in zip(steps, bounded_map(pool, check, modules, verdicts)):
             findings += found
-            if progress and det is None:
-                progress(size, total)
+            advance(step)
     runtimes = None
     if ck is not None and det is not None:
         findings += convention_findings(ck, det)

@@ -199,7 +199,11 @@ EXLLAMAV2 = Runtime(
                              "GPTQ layers found by .qweight; no quantization key but "
                              "checkpoint_format is read"))
 
-# ---- GPTQModel: ModelCloud/GPTQModel f4c327a1 (v7.3.4+1), its own loader.
+# ---- GPTQModel: ModelCloud/GPTQModel f4c327a1 (v7.3.4+1), its own loader. Checked again in the
+# 7.7.0 sdist (PyPI): the config files it reads and their order (quantization/config.py L79-80,
+# from_pretrained L4102-4107), the is_marlin_format refusal (L3933-3936) and the asymmetric-v1
+# guard (models/loader.py L2100-2103) are unchanged; its torch kernel decodes gptqfmt's
+# conversions and relabels bit-identically on a CPU (scripts/peer_acceptance.py).
 _GQM = "ModelCloud/GPTQModel"
 _GQM_REF = "f4c327a17eb3e24524d5a97a3d682e3696ae6a28"
 
@@ -510,8 +514,9 @@ VLLM = Runtime(
                        "loaded (base_config.py L255-259 maps .g_idx to None)"), "config",
                    since=(0, 30)).with_hint(
                   "next step: where every g_idx is arange(K) // group_size, `gptqfmt fix-label "
-                  "{PATH}` sets desc_act false (lossless); else vLLM 0.22-0.29 serves it "
-                  "(`gptqfmt doctor {PATH} --runtime vllm` says which)"),
+                  "{PATH}` sets desc_act false (lossless); a g_idx that reorders is served by "
+                  "vLLM 0.22-0.29 (`gptqfmt doctor {PATH} --runtime vllm@0.29`), and no "
+                  "compressed-tensors conversion helps (vLLM refuses actorder group too)"),
               _vllm_fused(_V33)),
     label_source=_vl(_V33, "auto_gptq.py", "neither checkpoint_format nor format is read"),
     config_note=_VLLM_CONFIG_NOTE)

@@ -26,9 +26,11 @@ from tests.support import CKPT, FIXTURES, ROOT
 SARIF_SCHEMA = json.loads((ROOT / "tests" / "third_party" / "sarif-schema-2.1.0.json")
                           .read_text())
 INVALID = FIXTURES / "invalid"
+MISLABELLED = CKPT / "mislabelled-b4-sym-v2-as-gptq"  # GQ401 on config.json:quantization_config
 FAILING = [INVALID / "config-not-json", INVALID / "declared-bits-wrong",
            INVALID / "labelled-gptq-but-gptq-v2", INVALID / "index-lacks-tensor",
-           INVALID / "control-characters-in-names"]
+           INVALID / "control-characters-in-names", MISLABELLED,
+           CKPT / "optimum-b4-sym-gptq-sharded"]
 PASSING = CKPT / "b4-asym-act-gptq-sharded"
 LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
 
@@ -44,8 +46,21 @@ def as_json(run_cli, *args):
     return r.exit_code, json.loads(r.stdout)
 
 
+# a finding's `file` that names a block inside a file: (the file, the key)
+INSIDE = {"config.json:quantization_config": ("config.json", "quantization_config")}
+
+
 def where(f: dict, ckpt: Path) -> str | None:
-    return None if f["file"] is None else (Path(ckpt).relative_to(ROOT) / f["file"]).as_posix()
+    """The path a CI system is pointed at: the finding's file in the checkpoint, relative to
+    the repository; for a block inside a file, that file."""
+    if f["file"] is None:
+        return None
+    file = INSIDE.get(f["file"], (f["file"], None))[0]
+    return (Path(ckpt).relative_to(ROOT) / file).as_posix()
+
+
+def key_of(f: dict) -> str | None:
+    return INSIDE.get(f["file"], (None, None))[1]
 
 
 # ---- SARIF -------------------------------------------------------------------------------
@@ -71,11 +86,13 @@ def test_sarif_is_valid_and_carries_every_finding(run_cli, ckpt):
         assert rules[res["ruleIndex"]]["id"] == res["ruleId"]
         loc = res.get("locations", [{}])[0]
         uri = loc.get("physicalLocation", {}).get("artifactLocation", {}).get("uri")
-        tensor = loc.get("logicalLocations", [{}])[0].get("fullyQualifiedName")
-        got.append((res["ruleId"], res["level"], uri, tensor))
+        logical = {x["kind"]: x["fullyQualifiedName"] for x in loc.get("logicalLocations", [])}
+        assert set(logical) <= {"member", "object"}
+        got.append((res["ruleId"], res["level"], uri, logical.get("member"),
+                    logical.get("object")))
     # a finding of no one file is located at the checkpoint itself
     want = [(f["code"], {"info": "note"}.get(f["severity"], f["severity"]),
-             where(f, ckpt) or ckpt.relative_to(ROOT).as_posix(), f["tensor"])
+             where(f, ckpt) or ckpt.relative_to(ROOT).as_posix(), f["tensor"], key_of(f))
             for f in doc["findings"]]
     assert got == want
     assert run["invocations"][0] == {"executionSuccessful": True, "exitCode": code}
@@ -133,7 +150,42 @@ def test_github_lines_parse_back_to_the_findings(run_cli, ckpt):
         assert props["title"] == f"{f['code']} {CATALOGUE[f['code']].title}"
         assert f["code"] in props["title"]
         assert msg.endswith(f" (hint: {f['hint']})" if f.get("hint") else "")
+        if key_of(f):   # the key inside the file leads the message
+            assert msg.startswith(f"{key_of(f)}: {f['message']}")
     assert plain[-1].startswith("FAIL" if code else "OK")  # the text report's final line
+
+
+def test_a_config_block_is_located_at_its_file_with_the_key_named(run_cli):
+    """GQ401 on config.json's quantization_config: the annotation lands on config.json, which
+    a runner can attach to a file of the commit, and the message names the key; SARIF gives the
+    file as the physical location and the key as a logical one."""
+    _, doc = as_json(run_cli, "verify", MISLABELLED)
+    [f] = [f for f in doc["findings"] if f["code"] == "GQ401"]
+    assert f["file"] == "config.json:quantization_config"
+    lines = run_cli("verify", MISLABELLED, "--format", "github").stdout.splitlines()
+    [line] = [ln for ln in lines if "title=GQ401" in ln]
+    assert line.startswith(
+        "::error file=fixtures/ckpt/mislabelled-b4-sym-v2-as-gptq/config.json,title=GQ401 "
+        f"{CATALOGUE['GQ401'].title}::quantization_config: {f['message']}")
+    assert "%3A" not in line.partition(",title=")[0]
+    _, log = sarif(run_cli, "verify", MISLABELLED)
+    [res] = [r for r in log["runs"][0]["results"] if r["ruleId"] == "GQ401"]
+    assert res["locations"] == [{
+        "physicalLocation": {"artifactLocation": {
+            "uri": "fixtures/ckpt/mislabelled-b4-sym-v2-as-gptq/config.json",
+            "uriBaseId": "%SRCROOT%"}},
+        "logicalLocations": [{"name": "quantization_config",
+                              "fullyQualifiedName": "quantization_config", "kind": "object"}]}]
+
+
+def test_a_file_named_like_a_block_is_left_as_it_is():
+    """Only the config blocks the readers label FILE:KEY are split: any other file name with a
+    colon (a shard an index names) is a file, passed on whole (escaped as a property)."""
+    buf = io.StringIO()
+    f = Finding("GQ125", "not referenced", file="a:b.safetensors")
+    GithubReporter(buf).emit(Outcome("verify", None, 1, "FAIL", [f]))
+    [(level, props, msg)], _ = parse_github(buf.getvalue())
+    assert props["file"] == "a:b.safetensors" and msg == "not referenced"
 
 
 def test_github_escapes_what_would_end_a_command_early():

@@ -71,17 +71,19 @@ def test_text_report_and_dry_run(tmp_path, run_cli):
     d = copy(tmp_path)
     r = run_cli("convert", "--in-place", d, "--to", "gptq", "--dry-run")
     assert r.exit_code == 0 and digest(d) == digest(SRC)
-    assert r.stdout.startswith(f"would convert {d} in place (gptq_v2 -> gptq): 7 modules")
+    assert r.stdout.startswith(f"OK: would convert {d} in place (gptq_v2 -> gptq): 7 modules")
     r = run_cli("convert", "--in-place", d, "--to", "gptq")
     lines = r.stdout.splitlines()
-    assert lines[0].startswith(f"converted {d} in place (gptq_v2 -> gptq)")
+    assert lines[0].startswith(f"OK: converted {d} in place (gptq_v2 -> gptq)")
     assert "bytes rewritten (qzeros ranges and configs) and read back as proven" in lines[1]
 
 
 @pytest.mark.parametrize("args,why", [
     (["--to", "compressed-tensors"], "--in-place converts between gptq and gptq_v2"),
-    (["{tmp}/dst"], "DST does not apply"), (["--force"], "--force does not apply"),
-    (["--jobs", "2"], "--jobs does not apply")])
+    (["{tmp}/dst"], "DST does not apply: DST: it writes no new directory"),
+    (["--force"], "--force does not apply: --force: there is no DST to replace"),
+    (["--jobs", "2"], "--jobs does not apply: --jobs: it rewrites only the qzeros ranges"),
+    (["--backend", "cupy"], "--backend cupy: its proof runs on the CPU")])
 def test_usage_errors(tmp_path, run_cli, args, why):
     d = copy(tmp_path)
     r = run_cli("convert", "--in-place", d, *[a.format(tmp=tmp_path) for a in args])

@@ -36,10 +36,10 @@ def test_a_runtime_that_serves_it_says_so_first_and_exits_0():
     code, out = run("doctor", SINGLE, "--runtime", "transformers")
     lines = out.splitlines()
     assert code == 0
-    assert lines[0].startswith("transformers (GPTQModel backend) >= 5.0")
+    assert lines[0].startswith("OK: transformers (GPTQModel backend) >= 5.0")
     assert lines[0].endswith("will load it and compute the right weights")
     assert lines[1].startswith("why: ")
-    assert lines[-1].startswith("OK: transformers")
+    assert lines[-1].startswith("OK: 7 modules, 0 errors, 0 warnings, 0 infos; transformers")
 
 
 def test_a_mislabel_is_answered_with_fix_label_on_the_users_path():
@@ -71,7 +71,7 @@ def test_fix_in_place_relabels_a_copy(tmp_path):
     shutil.copytree(MISLABELLED, work)
     code, out = run("doctor", work, "--runtime", "exllamav2", "--fix", "--in-place")
     assert code == 0, out
-    assert out.splitlines()[-1].startswith("OK: exllamav2: fixed")
+    assert "; exllamav2: fixed" in out.splitlines()[-1]
     assert run("doctor", work, "--runtime", "exllamav2")[0] == 0
 
 
@@ -160,3 +160,14 @@ def test_the_library_call_is_the_command():
 def test_github_annotations_carry_the_runtime_finding():
     code, out = run("doctor", MISLABELLED, "--runtime", "exllamav2", "--format", "github")
     assert code == 1 and "GQ602" in out
+
+
+def test_fix_on_a_checkpoint_that_already_serves_exits_0_and_writes_nothing(tmp_path):
+    dst = tmp_path / "fixed"
+    code, out = run("doctor", SINGLE, "--runtime", "transformers", "--fix", dst)
+    assert code == 0 and not dst.exists()
+    assert "nothing to run: it already computes the right weights" in out
+    assert "requantize" not in out
+    code, d = doc("doctor", SINGLE, "--runtime", "transformers", "--fix", dst)
+    assert code == 0 and d["fix"]["ok"] and d["fix"]["steps"] == []
+    assert d["fix"]["output"] == str(SINGLE) and not dst.exists()

@@ -60,8 +60,8 @@ def test_relabels_only_the_label_keys_and_verifies(run_cli, tmp_path):
             assert after_q[k] == v
     assert after_q["meta"]["gptqfmt"] == {
         "tool": "gptqfmt", "version": after_q["meta"]["gptqfmt"]["version"],
-        "command": "fix-label", "from": {"checkpoint_format": "gptq", "format": "gptq"},
-        "to": "gptq_v2"}
+        "command": "fix-label", "from": "gptq", "to": "gptq_v2",
+        "previous": {"checkpoint_format": "gptq", "format": "gptq"}}
     after_cfg = json.loads((d / "config.json").read_text())
     assert {k: v for k, v in after_cfg.items() if k != "quantization_config"} == \
         {k: v for k, v in before_cfg.items() if k != "quantization_config"}
@@ -76,7 +76,7 @@ def test_dry_run_writes_nothing(run_cli, tmp_path):
     before = digest(d)
     r = run_cli("fix-label", "--dry-run", d)
     assert r.exit_code == 0 and digest(d) == before
-    assert "quantize_config.json: would set checkpoint_format 'gptq' -> 'gptq_v2'" in r.stdout
+    assert "quantize_config.json: would set checkpoint_format gptq -> gptq_v2" in r.stdout
     assert "nothing written (--dry-run)" in r.stdout
 
 
@@ -112,7 +112,9 @@ def test_to_that_the_data_contradict_is_refused(run_cli, tmp_path, fmt):
         assert doc["verify"] is None and doc["status"] == "fail"
     else:
         assert "GQ417 --to gptq, but the data are gptq_v2" in r.stdout
-        assert "(hint: run with --to gptq_v2" in r.stdout and "FAIL: nothing written" in r.stdout
+        assert "(hint: run with --to gptq_v2" in r.stdout
+        assert r.stdout.splitlines()[-1] == \
+            "FAIL: 7 modules, 1 error, 0 warnings, 0 infos; nothing written (detected gptq_v2)"
 
 
 def test_undecidable_data_are_refused_unless_named(run_cli, tmp_path):
@@ -292,7 +294,8 @@ def test_autogptq_is_marlin_format_is_removed_and_gptqmodel_then_loads(run_cli, 
     assert "is_marlin_format" not in after_q and "is_marlin_format" not in after_c
     for q in (after_q, after_c):
         assert q["meta"]["gptqfmt"]["removed"] == {"is_marlin_format": False}
-        assert q["meta"]["gptqfmt"]["from"] == {"checkpoint_format": None, "format": None}
+        assert q["meta"]["gptqfmt"]["from"] is None   # no label before
+        assert q["meta"]["gptqfmt"]["previous"] == {"checkpoint_format": None, "format": None}
     # every other key as it was, in its order
     assert [k for k in after_q if k not in ("checkpoint_format", "format", "meta")] == \
         [k for k in before_q if k != "is_marlin_format"]
@@ -325,9 +328,51 @@ def test_a_right_label_carrying_is_marlin_format_is_still_rewritten(run_cli, tmp
     assert {k: v for k, v in after.items() if k != "meta"} == \
         {k: v for k, v in q.items() if k != "meta"}
     assert after["meta"]["gptqfmt"]["removed"] == {"is_marlin_format": False}
-    assert after["meta"]["gptqfmt"]["from"] == {}
+    assert after["meta"]["gptqfmt"]["from"] == "gptq_v2"
+    assert after["meta"]["gptqfmt"]["previous"] == {}
     entry = gptqmodel_verdict(run_cli, d)[1]
     assert entry["loads"] is True and entry["decodes_correctly"] is True
     # and then there is nothing left to do
     again = json.loads(run_cli("fix-label", "--quiet", "--format", "json", d).stdout)
     assert again["changes"] == [] and again["written"] == []
+
+
+def test_config_files_that_disagree_take_the_datas_value(run_cli, tmp_path):
+    """config.json says 8 bits, quantize_config.json 4, the shapes 4: GQ205's hint names
+    fix-label with the path, and fix-label writes 4 where the files said otherwise."""
+    d = copy(FIXTURES / "invalid" / "config-files-disagree", tmp_path)
+    before = json.loads(run_cli("verify", "--format", "json", d).stdout)
+    [f205] = [f for f in before["findings"] if f["code"] == "GQ205"]
+    assert f"`gptqfmt fix-label {d}` sets bits" in f205["hint"]
+    r = run_cli("fix-label", "--quiet", "--format", "json", d)
+    doc = json.loads(r.stdout)
+    validator("fix_label").validate(doc)
+    assert r.exit_code == 0
+    assert doc["changes"] == [{"file": "config.json", "key": "bits", "old": "8", "new": "4"}]
+    assert json.loads((d / "config.json").read_text())["quantization_config"]["bits"] == 4
+    assert run_cli("verify", d).exit_code == 0
+
+
+@pytest.mark.parametrize("src, key, wrong, right", [
+    # act-order data (a g_idx that reorders): desc_act must be true
+    ("b4-asym-act-gptq_v2-single", "desc_act", False, True),
+    # asymmetric zero points: sym true would let Marlin drop them
+    ("b4-asym-noact-gptq_v2-single", "sym", True, False),
+    # symmetric zero points: sym true is what the data are
+    ("b4-sym-noact-gptq_v2-single", "sym", False, True),
+])
+def test_a_disputed_key_is_set_from_the_data(run_cli, tmp_path, src, key, wrong, right):
+    d = copy(CKPT / src, tmp_path)
+    cfg = json.loads((d / "config.json").read_text()) if (d / "config.json").exists() else {}
+    q = json.loads((d / "quantize_config.json").read_text())
+    assert q[key] == right
+    cfg["quantization_config"] = {**q, key: wrong}
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert "GQ205" in run_cli("verify", d).stdout
+    r = run_cli("fix-label", "--quiet", "--format", "json", d)
+    assert r.exit_code == 0, r.stdout
+    assert json.loads(r.stdout)["changes"] == [
+        {"file": "config.json", "key": key, "old": json.dumps(wrong), "new": json.dumps(right)}]
+    assert json.loads((d / "config.json").read_text())["quantization_config"][key] is right
+    assert json.loads((d / "quantize_config.json").read_text())[key] is right
+    assert "GQ205" not in run_cli("verify", d).stdout

@@ -58,7 +58,7 @@ def test_a_shard_that_cannot_be_read_is_one_finding_and_counts_match_the_index(
 
 def test_one_shard_given_alone_is_sent_to_its_directory(run_cli):
     r = run_cli("inspect", SHARDED / SHARD2)
-    first = r.stdout.splitlines()[0]
+    first = r.stdout.splitlines()[1]
     assert r.exit_code == 1 and first == (
         f"{SHARDED / SHARD2}: GQ131 shard 2 of 3 that model.safetensors.index.json beside it "
         "names: a module's tensors may sit in the other shards, so it is checked with them, as "

@@ -24,7 +24,7 @@ def test_case(run_cli, case):
     doc = json.loads(r.stdout)
     validator("report").validate(doc)
     assert sorted({f["code"] for f in doc["findings"]}) == expect["codes"]
-    text = run_cli("verify", d, *expect["args"])
+    text = run_cli("verify", d, "-v", *expect["args"])
     assert text.exit_code == expect["exit_code"]
     assert "\x1b" not in text.stdout and "\x07" not in text.stdout
     lines = text.stdout.splitlines()

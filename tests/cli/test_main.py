@@ -15,15 +15,18 @@ FIX = CKPT / "b4-sym-act-gptq-sharded"
 
 
 def test_text_report(run_cli):
-    r = run_cli("inspect", FIX)
+    r = run_cli("inspect", FIX, "-v")
     assert r.exit_code == 0 and r.stderr == ""
     out = r.stdout
+    assert out.startswith("OK: the data are gptq, as declared; ")
     assert "declared     gptq " in out and "detected     gptq (confidence 1.00" in out
     assert "bits=4 group_size=32 sym=yes desc_act=yes pack_dtype=int32" in out
-    table = out[out.index("modules "):out.index("runtimes ")]
-    assert table.count("model.layers.0.") == 7 and out.rstrip().endswith("0 infos")
-    # one row per runtime of the table, in its order
-    rows = out[out.index("runtimes "):].splitlines()[2:2 + len(RUNTIMES)]
+    table = out[out.index("\nmodules "):out.index("\nruntimes ")]
+    assert table.count("model.layers.0.") == 7
+    assert out.splitlines()[-1] == ("OK: 7 modules, 0 errors, 0 warnings, 0 infos; gptq declared "
+                                    "and detected")
+    # with -v: one row per runtime of the table, in its order
+    rows = out[out.index("\nruntimes ") + 1:].splitlines()[2:2 + len(RUNTIMES)]
     assert [r.split()[0] for r in rows] == [x.id for x in RUNTIMES]
 
 
@@ -50,7 +53,7 @@ def test_corrupt_file_exit_1_with_finding_line(run_cli, tmp_path):
     p.write_bytes((FIX / "model-00001-of-00003.safetensors").read_bytes()[:50])
     r = run_cli("inspect", p)
     assert r.exit_code == 1 and "Traceback" not in r.stdout + r.stderr
-    assert r.stdout.startswith("model.safetensors: GQ103 header length")
+    assert r.stdout.splitlines()[1].startswith("model.safetensors: GQ103 header length")
     r = run_cli("inspect", p, "--format", "json")
     doc = json.loads(r.stdout)
     assert doc["status"] == "fail" and doc["findings"][0]["code"] == "GQ103"
@@ -83,11 +86,11 @@ def test_control_characters_in_names_are_escaped(run_cli, tmp_path):
 
 
 def test_internal_error_exit_3_one_line(run_cli, monkeypatch):
-    import gptqfmt.cli.inspect_cmd as cmd
+    import gptqfmt.ops.inspect as ops  # the command imports it when it runs
 
     def boom(path):
         raise RuntimeError("simulated")
-    monkeypatch.setattr(cmd, "inspect_checkpoint", boom)
+    monkeypatch.setattr(ops, "inspect_checkpoint", boom)
     r = run_cli("inspect", FIX)
     assert r.exit_code == 3 and r.stdout == ""
     assert r.stderr.startswith("gptqfmt: error: internal error: RuntimeError: simulated")

@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from gptqfmt.resources import validator
-from tests.support import FIXTURES
+from tests.support import FIXTURES, unwrap
 
 GGUF = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)
 TORCH_ZIP = b"PK\x03\x04" + bytes(22) + struct.pack("<HH", 10, 0) + b"m/data.pkl"
@@ -73,10 +73,11 @@ def test_named_with_the_next_step(run_cli, tmp_path, case, command):
     path, line, hint = make(tmp_path, case)
     r = run_cli(command, path)
     assert r.exit_code == 1 and r.stderr == ""
-    first, last = r.stdout.splitlines()
+    verdict, first, last = unwrap(r.stdout)
+    assert verdict.startswith("FAIL: ") and line.partition(": GQ130 ")[2][:40] in verdict
     assert first.startswith(f"{line} (hint: {hint}")
     assert "header length" not in r.stdout and "Traceback" not in r.stdout
-    assert last == "FAIL: stopped by 1 finding"
+    assert last == "FAIL: 1 error, 0 warnings, 0 infos; stopped"
 
     r = run_cli(command, path, "--format", "json")
     assert r.exit_code == 1 and r.stderr == ""
@@ -94,7 +95,7 @@ def test_ends_like_any_container_error(run_cli, tmp_path, command):
     ours, theirs = (run_cli(command, p) for p in (path, FIXTURES / "hostile" /
                                                   "header-claims-a-terabyte"))
     assert (ours.exit_code, ours.stderr) == (theirs.exit_code, theirs.stderr) == (1, "")
-    assert ours.stdout.splitlines()[1:] == theirs.stdout.splitlines()[1:]
+    assert unwrap(ours.stdout)[-1] == unwrap(theirs.stdout)[-1]
 
 
 # fixtures/invalid/<case>: (what the one GQ203 line must say, what its hint begins with)
@@ -125,9 +126,10 @@ def test_quantization_formats_known_by_name_are_refused_as_such(run_cli, tmp_pat
     args = [src] + ([tmp_path / "dst", "--to", "gptq_v2"] if command == "convert" else [])
     r = run_cli(command, *args)
     assert r.exit_code == 1 and r.stderr == ""
-    first, last = r.stdout.splitlines()
+    verdict, first, last = unwrap(r.stdout)
+    assert verdict.startswith("FAIL: ") and "GQ203" in verdict
     assert first.startswith(line) and f" (hint: {hint}" in first
-    assert last == "FAIL: stopped by 1 finding"
+    assert last == "FAIL: 1 error, 0 warnings, 0 infos; stopped"
     assert not (tmp_path / "dst").exists()
 
     r = run_cli(command, *args, "--format", "json")

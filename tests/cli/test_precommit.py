@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gptqfmt.cli.precommit import checkpoints, precommit
+from gptqfmt.cli.precommit import UNCHECKED, checkpoints, precommit
 from gptqfmt.safetensors_io import reader
 from tests.support import CKPT, FIXTURES, ROOT
 
@@ -68,7 +68,8 @@ def test_each_checkpoint_is_checked_once_from_its_configs_and_headers(tmp_path, 
     lines = r.output.splitlines()
     assert r.exit_code == 1
     assert lines[-1] == "good: OK (configs, index and headers of 7 modules: 0 errors, " \
-                        "0 warnings)"
+                        "0 warnings); zero-point convention not checked (no tensor data " \
+                        "read): --full checks it"
     assert "bad/quantize_config.json: GQ201 not valid JSON" in r.output
     assert [ln for ln in lines if ln.startswith("bad: ") and "GQ" not in ln] == [
         "bad: FAIL (configs, index and headers of 2 modules: 1 error, 1 warning)"]
@@ -82,8 +83,39 @@ def test_a_passing_checkpoint_passes_and_full_reads_the_data(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     r = run("m/config.json")
     assert r.exit_code == 0, r.output  # the label's contradiction is in the data
+    # which the OK says it did not look at, and names the flag that does
+    assert r.output.splitlines() == [f"m: OK (configs, index and headers of 7 modules: "
+                                     f"0 errors, 0 warnings); {UNCHECKED}"]
+    assert "zero-point convention not checked" in UNCHECKED and "--full" in UNCHECKED
     r = run("m/config.json", "--full")
     assert r.exit_code == 1 and "GQ401" in r.output and "every tensor of 7 modules" in r.output
+    assert UNCHECKED not in r.output
+
+
+def test_full_says_nothing_was_left_unchecked(tmp_path, monkeypatch):
+    shutil.copytree(CKPT / "b4-sym-noact-gptq_v2-single", tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    r = run("m/quantize_config.json", "--full")
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines() == ["m: OK (every tensor of 7 modules: 0 errors, 0 warnings)"]
+
+
+def test_a_path_that_does_not_exist_is_a_usage_error(tmp_path, monkeypatch):
+    """A FILE that is not there (a typo in the hook's args, a path from another checkout) is
+    exit 2 and one line naming it on stderr, before any checkpoint is checked: never a silent
+    exit 0 that passes the commit."""
+    shutil.copytree(CKPT / "b4-sym-noact-gptq_v2-single", tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    r = run("m/no-such-config.json")
+    assert r.exit_code == 2
+    assert r.stdout == ""
+    assert r.stderr.splitlines() == ["gptqfmt: error: m/no-such-config.json: no such file or "
+                                     "directory"]
+    # beside a file that exists: still refused, and nothing is checked
+    r = run("m/config.json", "missing/config.json")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == ["gptqfmt: error: missing/config.json: no such file or "
+                                     "directory"]
 
 
 def test_config_files_that_declare_different_conventions_fail_the_hook(tmp_path, monkeypatch):
@@ -99,7 +131,7 @@ def test_config_files_that_declare_different_conventions_fail_the_hook(tmp_path,
 
 def test_an_lfs_pointer_fails_with_its_hint(monkeypatch):
     monkeypatch.chdir(FIXTURES / "invalid")
-    r = run("lfs-pointer/config.json")
+    r = run("lfs-pointer/quantize_config.json")
     assert r.exit_code == 1
     assert "lfs-pointer/model.safetensors: GQ117" in r.output and "git lfs pull" in r.output
 

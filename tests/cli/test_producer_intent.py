@@ -42,7 +42,7 @@ def test_negative_scales_pass_inspect_verify_and_convert(run_cli, tmp_path, path
     assert text.exit_code == 0 and text.stdout.splitlines()[-1].startswith("OK: 7 modules, 0 ")
     r = run_cli("convert", path, tmp_path / "out")
     assert r.exit_code == 0, r.stdout + r.stderr
-    assert r.stdout.startswith(f"converted {path} (")
+    assert r.stdout.startswith(f"OK: converted {path} (")
     against = run_cli("verify", path, "--against", tmp_path / "out")
     assert against.exit_code == 0, against.stdout
 
@@ -75,10 +75,11 @@ def test_optimum_contradiction_through_the_cli(run_cli, tmp_path):
         assert code == 1 and codes(doc) == ["GQ209", "GQ212"], cmd
     text = run_cli("verify", OPTIMUM)
     first = text.stdout.splitlines()
-    assert first[0].startswith("config.json:quantization_config: GQ209 ")
-    assert first[1].startswith("config.json:quantization_config: GQ212 the config files "
+    assert first[0].startswith("FAIL: format is 'gptq_v2' but checkpoint_format is missing")
+    assert first[1].startswith("config.json:quantization_config: GQ209 ")
+    assert first[2].startswith("config.json:quantization_config: GQ212 the config files "
                                "declare different conventions")
-    assert "gptq_v2 by transformers" in first[1] and "gptq by GPTQModel" in first[1]
+    assert "gptq_v2 by transformers" in first[2] and "gptq by GPTQModel" in first[2]
     code, doc = json_of(run_cli, "convert", "convert", OPTIMUM, tmp_path / "o")
     assert code == 0
     code, doc = json_of(run_cli, "report", "verify", tmp_path / "o", "--strict")
@@ -101,8 +102,9 @@ def test_clamped_zeros_are_a_warning_everywhere(run_cli, tmp_path):
         [(f["tensor"], f["details"]) for f in rep["findings"]]
     assert run_cli("verify", CLAMPED, "--strict").exit_code == 1
     text = run_cli("verify", CLAMPED)
-    assert text.stdout.splitlines()[0].startswith(
-        "model.safetensors::model.layers.0.mlp.gate_proj.qzeros: GQ506 ")
+    assert text.stdout.splitlines()[0].startswith("OK: every check passes (4 warnings)")
+    assert text.stdout.splitlines()[1].startswith(
+        "model.safetensors::model.layers.0.mlp.gate_proj.qzeros (and 3 more like it): GQ506 ")
     r = run_cli("convert", CLAMPED, tmp_path / "o")
     assert r.exit_code == 0, r.stdout + r.stderr
     assert run_cli("verify", CLAMPED, "--against", tmp_path / "o").exit_code == 0

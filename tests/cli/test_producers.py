@@ -310,7 +310,9 @@ def test_autoround_inspect_shows_declared_and_detected(run_cli, name):
                                   "written": packing}]
     assert cf["detected"] == SPECS[name].convention
     text = run_cli("inspect", CKPT / name).stdout.splitlines()
-    assert f"declared     {declared}  (in 1 place: {CJ}:packing_format={packing})" in text
+    [line] = [t for t in text if t.startswith(f"declared     {declared}  ")]
+    assert line.endswith(f"  (in 1 place: {CJ}:packing_format={packing})")
+    assert ("MISMATCH" in line) == (declared != SPECS[name].convention)
     assert any(t.startswith(f"detected     {SPECS[name].convention} (") for t in text)
 
 

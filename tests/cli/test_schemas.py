@@ -1,6 +1,9 @@
-"""The schemas work without gptqfmt: check-jsonschema, given one schema FILE and no network,
-accepts the real JSON output of every command, from the source tree and from a relocated copy of
-the folder (as the wheel ships it), and rejects a broken document. Every property is described."""
+"""The schemas work without gptqfmt: each file is self-contained, so that a plain validator
+given that one file (jsonschema.validate with the file as loaded; check-jsonschema with one
+--schemafile, no neighbour, no network) accepts the real JSON output of every command and
+rejects a broken document. A definition shared between schemas is written once, in its home, and
+copied by scripts/bundle_schemas.py; a copy that differs from its home fails here. Every
+property is described."""
 import json
 import os
 import shutil
@@ -16,10 +19,11 @@ from click.testing import CliRunner
 from referencing.jsonschema import DRAFT202012
 
 from gptqfmt.cli import main
-from gptqfmt.resources import registry, validator
-from tests.support import CKPT, FIXTURES, ROOT
+from gptqfmt.resources import validator
+from tests.support import CKPT, FIXTURES, ROOT, load_script
 
 SCHEMAS = ROOT / "schemas"
+BUNDLE = load_script(ROOT / "scripts" / "bundle_schemas.py")
 SUFFIX = ".schema.json"
 # Which schema each command's --format json output must satisfy (README, gptqfmt/cli/*.py).
 OUTPUT_SCHEMAS = ("inspect", "report", "equivalence", "convert", "doctor")
@@ -102,30 +106,119 @@ def test_the_description_check_finds_nested_and_bare_properties():
 
 
 @pytest.mark.parametrize("path", schema_files(), ids=lambda p: p.name)
-def test_refs_are_relative_to_the_folder_and_resolve(path):
+def test_every_ref_is_local_and_resolves(path):
     doc = load(path)
     ids = [w for w, sub, _ in walk(doc) if "$id" in sub]
-    assert ids == [], "an $id re-roots the relative $refs (to a URL: offline they fail)"
+    assert ids == [], "an $id re-roots the references (to a URL: offline they fail)"
     jsonschema.Draft202012Validator.check_schema(doc)
     refs = [(w, s["$ref"]) for w, s, _ in walk(doc) if "$ref" in s]
     for where, ref in refs:
-        target, _, fragment = ref.partition("#")
-        assert target == "" or (target == Path(target).name and target.endswith(SUFFIX)
-                                and (SCHEMAS / target).is_file()), f"{where}: $ref {ref!r}"
-        pointer(load(SCHEMAS / target) if target else doc, fragment)  # KeyError: dangling
-        if target:  # what gptqfmt.resources registers resolves it too, to the same schema
-            assert registry().resolver().lookup(ref).contents == pointer(load(SCHEMAS / target),
-                                                                         fragment)
+        assert ref.startswith("#/"), f"{where}: $ref {ref!r} leaves the file; reference the " \
+            "definition where it lives and run `python3 scripts/bundle_schemas.py --write`"
+        pointer(doc, ref[1:])  # KeyError: dangling
+
+
+def test_every_copy_is_its_home_as_written_there():
+    """What --check checks: editing a definition in its home and forgetting to run --write
+    fails here, naming the schemas whose copies are stale."""
+    assert BUNDLE.stale(SCHEMAS) == {}, "stale copies: run `python3 scripts/bundle_schemas.py " \
+        "--write`"
 
 
 def test_each_definition_lives_in_one_place():
-    defs = [(p.name, name, body) for p in schema_files() for name, body in
-            load(p).get("$defs", {}).items()]
-    names = [n for _, n, _ in defs]
+    own, copies = [], []
+    for p in schema_files():
+        for name, body in load(p).get("$defs", {}).items():
+            home = BUNDLE.copied_from(body)
+            (copies if home else own).append((p.name, name, body, home))
+    names = [n for _, n, _, _ in own]
     assert len(names) == len(set(names)), sorted(names)
     bodies = [json.dumps({k: v for k, v in b.items() if k != "description"}, sort_keys=True)
-              for _, _, b in defs]
+              for _, _, b, _ in own]
     assert len(bodies) == len(set(bodies)), "two $defs with the same content"
+    # a copy is named after its home, which is a definition of its own (or a whole schema)
+    assert copies
+    for file, name, body, home in copies:
+        target, _, fragment = home.partition("#")
+        assert target != file and (SCHEMAS / target).is_file(), (file, name, home)
+        source = load(SCHEMAS / target)
+        if fragment:
+            assert fragment == f"/$defs/{name}" and (target, name) in {
+                (f, n) for f, n, _, _ in own}, (file, name, home)
+        else:
+            assert name == target.removesuffix(SUFFIX)
+            source = {k: v for k, v in source.items() if k not in ("$schema", "$defs")}
+        if fragment:
+            source = source["$defs"][name]
+        # the same schema, its references made local (the names are the same in both files)
+        assert {k: v for k, v in body.items() if k != "$comment"} == source
+
+
+@pytest.fixture
+def folder(tmp_path):
+    shutil.copytree(SCHEMAS, tmp_path / "schemas")
+    return tmp_path / "schemas"
+
+
+def bundle(folder: Path, mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "bundle_schemas.py"), mode,
+                           "--folder", str(folder)], capture_output=True, text=True, timeout=60)
+
+
+def test_a_home_edited_without_write_fails_check_and_write_updates_every_copy(folder):
+    report = (folder / "report.schema.json").read_text()
+    old = '"description": "Stable finding code, e.g. GQ401."'
+    assert report.count(old) == 1
+    (folder / "report.schema.json").write_text(report.replace(old, '"description": "Changed."'))
+    users = {"convert", "doctor", "equivalence", "fix_label", "inspect"}  # use finding
+    r = bundle(folder, "--check")
+    assert r.returncode == 1 and r.stdout == ""
+    assert {Path(ln.split(":")[0]).name.removesuffix(SUFFIX)
+            for ln in r.stderr.splitlines()} == users
+    assert all("run `python3 scripts/bundle_schemas.py --write`" in ln
+               for ln in r.stderr.splitlines())
+    before = {p.name: p.read_text() for p in folder.iterdir()}
+    assert bundle(folder, "--write").returncode == 0
+    assert bundle(folder, "--check").returncode == 0
+    for name in users:
+        doc = json.loads((folder / f"{name}{SUFFIX}").read_text())
+        assert doc["$defs"]["finding"]["properties"]["code"]["description"] == "Changed."
+    # only the copies changed: every file's text before its $defs is as it was
+    for p in folder.iterdir():
+        head = before[p.name].split('"$defs"')[0]
+        assert p.read_text().startswith(head), p.name
+
+
+def test_a_reference_to_another_schema_becomes_local_with_its_copy(folder):
+    """Using a definition of another schema is referencing it where it lives and running
+    --write: the reference becomes local, the copy appears with the copies it needs in turn,
+    and goes when no reference is left."""
+    path = folder / "convert.schema.json"
+    text = path.read_text()
+    anchor = '"properties": {\n'
+    added = ('"properties": {\n    "runtimes_seen": {"description": "A made-up key.", '
+             '"$ref": "report.schema.json#/$defs/runtimes"},\n')
+    path.write_text(text.replace(anchor, added, 1))
+    assert bundle(folder, "--check").returncode == 1
+    assert bundle(folder, "--write").returncode == 0
+    doc = json.loads(path.read_text())
+    assert doc["properties"]["runtimes_seen"]["$ref"] == "#/$defs/runtimes"
+    # runtimes references runtime_verdict, which references path_verdict and rule_failed
+    assert {"runtimes", "runtime_verdict", "path_verdict", "rule_failed"} <= set(doc["$defs"])
+    assert BUNDLE.copied_from(doc["$defs"]["runtimes"]) == "report.schema.json#/$defs/runtimes"
+    # the reference removed: so are the copies only it needed
+    path.write_text(path.read_text().replace(
+        '    "runtimes_seen": {"description": "A made-up key.", "$ref": "#/$defs/runtimes"},\n',
+        ""))
+    assert bundle(folder, "--write").returncode == 0
+    assert path.read_text() == text
+
+
+def test_the_script_refuses_a_dangling_reference(folder):
+    path = folder / "convert.schema.json"
+    path.write_text(path.read_text().replace('"#/$defs/tool"', '"report.schema.json#/$defs/nope"'))
+    r = bundle(folder, "--check")
+    assert r.returncode == 2 and "report.schema.json has no such definition" in r.stderr
 
 
 # ------------------------------------------------------------------ check-jsonschema, offline
@@ -279,8 +372,17 @@ def test_command_output_satisfies_its_schema_file(outputs, case, schema, argv, e
     assert code == exit_code, stdout + stderr
     doc = json.loads(stdout)  # exactly one JSON document
     assert doc["status"] == status
-    assert doc.get("exit_code", exit_code) == exit_code
+    assert doc["exit_code"] == exit_code  # every document carries it
     assert outputs.verdicts[case] == [], f"{case} vs {schema}{SUFFIX}: {outputs.verdicts[case]}"
+
+
+def test_a_plain_validator_given_the_file_alone_accepts_every_output(outputs):
+    """jsonschema.validate(doc, schema) with the schema file as loaded: no registry, no
+    neighbouring file, no network."""
+    for schema, files in outputs.by_schema.items():
+        raw = json.loads((SCHEMAS / f"{schema}{SUFFIX}").read_text("utf-8"))
+        for f in files:
+            jsonschema.validate(json.loads(f.read_text()), raw)
 
 
 def test_corpus_outputs_satisfy_their_schema_files(outputs):
@@ -313,21 +415,19 @@ def test_a_broken_finding_is_rejected(outputs, tmp_path, schema, case):
     assert in_process == ["'fatal' is not one of ['error', 'warning', 'info']"]
 
 
-def test_a_relocated_schema_folder_resolves_and_a_lone_file_does_not(outputs, tmp_path):
-    """As the wheel ships it (site-packages/gptqfmt/schemas): the references resolve from the
-    folder the file is in, not from the source tree; without its neighbours a file cannot."""
-    shipped = tmp_path / "site-packages" / "gptqfmt" / "schemas"
-    shutil.copytree(SCHEMAS, shipped)
+def test_a_lone_schema_file_validates_by_itself(outputs, tmp_path):
+    """As a user copies it, or as the wheel ships it (site-packages/gptqfmt/schemas): the file
+    alone, in a folder with no other schema, resolves every reference."""
     doc = outputs.docs / "inspect-fail.json"
     assert json.loads(doc.read_text())["findings"]  # the finding $ref is followed
-    r = check(shipped / "inspect.schema.json", [doc], tmp_path / "cache")
-    assert errors_by_file(r) == {}
-    lone = tmp_path / "lone"
-    lone.mkdir()
-    shutil.copy(SCHEMAS / "inspect.schema.json", lone)
-    r = check(lone / "inspect.schema.json", [doc], tmp_path / "cache")
-    assert r.returncode == 1 and "Unresolvable: report.schema.json#/$defs/finding" in r.stderr
-    assert str(lone / "report.schema.json") in r.stderr  # looked for beside the file
+    for name in OUTPUT_SCHEMAS:
+        lone = tmp_path / name
+        lone.mkdir()
+        shutil.copy(SCHEMAS / f"{name}{SUFFIX}", lone)
+        r = check(lone / f"{name}{SUFFIX}", outputs.by_schema[name][:3], tmp_path / "cache")
+        assert errors_by_file(r) == {}, name
+    r = check(tmp_path / "inspect" / f"inspect{SUFFIX}", [doc], tmp_path / "cache")
+    assert errors_by_file(r) == {} and "Unresolvable" not in r.stderr
 
 
 def closed(schema: dict) -> dict:

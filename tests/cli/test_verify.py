@@ -46,9 +46,12 @@ def test_gptq_maxq_fields_are_warned_and_strict_fails(run_cli):
 def test_text_report_shape(run_cli):
     r = run_cli("verify", CKPT / "mislabelled-b4-sym-v2-as-gptq")
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("config.json:quantization_config: GQ401 config declares gptq, "
+    assert lines[0] == ("FAIL: declared gptq, the data are gptq_v2: every runtime that reads the "
+                        "zero points reads each one off by one")
+    assert lines[1].startswith("config.json:quantization_config: GQ401 config declares gptq, "
                                "but the data are gptq_v2")
-    assert lines[-1].startswith("FAIL: 7 modules, 1 error, 0 warnings, 0 infos; declared gptq")
+    assert lines[-1] == ("FAIL: 7 modules, 1 error, 0 warnings, 0 infos; declared gptq, "
+                         "detected gptq_v2")
     assert r.stderr == ""
 
 

@@ -1,6 +1,7 @@
 """What a person at a terminal sees (gptqfmt/cli/view.py): colour by severity only on a
 terminal (--color, NO_COLOR), -q/--quiet on every command, --summary without per-module rows
 (the default above SUMMARY_ABOVE modules), and shell completion through click."""
+import json
 import os
 import pty
 import re
@@ -137,7 +138,8 @@ def test_summary_of_verify_against_keeps_the_modules_that_differ(run_cli):
     r = run_cli("verify", CKPT / "mislabelled-b4-sym-v2-as-gptq", "--against",
                 CKPT / "b4-sym-noact-gptq-single", "--summary")
     lines = r.stdout.splitlines()
-    assert r.exit_code == 1 and all("DIFFERS" in ln for ln in lines[:-1])
+    assert lines[0].startswith("FAIL: 7 of 7 modules compute another Y = X @ W")
+    assert r.exit_code == 1 and all("DIFFERS" in ln for ln in lines[1:-1])
     assert lines[-1].startswith("FAIL: 0 of 7")
 
 
@@ -179,4 +181,51 @@ def test_no_text_line_can_start_a_ci_runner_command():
     TextReporter(buf).failure("fail", 1, findings=found)
     lines = buf.getvalue().splitlines()
     assert not [ln for ln in lines if ln.lstrip().startswith("::")]
-    assert lines[0].startswith("\\x3a:error title=x::pwned.safetensors: GQ125")
+    assert lines[1].startswith("\\x3a:error title=x::pwned.safetensors: GQ125")
+
+
+def test_a_long_line_is_wrapped_within_the_width_never_cut():
+    from gptqfmt.cli.view import wrapped
+    text = "  " + " ".join(f"word{i}" for i in range(60)) + " /a/" + "x" * 150
+    pieces = wrapped(text, 100)
+    assert all(len(p) <= 100 for p in pieces) and len(pieces) > 2
+    assert pieces[0].startswith("  word0") and all(p.startswith("      ") for p in pieces[1:])
+    assert "".join(p.strip() for p in pieces).replace(" ", "") == text.replace(" ", "")
+    assert wrapped(text, 0) == [text] and wrapped("short", 100) == ["short"]
+
+
+def test_the_width_is_100_unless_gptqfmt_width_says_otherwise(run_cli, monkeypatch):
+    monkeypatch.setenv("GPTQFMT_WIDTH", "100")
+    wide = run_cli("verify", "-v", CKPT / "b4-asym-noact-gptq_v2-single").stdout.splitlines()
+    assert max(map(len, wide)) <= 100
+    monkeypatch.setenv("GPTQFMT_WIDTH", "0")
+    one = run_cli("verify", "-v", CKPT / "b4-asym-noact-gptq_v2-single").stdout.splitlines()
+    assert max(map(len, one)) > 100 and len(one) < len(wide)
+
+
+def test_explain_lists_every_finding_the_default_counts_them(run_cli):
+    """GQ407 (an info) in each of 7 modules: by default counted on the status line, with -v
+    one line each."""
+    src = CKPT / "b4-asym-noact-gptq_v2-single"
+    brief, full = run_cli("verify", src).stdout, run_cli("verify", "-v", src).stdout
+    assert " GQ407 " not in brief and "7 infos (-v lists them)" in brief.splitlines()[-1]
+    assert full.count(" GQ407 ") == 7 and "(-v lists them)" not in full
+    assert "kernel" in full and "kernel" not in brief.split("\n", 2)[2]   # the -v table
+
+
+def test_quiet_under_strict_keeps_the_warnings_that_fail(run_cli):
+    src = CKPT / "gptqmodel-b4-asym-gptq"
+    plain = run_cli("verify", "-q", src)
+    strict = run_cli("verify", "-q", "--strict", src)
+    assert strict.exit_code == 1
+    warn = [ln for ln in strict.stdout.splitlines() if " GQ" in ln and ": FAIL" not in ln]
+    assert warn and len(strict.stdout.splitlines()) > len(plain.stdout.splitlines())
+
+
+def test_output_dash_is_stdout(run_cli, tmp_path):
+    src = CKPT / "b4-sym-noact-gptq_v2-single"
+    r = run_cli("verify", src, "--output", "json=-", "--output", f"sarif={tmp_path / 'r.sarif'}")
+    assert r.exit_code == 0 and json.loads(r.stdout)["exit_code"] == 0
+    assert (tmp_path / "r.sarif").exists()
+    clash = run_cli("verify", src, "--format", "sarif", "--output", "json=-")
+    assert clash.exit_code == 2 and "stdout carries one report" in clash.output

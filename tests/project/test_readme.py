@@ -1,16 +1,22 @@
-"""The README's finding catalogue and set-up commands match the code and .ci/run."""
+"""The README and the reference under docs/ match the code: the finding catalogue
+(docs/findings.md), the set-up commands .ci/run reads, the example outputs (each what its command
+prints), and the CI examples (docs/ci.md) name real options and the shipped hook."""
 import re
 import subprocess
 import sys
+
+import pytest
 
 from gptqfmt.findings import CATALOGUE
 from tests.support import ROOT
 
 README = (ROOT / "README.md").read_text()
+CI_PAGE = (ROOT / "docs" / "ci.md").read_text()
+FINDINGS_PAGE = (ROOT / "docs" / "findings.md").read_text()
 
 
 def test_catalogue_table_matches_findings_module():
-    rows = re.findall(r"^\| (GQ\d{3}) \| (\w+) \| (.+?) \|$", README, re.M)
+    rows = re.findall(r"^\| (GQ\d{3}) \| (\w+) \| (.+?) \|$", FINDINGS_PAGE, re.M)
     assert [(c, s, t) for c, s, t in rows] == [(c.code, c.severity, c.title)
                                               for c in CATALOGUE.values()]
 
@@ -54,11 +60,11 @@ def test_readme_command_extraction_refuses_a_changed_section(tmp_path):
 
 def _yaml_blocks():
     yaml = __import__("pytest").importorskip("yaml", reason="PyYAML (pre-commit's, in [test])")
-    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", README, re.S)]
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", CI_PAGE, re.S)]
 
 
 def _parse(line: str) -> None:
-    """A gptqfmt command line of the README is one the CLI accepts: every option exists and
+    """A gptqfmt command line of the docs is one the CLI accepts: every option exists and
     every value is one it takes (click parses it; nothing runs)."""
     import shlex
 
@@ -90,3 +96,24 @@ def test_the_pre_commit_example_names_the_shipped_hook():
     [config] = [b for b in _yaml_blocks() if isinstance(b, dict) and "repos" in b]
     ids = {h["id"] for r in config["repos"] for h in r["hooks"]}
     assert ids == {h["id"] for h in shipped}
+
+
+@pytest.mark.slow
+def test_every_example_shows_what_its_command_prints():
+    """Each example block of the README and docs/*.md holds the output of the command written
+    above it, run now (scripts/readme_examples.py --write rewrites them)."""
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_examples.py"), "--check"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr + "\nrun: python3 scripts/readme_examples.py --write"
+    assert re.search(r"([1-9]\d*) of \1 examples", r.stderr), r.stderr
+
+
+def test_the_readme_shows_each_command_once():
+    """The README's examples: inspect, verify, convert (to a relative DST) and doctor, each a
+    command the CLI accepts."""
+    blocks = re.findall(r"^<!-- example:(\w+):begin -->\n<!-- \$ (.+?) -->$", README, re.M)
+    assert [name for name, _ in blocks] == ["inspect", "verify", "convert", "doctor"]
+    for name, line in blocks:
+        assert line.split()[1] == name, line
+        _parse(line)
+    assert " ./model-v2 " in dict(blocks)["convert"]

@@ -243,12 +243,12 @@ def test_padded_and_dense_read_to_the_same_one_model():
 def test_inspect_and_verify_name_the_padded_layout_and_what_vllm_makes_of_it(run_cli):
     path = FORMATS / PADDED_FIXTURE
     doc = inspect_checkpoint(path).to_json()
-    assert not list(validator("inspect").iter_errors(doc))
+    assert not list(validator("inspect").iter_errors({**doc, "exit_code": 0}))
     want = {"layout": "padded", "description": "padded (compressed-tensors <= 0.17)",
             "padded": 7, "dense": 0}
     assert doc["quantization"]["pack_layout"] == want and doc["status"] == "ok"
     rep = validate(path).to_json()
-    assert not list(validator("report").iter_errors(rep))
+    assert not list(validator("report").iter_errors({**rep, "exit_code": 0}))
     assert rep["pack_layout"] == want and rep["status"] == "ok"
     [f] = rep["findings"]
     assert f["code"] == "GQ320" and f["severity"] == "warning"

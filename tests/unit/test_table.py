@@ -77,14 +77,24 @@ def test_every_rule_is_triggered_by_a_shipped_fixture():
     assert missing == []
 
 
-def test_readme_carries_the_generated_table():
+def test_readme_and_runtimes_page_carry_the_generated_tables():
+    """The README's table and docs/runtimes.md's list of rules are what
+    scripts/runtimes_table.py prints from the table, and --write puts them there."""
     spec = importlib.util.spec_from_file_location("runtimes_table",
                                                   ROOT / "scripts" / "runtimes_table.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     readme = (ROOT / "README.md").read_text()
-    assert mod.block() in readme, "run: python3 scripts/runtimes_table.py (README block)"
-    assert "verify --runtime vllm" in readme
+    page = (ROOT / "docs" / "runtimes.md").read_text()
+    hint = "run: python3 scripts/runtimes_table.py --write"
+    assert mod.block() in readme, hint
+    assert mod.rules_block() in page, hint
+    assert mod.replace_block(readme, mod.block()) == readme
+    stale = readme.replace(mod.block(), mod.BEGIN + "\n| old |\n" + mod.END)
+    assert stale != readme and mod.replace_block(stale, mod.block()) == readme
+    assert all(f"`{r.id}`" in mod.block() and f"**`{r.id}`**" in mod.rules_block()
+               for r in rt.RUNTIMES)
+    assert "verify --runtime vllm" in page
 
 
 def _rule(runtime, rule_id):

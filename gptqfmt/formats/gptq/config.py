@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,7 +202,7 @@ def load_config(root: Path, st_metadata: dict[str, str] | None = None
             findings.append(Finding("GQ202", f"{where}: {err.message}", file=label))
     bad = {label for f in findings if f.code == "GQ202" for label in [f.file]}
     usable = [(label, doc) for label, doc in sources if label not in bad] or []
-    cfg = _reconcile(sources, usable, findings)
+    cfg = _reconcile(sources, usable, findings, root)
     return cfg, findings
 
 
@@ -388,7 +389,7 @@ def not_gptq(root: Path, fmt: str) -> Finding:
                    "convert SRC DST --to gptq_v2` writes its GPTQ form")
 
 
-def _reconcile(sources, usable, findings) -> QuantConfig:
+def _reconcile(sources, usable, findings, root: Path) -> QuantConfig:
     declared: list[Declaration] = []
     packed: dict[str, str | None] = {}   # auto-round's configs: the convention its loaders read
     for label, doc in sources:
@@ -439,8 +440,11 @@ def _reconcile(sources, usable, findings) -> QuantConfig:
         seen = {label: doc[key] for label, doc in usable if key in doc}
         if len({json.dumps(v) for v in seen.values()}) > 1:
             desc = ", ".join(f"{label} says {v!r}" for label, v in seen.items())
-            findings.append(Finding("GQ205", f"{key}: {desc}; vLLM and transformers use "
-                                    "config.json", file=next(iter(seen))))
+            findings.append(Finding(
+                "GQ205", f"{key}: {desc}; vLLM and transformers use config.json",
+                file=next(iter(seen)),
+                hint=f"`gptqfmt fix-label {shlex.quote(str(root))}` sets {key} in every config "
+                     "file to what the data are"))
         if seen:
             values[key] = next(iter(seen.values()))
     # files that declare different conventions: GQ212 (checks/labels.py), which names what
