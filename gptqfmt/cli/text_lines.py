@@ -612,16 +612,24 @@ def runtime_lines(verdicts: list[dict], verbose: bool = False) -> list[Line]:
 
 def _runtime_table(verdicts: list[dict]) -> list[Line]:
     """The compact runtimes table: runtime, version range, loads, decodes, two runtimes to a
-    row, read down the left half first (as `ls` lists), within WIDTH columns."""
-    cells = [[v["id"], _range(v["versions"]), "yes" if v["loads"] else "NO", _decodes(v)]
-             for v in verdicts]
+    row, read down the left half first (as `ls` lists), within WIDTH columns. A runtime whose
+    default path decodes right but another of its paths (another GPU, an option) would not is
+    starred."""
+    def other_wrong(v: dict) -> str:
+        return "*" if any(not p["taken"] and p["loads"] and p["decodes_correctly"] is False
+                          for p in v["paths"]) and v["decodes_correctly"] is not False else ""
+
+    cells = [[v["id"], _range(v["versions"]), "yes" if v["loads"] else "NO",
+              _decodes(v) + other_wrong(v)] for v in verdicts]
+    star = any(c[3].endswith("*") for c in cells)
     head = ["runtime", "versions", "loads", "decodes"]
     widths = [max(len(str(r[i])) for r in [head] + cells) for i in range(len(head))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     half = (len(cells) + 1) // 2
     left, right = cells[:half], cells[half:]
     bad = [not v["loads"] or v["decodes_correctly"] is False for v in verdicts]
-    lines = [Line(f"runtimes     {_DEVICE} (-v: kernels and why)"),
+    lines = [Line(f"runtimes     {_DEVICE} (-v: why"
+                  + ("; *: another kernel WRONG)" if star else ")")),
              Line("  " + (fmt.format(*head) + "    " + fmt.format(*head) if right
                           else fmt.format(*head)).rstrip())]
     for i, row in enumerate(left):
