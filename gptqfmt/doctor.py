@@ -282,7 +282,8 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
                 plan.steps = [Step("copy", f"gptqfmt convert {p} {d} --from {truth} --to {truth}",
                                    f"writes a copy labelled {truth} (proven equal before it is "
                                    "kept)", truth, truth)]
-                if act:
+                if act and not _serves(_judge(ckpt, det, entry, version, capability,
+                                              Scenario(label=truth, drop_legacy=True))):
                     plan.steps.append(Step("fix-label", f"gptqfmt fix-label {d}",
                                            "rewrites desc_act false (no g_idx reorders)", truth))
             plan.expect = _answer(v, entry, version, 0)[1]
@@ -293,8 +294,14 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
     if why_not:
         plan.tried.append(f"convert to {other}: {why_not}")
     else:
+        # desc_act rewritten only where the runtime needs it (convert keeps the configs' value)
         v = _judge(ckpt, det, entry, version, capability,
-                   Scenario(label=other, no_act_order=act, drop_legacy=True, convention=other))
+                   Scenario(label=other, drop_legacy=True, convention=other))
+        act_needed = act and not _serves(v)
+        if act_needed:
+            v = _judge(ckpt, det, entry, version, capability,
+                       Scenario(label=other, no_act_order=True, drop_legacy=True,
+                                convention=other))
         if _serves(v):
             if dst is None:
                 steps = [Step("convert-in-place",
@@ -307,7 +314,7 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
                               f"writes a copy with the zero points as {other} (proven equal "
                               "before it is kept)", other, truth)]
                 target = d
-            if act:
+            if act_needed:
                 steps.append(Step("fix-label", f"gptqfmt fix-label {target}",
                                   "rewrites desc_act false (no g_idx reorders)", other))
             plan.steps, plan.expect = steps, _answer(v, entry, version, 0)[1]

@@ -376,3 +376,18 @@ def test_a_disputed_key_is_set_from_the_data(run_cli, tmp_path, src, key, wrong,
     assert json.loads((d / "config.json").read_text())["quantization_config"][key] is right
     assert json.loads((d / "quantize_config.json").read_text())[key] is right
     assert "GQ205" not in run_cli("verify", d).stdout
+
+
+def test_a_missing_desc_act_is_written_false_where_no_g_idx_reorders(run_cli, tmp_path):
+    """vLLM refuses a config without desc_act; the data say it (no g_idx reorders), so
+    fix-label writes false, and vLLM then loads the checkpoint."""
+    d = copy(CKPT / "rt-nodescact-b4-sym-gptq", tmp_path)
+    assert run_cli("verify", d, "--runtime", "vllm").exit_code == 1
+    doc = json.loads(run_cli("fix-label", "--quiet", "--format", "json", d).stdout)
+    assert {(c["key"], c["old"], c["new"]) for c in doc["changes"]} == {("desc_act", None,
+                                                                        "false")}
+    for name in ("quantize_config.json", "config.json"):
+        if (d / name).exists():
+            q = json.loads((d / name).read_text())
+            assert q.get("quantization_config", q)["desc_act"] is False
+    assert run_cli("verify", d, "--runtime", "vllm").exit_code == 0

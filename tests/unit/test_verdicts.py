@@ -216,8 +216,10 @@ def test_a_scenario_judges_as_the_written_fix_does(name, tmp_path):
     _, truth = judged(src)
     relabelled = tmp_path / "relabelled"
     shutil.copytree(src, relabelled)
+    from gptqfmt.conversion.relabel import plan_relabel
+    act = any(c.key == "desc_act" for c in plan_relabel(src).changes)
     fix_label(relabelled)
-    assert judged(src, Scenario(label=truth))[0] == judged(relabelled)[0]
+    assert judged(src, Scenario(label=truth, no_act_order=act))[0] == judged(relabelled)[0]
     other = GPTQ if truth == GPTQ_V2 else GPTQ_V2
     if name.startswith("b4-asym"):   # zero points of 0: gptq cannot hold them
         with pytest.raises(FindingError):
