@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from click.testing import CliRunner  # noqa: E402
 
 from gptqfmt.cli import main  # noqa: E402
+from gptqfmt.cli.view import WIDTH, wrapped  # noqa: E402
 from gptqfmt.version import __version__  # noqa: E402
 
 KINDS = ("ckpt", "invalid", "hostile", "formats")
@@ -43,10 +44,15 @@ def fixture_dirs(root: Path = ROOT / "fixtures") -> list[Path]:
 
 
 def run(args: list[str], tmp: Path) -> dict:
-    # the width a person sees, whatever the caller's environment (the tests set 0)
-    r = CliRunner(env={"GPTQFMT_WIDTH": "100"}).invoke(main, args, catch_exceptions=False)
+    """One command's exit code and stdout, with the paths of this machine as <ROOT> and <TMP>.
+    Text is printed unwrapped, the paths replaced, and then wrapped at the width a person
+    sees, as the reporter wraps it: where a line breaks must not depend on where the
+    checkout lies."""
+    r = CliRunner(env={"GPTQFMT_WIDTH": "0"}).invoke(main, args, catch_exceptions=False)
     out = r.stdout.replace(str(tmp), "<TMP>").replace(str(ROOT), "<ROOT>").replace(
         f'"version": "{__version__}"', '"version": "<VERSION>"')
+    if "--format" in args and args[args.index("--format") + 1] == "text":
+        out = "".join(piece + "\n" for line in out.splitlines() for piece in wrapped(line, WIDTH))
     return {"exit": r.exit_code, "stdout": out}
 
 
