@@ -8,6 +8,7 @@ from ..bits.conventions import GPTQ, GPTQ_V2
 from ..detection.decide import AMBIGUOUS
 from ..detection.pool import Detection
 from ..findings import Finding
+from ..formats.configs import fix_label_command
 from ..formats.gptq.checkpoint import Checkpoint
 from ..runtimes.table import RUNTIMES
 from ..runtimes.verdicts import DEFAULT_CAPABILITY, config_facts
@@ -37,7 +38,8 @@ def convention_findings(ckpt: Checkpoint, det: Detection) -> list[Finding]:
         label = (f"declares {declared}" if cfg and cfg.convention == declared else
                  "declares no usable checkpoint_format, so runtimes read gptq")
         path = shlex.quote(str(ckpt.path))
-        hint = (f"`gptqfmt fix-label {path}` sets checkpoint_format and format to "
+        fix = fix_label_command(ckpt.path)
+        hint = (f"`{fix}` sets checkpoint_format and format to "
                 f"{det.verdict} in every config (no tensor touched); `gptqfmt doctor {path} "
                 "--runtime ID` says what one runtime needs")
         # a key that names the convention by another value (auto-round's packing_format)
@@ -45,7 +47,7 @@ def convention_findings(ckpt: Checkpoint, det: Detection) -> list[Finding]:
             else None
         if named is not None and cfg is not None and cfg.convention == declared:
             label = f"declares {declared} ({named.key}={named.written!r})"
-            hint = (f"`gptqfmt fix-label {path}` sets {named.key} to the data's "
+            hint = (f"`{fix}` sets {named.key} to the data's "
                     f"{det.verdict} (no tensor touched)")
         out.append(Finding(
             "GQ401", f"config {label}, but the data are {det.verdict} (confidence "
@@ -93,5 +95,5 @@ def files_disagree(ckpt: Checkpoint) -> list[Finding]:
     return [Finding("GQ212", f"the config files declare different conventions ({declared}); "
                     f"loaders read {by}", file=files[0],
                     hint="set checkpoint_format and format to the data's convention in every "
-                         f"config file: `gptqfmt fix-label {shlex.quote(str(ckpt.path))}`",
+                         f"config file: `{fix_label_command(ckpt.path)}`",
                     details={"declared": said, "reads": reads})]

@@ -3,7 +3,6 @@ place, between formats): which convention or format the source is in, whether th
 converted at all, what changes in each module, and the findings that refuse or report it."""
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +18,7 @@ from ..detection.read import detect_checkpoint
 from ..errors import FindingError, UsageError
 from ..findings import ERROR, Finding
 from ..formats import WRITERS, Source
+from ..formats.configs import fix_label_command
 from ..formats.gptq.checkpoint import Checkpoint, Module
 from ..ops.reports import CHECK, DETECT, PLAN, Progress, rounds, start
 from ..runtimes.groups import maxq_readings
@@ -165,7 +165,7 @@ def resolve_from(requested: str, ckpt: Checkpoint, det: Detection,
         raise FindingError(Finding(
             "GQ408", f"the config says {declared} but the data are {det.verdict} (confidence "
             f"{det.confidence:.4f}); not converting on a contradicted label", file=where,
-            hint=f"the label is wrong: `gptqfmt fix-label {shlex.quote(str(ckpt.path))}` sets "
+            hint=f"the label is wrong: `{fix_label_command(ckpt.path)}` sets "
                  f"it to {det.verdict} (then convert again), or run again with --from "
                  f"{det.verdict}"))
     return declared

@@ -10,6 +10,8 @@ config" for the key inside config.json, the file name for the others.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +74,21 @@ def _read_json(path: Path, label: str, findings: list[Finding]):
         reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
         findings.append(Finding("GQ201", f"not valid JSON: {reason}", file=label))
     return None
+
+
+def fix_label_command(path: str | os.PathLike[str]) -> str:
+    """The command that relabels the checkpoint at `path`, with the user's path:
+    `gptqfmt fix-label PATH`; where its configs are links into a Hugging Face cache's blobs
+    (which fix-label will not rewrite: every snapshot with the same file shares the blob), a
+    copy first, named after the repo (models--org--name/snapshots/REV: ./name).
+
+        fix_label_command("ckpt")  ->  "gptqfmt fix-label ckpt"
+    """
+    p = Path(path)
+    root = p if p.is_dir() else p.parent
+    if not any((root / n).is_symlink() for n in CONFIG_FILES):
+        return f"gptqfmt fix-label {shlex.quote(str(path))}"
+    repo = root.parent.parent.name
+    name = repo.rsplit("--", 1)[-1] if repo.startswith("models--") else root.name
+    copy = shlex.quote(f"./{name}")
+    return f"cp -rL {shlex.quote(str(root))} {copy} && gptqfmt fix-label {copy}"

@@ -148,6 +148,13 @@ def test_hugging_face_cache_snapshot_is_refused(run_cli, tmp_path):
         text = json.loads(r.stdout)["error"] if fmt == "json" else r.stderr
         assert "symbolic link" in text and "cp -rL" in text and "shared" in text
     assert all(p.is_symlink() for p in snap.iterdir())
+    # verify's hint names the copy first, with the user's snapshot path, and the copy works
+    hint = json.loads(run_cli("verify", snap, "--format", "json").stdout)["findings"][0]["hint"]
+    command = f"cp -rL {snap} ./name && gptqfmt fix-label ./name"
+    assert hint.startswith(f"`{command}` sets checkpoint_format")
+    shutil.copytree(snap, tmp_path / "name", symlinks=False)
+    assert run_cli("fix-label", tmp_path / "name").exit_code == 0
+    assert digest(blobs) == before
 
 
 def test_no_config_file_is_a_usage_error(run_cli, tmp_path):

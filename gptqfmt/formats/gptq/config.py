@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from ...bits.conventions import CONVENTIONS, GPTQ, GPTQ_V2
 from ...errors import FindingError
 from ...findings import Finding
 from ...resources import validator
-from ..configs import config_documents
+from ..configs import config_documents, fix_label_command
 
 # checkpoint_format / format values that are not GPTQ's own packing.
 NOT_GPTQ_FORMATS = {"marlin", "bitblas", "gptq_p", "gemm", "gemv", "gemv_fast", "llm-awq", "qqq",
@@ -443,7 +442,7 @@ def _reconcile(sources, usable, findings, root: Path) -> QuantConfig:
             findings.append(Finding(
                 "GQ205", f"{key}: {desc}; vLLM and transformers use config.json",
                 file=next(iter(seen)),
-                hint=f"`gptqfmt fix-label {shlex.quote(str(root))}` sets {key} in every config "
+                hint=f"`{fix_label_command(root)}` sets {key} in every config "
                      "file to what the data are"))
         if seen:
             values[key] = next(iter(seen.values()))
