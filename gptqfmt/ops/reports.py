@@ -36,6 +36,7 @@ GATE = Phase("verify", MODULES)      # convert's proof, module by module, before
 GPU_GATE = Phase("verify on GPU", MODULES)
 COMPARE = Phase("compare", BYTES)    # the tensors outside the modules, byte for byte
 SYNC = Phase("sync", BYTES)          # written shards still on their way to the disk
+RUNTIMES = Phase("runtimes", MODULES)  # each runtime's reading of every module (verify, inspect)
 
 
 class Progress(Protocol):

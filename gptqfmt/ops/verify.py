@@ -23,11 +23,13 @@ from ..runtimes.verdicts import assess, runtime_findings
 from ..safetensors_io.hub import Checksums
 from .reports import (
     CHECK,
+    RUNTIMES,
     VERIFY,
     Progress,
     Result,
     checkpoint_format_json,
     failed,
+    rounds,
     start,
     summary_counts,
     tool_json,
@@ -157,7 +159,8 @@ def validate(path: str | os.PathLike[str], progress: Progress | None = None,
     if ck is not None and det is not None:
         findings += convention_findings(ck, det)
         # no runtime loads a checkpoint with shards that cannot be read: nothing to assess
-        runtimes = assess(ck, det, scales=True) if not src.store.unreadable else []
+        runtimes = assess(ck, det, scales=True, progress=rounds(progress, RUNTIMES)) \
+            if not src.store.unreadable else []
         if gate:
             where = ck.config.sources[0] if ck.config and ck.config.sources else None
             findings += runtime_findings([v for v in runtimes if v.runtime.id in gate], where)

@@ -366,13 +366,16 @@ def _line(rule: rt.Rule, got: str) -> str:
 
 def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
            capability: int = DEFAULT_CAPABILITY,
-           runtimes: Iterable[rt.Runtime] | None = None, scenario: Scenario = NONE
+           runtimes: Iterable[rt.Runtime] | None = None, scenario: Scenario = NONE,
+           progress: Callable[[int], Callable[[int], Any]] | None = None
            ) -> list[RuntimeVerdict]:
     """Every runtime's verdict on `ckpt` (detected as `det`; the modules of `det` are the
     ones judged). `scales`: compute the largest weight change (reads the scales of the modules
     a runtime misreads; verify). `capability`: the GPU's compute capability (10 * major).
 
-    `scenario`: judge the checkpoint as a fix would leave it (Scenario).
+    `scenario`: judge the checkpoint as a fix would leave it (Scenario). `progress`: called
+    with the module count as the pass over the modules starts; it returns the function to call
+    as each module is judged (ops.reports.rounds).
 
     Modules are summed up as they are read (_Refused, _Tally), in module order: nothing per
     module outlives its turn, whatever the module count."""
@@ -406,7 +409,8 @@ def assess(ckpt: Checkpoint, det: Detection, scales: bool = False,
                  for r in chosen if not _refusal(r, cfg, dynamic)[0] for p in r.paths
                  if id(p) in refused and not refused[id(p)].modules}
         tallies.update(_tallies(ckpt, mods, by_name, truth,
-                                sorted(pairs, key=lambda t: (t[0].value, t[1])), scales, stored_as))
+                                sorted(pairs, key=lambda t: (t[0].value, t[1])), scales, stored_as,
+                                progress))
     where = shlex.quote(str(ckpt.path))   # the checkpoint as the next steps name it
     out = []
     for runtime in chosen:
@@ -490,7 +494,9 @@ class _Tally:
 
 def _tallies(ckpt: Checkpoint, mods: list[Module], by_name: dict[str, ModuleVerdict],
              truth: str, keys: list[tuple[Reading, bool]], scales: bool,
-             stored_as: tuple[str, str] | None = None) -> dict[tuple[Reading, bool], _Tally]:
+             stored_as: tuple[str, str] | None = None,
+             progress: Callable[[int], Callable[[int], Any]] | None = None
+             ) -> dict[tuple[Reading, bool], _Tally]:
     """misreads of every module under each of `keys`, summed up in module order as the
     modules are read (threads, a few modules in flight, each one's pages dropped after).
     `stored_as`: (from, to) the stored fields are converted first (Scenario.convention)."""
@@ -507,10 +513,13 @@ def _tallies(ckpt: Checkpoint, mods: list[Module], by_name: dict[str, ModuleVerd
         finally:
             ckpt.store.release(m.tensors.values())  # resident memory: one module a thread
 
+    advance = progress(len(mods)) if progress is not None else None
     with ThreadPoolExecutor(max_workers=cpus()) as pool:
         for m, found in zip(mods, bounded_map(pool, module, mods)):
             for key, r in found.items():
                 out[key].add(m.name, r)
+            if advance is not None:
+                advance(1)
     return out
 
 

@@ -194,16 +194,19 @@ def test_between_formats_the_write_phase_counts_the_output_and_the_gate_its_phas
     assert outside and compare.total == sum(v for n, v in outside.items() if n in kept)
 
 
-def test_verify_reads_every_qweight_byte_then_checks_every_module():
+def test_verify_reads_every_qweight_byte_then_checks_every_module_then_judges_runtimes():
     rec = Recorder()
     report = validate(SHARDED, progress=rec.on("progress"))
     seen = rec.phases()
-    assert [(s.name, s.unit) for s in seen] == [("verify", BYTES), ("check", MODULES)]
+    assert [(s.name, s.unit) for s in seen] == [("verify", BYTES), ("check", MODULES),
+                                                ("runtimes", MODULES)]
     qweight = sum(t["data_offsets"][1] - t["data_offsets"][0] for p in shards(SHARDED)
                   for n, t in header(p)[1].items() if n.endswith(".qweight"))
     modules = module_count(SHARDED)
     assert seen[0].total == qweight == report.qweight_bytes and len(seen[0].updates) == modules
     assert seen[1].total == modules and seen[1].updates == [1] * modules
+    # each runtime's reading of every module, a phase of its own (a second on a 70B model)
+    assert seen[2].total == modules and seen[2].updates == [1] * modules
 
 
 def test_doctor_reports_verify_the_plan_the_fix_and_verify_again_each_from_its_start(tmp_path):
@@ -219,10 +222,11 @@ def test_doctor_reports_verify_the_plan_the_fix_and_verify_again_each_from_its_s
     assert diagnosis.fixed is not None and diagnosis.fixed.ok
     seen = rec.phases()   # every update inside a started phase, each adding up to its total
     names = [s.name for s in seen]
-    assert names[:2] == ["verify", "check"] and names[-2:] == ["verify", "check"]
+    verify = ["verify", "check", "runtimes"]
+    assert names[:3] == verify and names[-3:] == verify
     assert ["detect", "check", "plan", "verify", "write"] == [
-        n for n in names[names.index("detect"):-2] if n != "sync"]
-    assert seen[0].total == seen[-2].total   # the same qweight bytes, read twice
+        n for n in names[names.index("detect"):-3] if n != "sync"]
+    assert seen[0].total == seen[-3].total   # the same qweight bytes, read twice
 
 
 # -- the bars -------------------------------------------------------------------------------
