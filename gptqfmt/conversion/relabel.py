@@ -4,10 +4,10 @@ touching a tensor (the fix GQ401's hint asks for).
 `checkpoint_format` and `format` change (both set: vLLM, transformers and ExLlamaV2 read the
 first, GPTQModel the second), and AutoGPTQ's `is_marlin_format: false` is dropped (GPTQModel 6.0
 and later refuse the key by name; a label already right with that key is still rewritten).
-`desc_act` true or missing becomes false where no g_idx reorders. A key the config files disagree on
-(GQ205: bits, group_size, sym, desc_act, pack_dtype) is set in each file to what the data are,
-where the modules agree on it (configs.data_values). Every other key keeps its value and place,
-and `meta.gptqfmt` records what was done. Each file is
+`desc_act` true (or missing from GPTQ's config) becomes false where no g_idx reorders. A key
+the config files disagree on (GQ205: bits, group_size, sym, desc_act, pack_dtype) is set in
+each file to what the data are, where the modules agree on it (configs.data_values). Every
+other key keeps its value and place, and `meta.gptqfmt` records what was done. Each file is
 replaced atomically: a temporary file beside it, written, fsynced, renamed over it, the directory
 fsynced; a file is never half-written, and a failure before the renames leaves every file as it
 was.
@@ -171,8 +171,10 @@ def _plan(path, to: str, root: Path, det: Detection, g_idx: bool, reorders: bool
                                            else json.dumps(old), new))
         changes += [LabelChange(name, key, json.dumps(q[key]), None)
                     for key in legacy_dropped(q)]
-        if not reorders and "desc_act" not in agreed and q.get("desc_act", True) is True:
-            # true where nothing reorders, or missing (vLLM refuses a config without it)
+        if not reorders and "desc_act" not in agreed and \
+                q.get("desc_act", None if is_autoround(q) else True) is True:
+            # true where nothing reorders, or missing from GPTQ's config (vLLM refuses one
+            # without it; auto-round's own config never has it, and its loaders do not ask)
             changes.append(LabelChange(name, "desc_act", "true" if "desc_act" in q else None,
                                        "false"))
         # keys the files disagree on (GQ205) take the data's value in every file
