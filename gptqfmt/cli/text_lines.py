@@ -10,7 +10,7 @@ from ..bits.conventions import CONVENTIONS
 from ..conversion import ConvertReport
 from ..conversion.relabel import RelabelResult
 from ..doctor import BROKEN, UNDECIDED, Diagnosis, in_place_possible
-from ..findings import Finding
+from ..findings import CATALOGUE, Finding
 from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
 from ..ops.verify import Report
@@ -67,12 +67,23 @@ def top_reason(findings: list[Finding], failing: set[str], cf: dict | None) -> s
         declared = cf.get("declared") or "nothing"
         reason = (f"declared {declared}, the data are {cf['detected']}: every runtime that reads "
                   "the zero points reads each one off by one")
+    elif len(top.message) > SHORT:
+        # a long explanation is said once, on the finding's own line: here its title
+        same = sum(1 for f in bad if f.code == top.code)
+        reason = f"{CATALOGUE[top.code].title} ({top.code}" + (
+            f", {same} findings)" if same > 1 else f": {_where(top) or 'the checkpoint'})")
+        others = len(bad) - same
+        return reason + (f" (and {plural(others, 'more finding')})" if others else "")
     else:
         where = _where(top)
         reason = (f"{escape(top.message).rstrip('.')} "
                   f"({where + ': ' if where else ''}{top.code})")
     others = len(bad) - 1
     return reason + (f" (and {plural(others, 'more finding')})" if others else "")
+
+
+#: The longest finding message the verdict repeats; a longer one is named by its title.
+SHORT = 120
 
 
 def _where(f: Finding) -> str:

@@ -74,7 +74,8 @@ def test_named_with_the_next_step(run_cli, tmp_path, case, command):
     r = run_cli(command, path)
     assert r.exit_code == 1 and r.stderr == ""
     verdict, first, last = unwrap(r.stdout)
-    assert verdict.startswith("FAIL: ") and line.partition(": GQ130 ")[2][:40] in verdict
+    code = line.split(": ", 1)[1].split(" ", 1)[0]     # GQ130, GQ117: named by the verdict
+    assert verdict.startswith("FAIL: ") and code in verdict
     assert first.startswith(f"{line} (hint: {hint}")
     assert "header length" not in r.stdout and "Traceback" not in r.stdout
     assert last == "FAIL: 1 error, 0 warnings, 0 infos; stopped"

@@ -75,7 +75,8 @@ def test_optimum_contradiction_through_the_cli(run_cli, tmp_path):
         assert code == 1 and codes(doc) == ["GQ209", "GQ212"], cmd
     text = run_cli("verify", OPTIMUM)
     first = text.stdout.splitlines()
-    assert first[0].startswith("FAIL: format is 'gptq_v2' but checkpoint_format is missing")
+    assert first[0].startswith("FAIL: format set without checkpoint_format; loaders that read "
+                               "only checkpoint_format read gptq (GQ209: ")
     assert first[1].startswith("config.json:quantization_config: GQ209 ")
     assert first[2].startswith("config.json:quantization_config: GQ212 the config files "
                                "declare different conventions")
