@@ -18,11 +18,8 @@ from pathlib import Path
 import click
 
 from ..errors import FindingError, GptqfmtError, UsageError
-from ..ops.reports import summary_counts
-from ..ops.verify import check_configs, validate
 from .boundary import DEBUG_OPTION, handle
 from .output import defuse, escape, finding_line, plural
-from .reporters import reporter
 
 
 def checkpoints(files) -> list[Path]:
@@ -39,6 +36,10 @@ def checkpoints(files) -> list[Path]:
 
 def check(d: Path, full: bool, strict: bool) -> tuple[bool, list[str]]:
     """(passed, lines) for one checkpoint directory."""
+    # the library loads when there is a checkpoint to check: start-up stays quick
+    from ..ops.reports import summary_counts
+    from ..ops.verify import check_configs, validate
+
     def located(findings) -> list[str]:
         return [finding_line(dataclasses.replace(f, file=str(d / f.file) if f.file else str(d)))
                 for f in findings]
@@ -88,6 +89,8 @@ def precommit(files: tuple[str, ...], full: bool, strict: bool, debug: bool) -> 
             for line in lines:
                 click.echo(defuse(line))
         return 0 if ok else 1
+    from .reporters import reporter
+
     raise SystemExit(handle(body, reporter("text").failure, debug))
 
 

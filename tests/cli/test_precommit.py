@@ -145,12 +145,13 @@ def test_an_internal_error_is_one_line_and_exit_3(tmp_path, monkeypatch, capsys)
     line naming it (the traceback only with --debug), never a traceback that CI reads as
     findings (exit 1)."""
     from gptqfmt.cli import precommit as hook
+    from gptqfmt.ops import verify
     d = tmp_path / "m"
     shutil.copytree(CKPT / "b4-sym-noact-gptq_v2-single", d)
 
     def broken(path):
         raise RuntimeError("a bug")
-    monkeypatch.setattr(hook, "check_configs", broken)
+    monkeypatch.setattr(verify, "check_configs", broken)   # the hook imports it when it runs
     for debug in ([], ["--debug"]):
         with pytest.raises(SystemExit) as e:
             hook.run([str(d / "config.json"), *debug])

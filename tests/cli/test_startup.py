@@ -261,3 +261,13 @@ def test_ctrl_c_inside_a_command_body_where_no_handler_was_set(run_cli, monkeypa
     r = run_cli("inspect", PATH)
     assert (r.exit_code, r.stdout, r.stderr) == (130, "", "gptqfmt: error: interrupted by "
                                                           "SIGINT\n")
+
+
+def test_the_pre_commit_hooks_help_loads_no_library():
+    script = RUN_THEN_LIST.replace("from gptqfmt.cli import run",
+                                   "from gptqfmt.cli.precommit import run")
+    r = subprocess.run([sys.executable, "-c", script, "--help"], capture_output=True, text=True,
+                       env=ENV)
+    end = json.loads(r.stderr.splitlines()[-1])
+    assert end["code"] == 0 and r.stdout.startswith("Usage: gptqfmt-pre-commit")
+    assert heavy(end["modules"]) == []
