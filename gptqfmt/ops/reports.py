@@ -3,6 +3,7 @@ carries, built in one place (the schemas in schemas/ are the contract for their 
 progress protocol every command reports its phases through (Progress, Phase)."""
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,13 +37,14 @@ GATE = Phase("verify", MODULES)      # convert's proof, module by module, before
 GPU_GATE = Phase("verify on GPU", MODULES)
 COMPARE = Phase("compare", BYTES)    # the tensors outside the modules, byte for byte
 SYNC = Phase("sync", BYTES)          # written shards still on their way to the disk
-RUNTIMES = Phase("runtimes", MODULES)  # each runtime's reading of every module (verify, inspect)
+RUNTIMES = Phase("runtimes", MODULES)  # each runtime's reading of every module (verify)
 
 
 class Progress(Protocol):
     """A command's progress callback: `progress(0, total, phase)` as a phase's work starts (a
     bar measures its rate and ETA from that call on), then `progress(n, total)` each time n
-    more of its `total` units are done; the n of a phase add up to its total."""
+    more of its `total` units are done; the n of a phase add up to its total. A callback
+    of (done, total) only is called without the phase (start)."""
 
     def __call__(self, done: int, total: int, phase: Phase | None = None, /) -> Any: ...
 
@@ -52,8 +54,23 @@ def start(progress: Progress | None, phase: Phase, total: int) -> Callable[[int]
     (it does nothing where no progress is wanted)."""
     if progress is None:
         return _nothing
-    progress(0, total, phase)
+    if _takes_phase(progress):
+        progress(0, total, phase)
+    else:   # a caller's callback of (done, total) only: told the start without the name
+        progress(0, total)
     return lambda n: progress(n, total)
+
+
+def _takes_phase(callback: Callable[..., Any]) -> bool:
+    """Whether `callback` takes a third positional argument (the phase)."""
+    try:
+        params = list(inspect.signature(callback).parameters.values())
+    except (TypeError, ValueError):   # a builtin without a signature: assume the protocol
+        return True
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return True
+    return len([p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)]) >= 3
 
 
 def rounds(progress: Progress | None, phase: Phase

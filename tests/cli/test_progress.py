@@ -308,3 +308,14 @@ def test_no_bar_when_quiet_or_not_a_terminal(monkeypatch, enabled, tty):
         bar.update(0, 10, WRITE)
         bar.update(10, 10)
     assert err.getvalue() == ""
+
+
+def test_a_two_argument_callback_of_a_library_caller_still_works():
+    """`progress(done, total)` as library callers wrote it before phases had names: each phase
+    starts with (0, total), and the updates of each add up to it."""
+    calls = []
+    validate(SHARDED, progress=lambda done, total: calls.append((done, total)))
+    starts = [i for i, (done, _) in enumerate(calls) if done == 0]
+    assert len(starts) == 3 and starts[0] == 0
+    for a, b in zip(starts, starts[1:] + [len(calls)]):
+        assert sum(d for d, _ in calls[a:b]) == calls[a][1]
