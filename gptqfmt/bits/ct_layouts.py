@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .packing import pack_stream, unpack_stream
+
 PADDED, DENSE = "padded", "dense"
 LAYOUTS = (DENSE, PADDED)
 LABELS = {PADDED: "padded (compressed-tensors <= 0.17)",
@@ -111,18 +113,11 @@ def pack(codes: np.ndarray, bits: int, layout: str, axis: int = -1) -> np.ndarra
         out = np.zeros(lead + (n,), np.uint32)
         for i in range(f):
             out |= cw[..., i] << np.uint32(i * bits)
-    else:   # 32 values fill exactly `bits` words: pack whole blocks, cut to n words
+    else:   # GPTQ's bit stream: 32 values fill `bits` whole words; packed, cut to n words
         blocks = -(-values // WORD)
-        cc = np.zeros(lead + (blocks * WORD,), np.uint32)
-        cc[..., :values] = c
-        cb = cc.reshape(lead + (blocks, WORD))
-        ob = np.zeros(lead + (blocks, bits), np.uint32)
-        for k in range(WORD):
-            i, off = divmod(k * bits, WORD)
-            ob[..., i] |= cb[..., k] << np.uint32(off)
-            if off + bits > WORD:   # straddles into the next word
-                ob[..., i + 1] |= cb[..., k] >> np.uint32(WORD - off)
-        out = ob.reshape(lead + (blocks * bits,))[..., :n]
+        cc = np.zeros((blocks * WORD,) + lead, np.uint32)
+        cc[:values] = np.moveaxis(c, -1, 0)
+        out = np.moveaxis(pack_stream(cc, bits, WORD), 0, -1)[..., :n]
     return np.ascontiguousarray(np.moveaxis(out.view(np.int32), -1, axis))
 
 
@@ -145,19 +140,11 @@ def unpack(words: np.ndarray, bits: int, values: int, layout: str,
         out = np.empty(lead + (n * f,), np.uint8)
         for i in range(f):
             np.bitwise_and(u >> np.uint32(i * bits), mask, out=out[..., i::f], casting="unsafe")
-    else:
+    else:   # GPTQ's bit stream, padded to whole blocks of 32 values
         blocks = -(-n // bits)
-        ub = np.zeros(lead + (blocks * bits,), np.uint32)
-        ub[..., :n] = u
-        ub = ub.reshape(lead + (blocks, bits))
-        ob = np.empty(lead + (blocks, WORD), np.uint8)
-        for k in range(WORD):
-            i, off = divmod(k * bits, WORD)
-            v = ub[..., i] >> np.uint32(off)
-            if off + bits > WORD:
-                v |= ub[..., i + 1] << np.uint32(WORD - off)
-            np.bitwise_and(v, mask, out=ob[..., k], casting="unsafe")
-        out = ob.reshape(lead + (blocks * WORD,))
+        ub = np.zeros((blocks * bits,) + lead, np.uint32)
+        ub[:n] = np.moveaxis(u, -1, 0)
+        out = np.moveaxis(unpack_stream(ub, bits), 0, -1)
     return np.moveaxis(out[..., :values], -1, axis)
 
 

@@ -57,20 +57,10 @@ def unpack(words: np.ndarray, bits: int, axis: int = 0) -> np.ndarray:
             (axis == words.ndim - 1 or (axis == 0 and words.ndim == 2)):
         return _unpack_bytes(np.ascontiguousarray(words), bits, axis)
     u = np.moveaxis(words.view(UNSIGNED[word_bits]), axis, 0)
-    nw, rest = u.shape[0], u.shape[1:]
-    if nw % wpb:
-        raise ValueError(f"{nw} words along axis {axis}: {bits}-bit int{word_bits} packing needs "
-                         f"a multiple of {wpb}")
-    blocks = u.reshape(nw // wpb, wpb, *rest)
-    out = np.empty((nw // wpb, vpb, *rest), dtype=np.uint8)
-    mask = UNSIGNED[word_bits](maxq(bits))
-    for k in range(vpb):
-        i, off = divmod(k * bits, word_bits)
-        v = blocks[:, i] >> UNSIGNED[word_bits](off)
-        if off + bits > word_bits:  # straddles into the next word (3-bit only)
-            v = v | (blocks[:, i + 1] << UNSIGNED[word_bits](word_bits - off))
-        out[:, k] = v & mask
-    return np.moveaxis(out.reshape(nw // wpb * vpb, *rest), 0, axis)
+    if u.shape[0] % wpb:
+        raise ValueError(f"{u.shape[0]} words along axis {axis}: {bits}-bit int{word_bits} "
+                         f"packing needs a multiple of {wpb}")
+    return np.moveaxis(unpack_stream(u, bits), 0, axis)
 
 
 def _unpack_bytes(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
@@ -109,21 +99,59 @@ def pack(codes: np.ndarray, bits: int, word_bits: int = 32, axis: int = 0) -> np
         bad = codes[(codes < 0) | (codes > maxq(bits))].flat[0]
         raise ValueError(f"code {int(bad)} out of range [0, {maxq(bits)}] for bits={bits}")
     c = np.moveaxis(codes, axis, 0)
-    n, rest = c.shape[0], c.shape[1:]
-    if n % vpb:
-        raise ValueError(f"{n} values along axis {axis}: {bits}-bit int{word_bits} packing needs "
-                         f"a multiple of {vpb}")
+    if c.shape[0] % vpb:
+        raise ValueError(f"{c.shape[0]} values along axis {axis}: {bits}-bit int{word_bits} "
+                         f"packing needs a multiple of {vpb}")
+    words = pack_stream(c, bits, word_bits).view(_SIGNED[word_bits])
+    return np.ascontiguousarray(np.moveaxis(words, 0, axis))
+
+
+def _stream_block(bits: int, word_bits: int) -> tuple[int, int]:
+    n = lcm(bits, word_bits)
+    return n // bits, n // word_bits
+
+
+def pack_stream(values: np.ndarray, bits: int, word_bits: int = 32) -> np.ndarray:
+    """Unsigned words [m, *rest] from values [n, *rest] in [0, 2^bits - 1] (any bits 1..8; n
+    a multiple of the block, lcm(bits, word_bits) / bits) as one bit stream along axis 0,
+    least significant bit first: value k starts at bit k * bits of the stream and may
+    straddle two words. GPTQ's packing (pack) and compressed-tensors' dense layout
+    (ct_layouts) are both this stream.
+    Worked example, 3 bits, int32: values 0..9 fill bits 0..29 of word 0, value 10's low two
+    bits are its bits 30..31 and its high bit is bit 0 of word 1."""
+    vpb, wpb = _stream_block(bits, word_bits)
     ut = UNSIGNED[word_bits]
-    c = c.reshape(n // vpb, vpb, *rest)
+    n, rest = values.shape[0], values.shape[1:]
+    c = values.reshape(n // vpb, vpb, *rest)
     out = np.zeros((n // vpb, wpb, *rest), dtype=ut)
     for k in range(vpb):
         i, off = divmod(k * bits, word_bits)
         v = c[:, k].astype(ut)
         out[:, i] |= v << ut(off)
-        if off + bits > word_bits:
+        if off + bits > word_bits:   # straddles into the next word
             out[:, i + 1] |= v >> ut(word_bits - off)
-    words = out.reshape(n // vpb * wpb, *rest).view(_SIGNED[word_bits])
-    return np.ascontiguousarray(np.moveaxis(words, 0, axis))
+    words: np.ndarray = out.reshape(n // vpb * wpb, *rest)
+    return words
+
+
+def unpack_stream(words: np.ndarray, bits: int) -> np.ndarray:
+    """Values (uint8) [n, *rest] from unsigned words [m, *rest] (m a multiple of the block):
+    the inverse of pack_stream."""
+    word_bits = words.dtype.itemsize * 8
+    vpb, wpb = _stream_block(bits, word_bits)
+    ut = UNSIGNED[word_bits]
+    nw, rest = words.shape[0], words.shape[1:]
+    blocks = words.reshape(nw // wpb, wpb, *rest)
+    out = np.empty((nw // wpb, vpb, *rest), dtype=np.uint8)
+    mask = ut(maxq(bits))
+    for k in range(vpb):
+        i, off = divmod(k * bits, word_bits)
+        v = blocks[:, i] >> ut(off)
+        if off + bits > word_bits:   # straddles into the next word
+            v = v | (blocks[:, i + 1] << ut(word_bits - off))
+        out[:, k] = v & mask
+    codes: np.ndarray = out.reshape(nw // wpb * vpb, *rest)
+    return codes
 
 
 @lru_cache(maxsize=256)
