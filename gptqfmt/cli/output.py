@@ -50,12 +50,18 @@ def defuse(line: str) -> str:
     return line[:head] + "\\x3a" + line[head + 1:] if line[head:].startswith("::") else line
 
 
-def finding_line(f: Finding) -> str:
-    """`file::tensor: CODE message (hint: next step)`: one line, the next step included, so a
-    refusal in text mode says what to do as the JSON does."""
+def finding_where(f: Finding) -> str:
+    """Where a finding is, as text lines name it: `file::tensor`, either alone, or empty."""
     where = escape(f.file)
     if f.tensor:
         where = f"{where}::{escape(f.tensor)}" if where else escape(f.tensor)
+    return where
+
+
+def finding_line(f: Finding) -> str:
+    """`file::tensor: CODE message (hint: next step)`: one line, the next step included, so a
+    refusal in text mode says what to do as the JSON does."""
+    where = finding_where(f)
     line = f"{where}: {f.code} {escape(f.message)}" if where else f"{f.code} {escape(f.message)}"
     return f"{line} (hint: {escape(f.hint)})" if f.hint else line
 

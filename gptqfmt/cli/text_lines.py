@@ -13,8 +13,9 @@ from ..doctor import BROKEN, UNDECIDED, Diagnosis, in_place_possible
 from ..findings import CATALOGUE, Finding
 from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
+from ..ops.reports import summary_counts
 from ..ops.verify import Report
-from .output import escape, finding_line, human_bytes, plural, table
+from .output import escape, finding_line, finding_where, human_bytes, plural, table
 from .view import Line
 
 
@@ -33,16 +34,6 @@ def status(ok: bool, summary: dict, tail: str = "", infos_hidden: bool = False) 
     if infos_hidden and summary["infos"]:
         text += " (-v lists them)"
     return final(text + (f"; {tail}" if tail else ""), ok)
-
-
-def counts(findings, modules: int | None) -> dict:
-    """The status line's counts: modules (None: not known, left out) and findings by
-    severity."""
-    by = {"error": 0, "warning": 0, "info": 0}
-    for f in findings:
-        by[f.severity] += 1
-    return {"modules": modules, "errors": by["error"], "warnings": by["warning"],
-            "infos": by["info"]}
 
 
 def verdict(ok: bool, reason: str) -> Line:
@@ -71,11 +62,11 @@ def top_reason(findings: list[Finding], failing: set[str], cf: dict | None) -> s
         # a long explanation is said once, on the finding's own line: here its title
         same = sum(1 for f in bad if f.code == top.code)
         reason = f"{CATALOGUE[top.code].title} ({top.code}" + (
-            f", {same} findings)" if same > 1 else f": {_where(top) or 'the checkpoint'})")
+            f", {same} findings)" if same > 1 else f": {finding_where(top) or 'the checkpoint'})")
         others = len(bad) - same
         return reason + (f" (and {plural(others, 'more finding')})" if others else "")
     else:
-        where = _where(top)
+        where = finding_where(top)
         reason = (f"{escape(top.message).rstrip('.')} "
                   f"({where + ': ' if where else ''}{top.code})")
     others = len(bad) - 1
@@ -84,13 +75,6 @@ def top_reason(findings: list[Finding], failing: set[str], cf: dict | None) -> s
 
 #: The longest finding message the verdict repeats; a longer one is named by its title.
 SHORT = 120
-
-
-def _where(f: Finding) -> str:
-    where = escape(f.file)
-    if f.tensor:
-        where = f"{where}::{escape(f.tensor)}" if where else escape(f.tensor)
-    return where
 
 
 def findings_lines(findings, indent: str = "", verbose: bool = True,
@@ -110,7 +94,7 @@ def findings_lines(findings, indent: str = "", verbose: bool = True,
     for same in groups.values():
         text = finding_line(same[0])
         if len(same) > 1:
-            head, more = _where(same[0]), f"(and {len(same) - 1} more like it)"
+            head, more = finding_where(same[0]), f"(and {len(same) - 1} more like it)"
             text = f"{head} {more}{text[len(head):]}" if head else f"{more} {text}"
         lines.append(Line(indent + text, "finding", same[0].severity,
                           same[0].severity in failing))
@@ -407,7 +391,8 @@ def convert_lines(report: ConvertReport, verbose: bool = False) -> list[Line]:
     tail = ("nothing written (--dry-run)" if report.dry_run else
             f"{escape(report.src)} rewritten in place" if report.in_place else
             f"{escape(report.dst)} written")
-    return lines + [status(True, counts(report.findings, n), tail, infos_hidden=not verbose)]
+    return lines + [status(True, summary_counts(report.findings, n), tail,
+                           infos_hidden=not verbose)]
 
 
 def _proof(report: ConvertReport, doc: dict) -> str:
@@ -445,7 +430,7 @@ def fix_label_lines(result: RelabelResult, verbose: bool = False) -> list[Line]:
     det = p.detection
     modules = len(det.modules)
     if p.refused:
-        f = counts(p.findings, modules)
+        f = summary_counts(p.findings, modules)
         return ([verdict(False, (top_reason(p.findings, {"error"}, None) or "refused")
                          + f"; nothing written to {escape(str(p.path))}")]
                 + findings_lines(p.findings, "", verbose)
@@ -472,7 +457,7 @@ def fix_label_lines(result: RelabelResult, verbose: bool = False) -> list[Line]:
             continue
         lines.append(Line(f"{escape(c.file)}: {verb} {c.key} {escape(old)} -> {escape(c.new)}"))
     if rep is None:
-        return lines + [status(ok, counts(p.findings, modules), tail)]
+        return lines + [status(ok, summary_counts(p.findings, modules), tail)]
     after = verify_lines(rep, False, verbose)
     body = [ln for ln in after if ln.kind not in ("verdict", "final")]
     if not ok:
@@ -530,7 +515,7 @@ def doctor_lines(d: Diagnosis, verbose: bool = False) -> list[Line]:
             f"plan: {plural(steps, 'step')} (--fix DST"
             + (" or --fix --in-place" if in_place_possible(p) else "") + " runs it)" if steps
             else "no plan"))
-    return lines + [status(d.ok, counts(d.blocking, d.modules), tail)]
+    return lines + [status(d.ok, summary_counts(d.blocking, d.modules), tail)]
 
 
 def failure_lines(findings: list[Finding], verbose: bool = True) -> list[Line]:
@@ -541,7 +526,7 @@ def failure_lines(findings: list[Finding], verbose: bool = True) -> list[Line]:
     reason = top_reason(findings, {"error", "warning", "info"}, None)
     assert reason is not None
     return ([verdict(False, reason)] + findings_lines(findings, "", verbose)
-            + [status(False, counts(findings, None), "stopped")])
+            + [status(False, {**summary_counts(findings, 0), "modules": None}, "stopped")])
 
 
 def _decodes(v: dict) -> str:
@@ -633,20 +618,17 @@ def _runtime_table(verdicts: list[dict]) -> list[Line]:
     cells = [[v["id"], _range(v["versions"]), "yes" if v["loads"] else "NO",
               _decodes(v) + other_wrong(v)] for v in verdicts]
     star = any(c[3].endswith("*") for c in cells)
-    head = ["runtime", "versions", "loads", "decodes"]
-    widths = [max(len(str(r[i])) for r in [head] + cells) for i in range(len(head))]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    half = (len(cells) + 1) // 2
-    left, right = cells[:half], cells[half:]
+    head, *rows = table(cells, ["runtime", "versions", "loads", "decodes"])
+    w = max(len(r) for r in [head, *rows])
+    half = (len(rows) + 1) // 2
     bad = [not v["loads"] or v["decodes_correctly"] is False for v in verdicts]
     lines = [Line(f"runtimes     {_DEVICE} (-v: why"
                   + ("; *: another kernel WRONG)" if star else ")")),
-             Line("  " + (fmt.format(*head) + "    " + fmt.format(*head) if right
-                          else fmt.format(*head)).rstrip())]
-    for i, row in enumerate(left):
-        text = fmt.format(*row)
-        if i < len(right):
-            text += "    " + fmt.format(*right[i])
-        worse = bad[i] or (i < len(right) and bad[half + i])
-        lines.append(Line("  " + text.rstrip(), "text", "warning" if worse else None))
+             Line("  " + (head.ljust(w) + "    " + head if len(rows) > 1 else head))]
+    for i, text in enumerate(rows[:half]):
+        j = half + i
+        if j < len(rows):
+            text = text.ljust(w) + "    " + rows[j]
+        worse = bad[i] or (j < len(rows) and bad[j])
+        lines.append(Line("  " + text, "text", "warning" if worse else None))
     return lines
