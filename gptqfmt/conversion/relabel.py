@@ -44,6 +44,7 @@ from ..detection.read import detect_checkpoint
 from ..errors import OutputError, UsageError, naming
 from ..findings import Finding
 from ..formats.configs import CONFIG_FILES, CONFIG_JSON
+from ..formats.gptq.checkpoint import Checkpoint
 from ..formats.gptq.config import (
     AUTOROUND_DEFAULT,
     AUTOROUND_PACKING,
@@ -107,21 +108,21 @@ def plan_relabel(path: str | os.PathLike, to: str = DETECTED,
         raise UsageError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
     src, ckpt = open_labelled(path)
     try:
-        root = src.root
         det = detection or detect_checkpoint(ckpt, full=False,
                                              progress=rounds(progress, DETECT))
-        g_idx = any("g_idx" in m.tensors for m in ckpt.valid_modules)
-        # desc_act true where no g_idx reorders (every one arange(K) // group_size): the
-        # act-order label says what the data do not have, and makes vLLM >= 0.30 and Humming
-        # refuse a checkpoint they would serve; false changes nothing the data hold
-        reorders = any(m.act_order for m in ckpt.valid_modules)
-        return _plan(path, to, root, det, g_idx, reorders, ckpt)
+        return _plan(path, to, src.root, det, ckpt)
     finally:
         src.close()
 
 
-def _plan(path, to: str, root: Path, det: Detection, g_idx: bool, reorders: bool,
-          ckpt) -> RelabelPlan:
+def _plan(path: str | os.PathLike[str], to: str, root: Path, det: Detection,
+          ckpt: Checkpoint) -> RelabelPlan:
+    """plan_relabel's plan, the checkpoint open (the data values of disputed keys are read)."""
+    g_idx = any("g_idx" in m.tensors for m in ckpt.valid_modules)
+    # desc_act true where no g_idx reorders (every one arange(K) // group_size): the
+    # act-order label says what the data do not have, and makes vLLM >= 0.30 and Humming
+    # refuse a checkpoint they would serve; false changes nothing the data hold
+    reorders = any(m.act_order for m in ckpt.valid_modules)
     files = [n for n in CONFIG_FILES if (root / n).exists() or (root / n).is_symlink()]
     linked = [n for n in files if (root / n).is_symlink()]
     if linked:
@@ -184,7 +185,7 @@ def _plan(path, to: str, root: Path, det: Detection, g_idx: bool, reorders: bool
     return RelabelPlan(Path(path), root, target, det, changes, findings, docs, g_idx)
 
 
-def _agreed(ckpt, convention: str, declaring: list[str], docs: dict) -> dict:
+def _agreed(ckpt: Checkpoint, convention: str, declaring: list[str], docs: dict) -> dict:
     """The data's value of each quantization key the config files disagree on (GQ205), for
     the data read as `convention`; a key the data do not settle either (the modules differ)
     is left out, and stays a GQ205."""
