@@ -26,12 +26,14 @@ if TYPE_CHECKING:
     from .conversion import ConvertReport, NotRepresentable, convert, convert_qzeros
     from .detection.decide import ModuleVerdict
     from .detection.pool import Detection
-    from .doctor import Diagnosis, doctor
-    from .errors import FindingError, GptqfmtError, UsageError
+    from .doctor import Diagnosis, doctor, doctor_remote
+    from .errors import FindingError, GptqfmtError, RemoteError, UsageError
     from .findings import CATALOGUE, Finding
     from .formats.gptq.checkpoint import Checkpoint, Module, open_checkpoint
     from .ops.inspect import InspectResult
     from .ops.inspect import inspect_checkpoint as inspect
+    from .ops.remote import inspect_remote
+    from .ops.scan import ScanResult, scan
     from .ops.verify import Report, validate
 
 # Each export but detect and __version__: (module, name there). Imported on first use, so that
@@ -42,12 +44,15 @@ _LAZY: dict[str, tuple[str, str]] = {
                                         "convert_qzeros")},
     "ModuleVerdict": (".detection.decide", "ModuleVerdict"),
     "Detection": (".detection.pool", "Detection"),
-    "Diagnosis": (".doctor", "Diagnosis"), "doctor": (".doctor", "doctor"),
-    **{n: (".errors", n) for n in ("FindingError", "GptqfmtError", "UsageError")},
+    **{n: (".doctor", n) for n in ("Diagnosis", "doctor", "doctor_remote")},
+    **{n: (".errors", n) for n in ("FindingError", "GptqfmtError", "RemoteError",
+                                    "UsageError")},
     "CATALOGUE": (".findings", "CATALOGUE"), "Finding": (".findings", "Finding"),
     **{n: (".formats.gptq.checkpoint", n) for n in ("Checkpoint", "Module", "open_checkpoint")},
     "InspectResult": (".ops.inspect", "InspectResult"),
     "inspect": (".ops.inspect", "inspect_checkpoint"),
+    "inspect_remote": (".ops.remote", "inspect_remote"),
+    **{n: (".ops.scan", n) for n in ("ScanResult", "scan")},
     "Report": (".ops.verify", "Report"), "validate": (".ops.verify", "validate"),
 }
 
@@ -97,6 +102,7 @@ def detect(path: str | os.PathLike[str], full: bool = False) -> Detection:
 
 
 __all__ = ["CATALOGUE", "Checkpoint", "ConvertReport", "Detection", "Diagnosis", "NotRepresentable",
-           "convert", "convert_qzeros", "doctor", "Finding", "FindingError", "GptqfmtError",
-           "InspectResult", "Module", "ModuleVerdict", "Report", "UsageError", "__version__",
-           "detect", "inspect", "open_checkpoint", "pack", "unpack", "validate"]
+           "convert", "convert_qzeros", "doctor", "doctor_remote", "Finding", "FindingError",
+           "GptqfmtError", "InspectResult", "Module", "ModuleVerdict", "RemoteError", "Report",
+           "ScanResult", "UsageError", "__version__", "detect", "inspect", "inspect_remote",
+           "open_checkpoint", "pack", "unpack", "scan", "validate"]

@@ -36,8 +36,10 @@ from .findings import ERROR, Finding
 from .formats.gptq.checkpoint import Checkpoint
 from .formats.open import open_source
 from .formats.source import Source
-from .ops.reports import Progress, tool_json
-from .ops.verify import Report, validate
+from .ops.inspect import inspect_checkpoint
+from .ops.remote import mounted, said_of_repo
+from .ops.reports import Progress, Result, tool_json
+from .ops.verify import validate
 from .runtimes import rules as rt
 from .runtimes.table import COMPRESSED_TENSORS_ROUTES, RUNTIMES, family_entries, resolve
 from .runtimes.verdicts import (
@@ -48,6 +50,7 @@ from .runtimes.verdicts import (
     assess,
     config_facts,
 )
+from .safetensors_io.remote import Hub
 
 SERVES, REFUSES, MISCOMPUTES, UNDECIDED, BROKEN = (
     "serves", "refuses", "miscomputes", "undecided", "broken")
@@ -123,6 +126,7 @@ class Diagnosis:
     plan: Plan
     notes: list[str] = field(default_factory=list)
     fixed: Fixed | None = None
+    remote: dict[str, Any] | None = None    # a Hub repo read over HTTP: ops.remote.record
 
     @property
     def ok(self) -> bool:
@@ -144,7 +148,27 @@ class Diagnosis:
                 "verdict": self.verdict.to_json() if self.verdict else None,
                 "findings": [f.to_json() for f in self.blocking],
                 "plan": self.plan.to_json(), "notes": self.notes,
-                "fix": self.fixed.to_json() if self.fixed else None}
+                "fix": self.fixed.to_json() if self.fixed else None,
+                **({"remote": self.remote} if self.remote is not None else {})}
+
+
+def doctor_remote(repo: str, runtime: str = "vllm", *, capability: int = DEFAULT_CAPABILITY,
+                  hub: Hub | None = None, progress: Progress | None = None) -> Diagnosis:
+    """`gptqfmt doctor ORG/NAME[@REVISION] --remote`: the answer on the repo read over HTTP
+    range requests, judged on inspect's reads (doctor's `bounded`). A plan's commands run on a
+    local copy: its first step is the download that makes it."""
+    with mounted(repo, hub) as mirror:
+        diag = doctor(mirror.root, runtime, capability=capability, bounded=True,
+                      progress=progress)
+        diag = said_of_repo(diag, mirror, repo)
+    rec = diag.remote
+    assert rec is not None
+    if diag.plan.steps:
+        diag.plan.steps.insert(0, Step(
+            "download", rec["download"], f"fetches the checkpoint ({rec['checkpoint_bytes']} "
+            f"bytes) at commit {rec['commit'][:12]} to {rec['local_dir']}, where the steps "
+            "below run"))
+    return diag
 
 
 def _dotted(v: tuple[int, ...] | None) -> str | None:
@@ -153,7 +177,7 @@ def _dotted(v: tuple[int, ...] | None) -> str | None:
 
 def doctor(path: str | os.PathLike[str], runtime: str = "vllm", *,
            capability: int = DEFAULT_CAPABILITY, dst: str | os.PathLike[str] | None = None,
-           fix: bool = False, in_place: bool = False,
+           fix: bool = False, in_place: bool = False, bounded: bool = False,
            progress: Progress | None = None) -> Diagnosis:
     """The library form of `gptqfmt doctor`: `runtime` is an id or family, with an optional
     @VERSION ("vllm", "vllm@0.25", "sglang-gptq-gemm"). With `fix`, the plan is carried out
@@ -161,14 +185,19 @@ def doctor(path: str | os.PathLike[str], runtime: str = "vllm", *,
     again (Diagnosis.fixed). Raises UsageError for a runtime the table does not know, a
     checkpoint in another format, or --fix without a destination. `progress` hears of every
     phase (reports.Progress): verify's, the plan's checks, and with `fix` those of the steps
-    and of the verify after them."""
+    and of the verify after them. `bounded`: judge on inspect's reads instead of verify's
+    (qzeros, g_idx, a sample of qweight; no scales, so no weight change is measured), as
+    doctor --remote does."""
     entry, version, notes = resolve(runtime)
     if fix and (dst is None) == (not in_place):
         raise UsageError("--fix needs a destination: --fix DST writes a fixed copy, --fix "
                          "--in-place fixes PATH itself")
     if dst is not None and not fix:
         raise UsageError("DST is where --fix writes; without --fix doctor writes nothing")
-    diag = _diagnose(str(path), entry, version, capability, progress, dst)
+    if fix and bounded:
+        raise UsageError("--fix runs on every byte of the checkpoint; judge it with its reads "
+                         "unbounded")
+    diag = _diagnose(str(path), entry, version, capability, progress, dst, bounded)
     diag.notes[:0] = notes
     if fix:
         diag.fixed = _carry_out(diag, str(path), dst, entry, version, capability, progress)
@@ -177,7 +206,7 @@ def doctor(path: str | os.PathLike[str], runtime: str = "vllm", *,
 
 def _diagnose(path: str, entry: rt.Runtime, version: tuple[int, ...] | None,
               capability: int, progress: Progress | None,
-              dst: str | os.PathLike[str] | None) -> Diagnosis:
+              dst: str | os.PathLike[str] | None, bounded: bool = False) -> Diagnosis:
     source = open_source(path)
     fmt = source.format
     source.close()
@@ -185,7 +214,7 @@ def _diagnose(path: str, entry: rt.Runtime, version: tuple[int, ...] | None,
         raise UsageError(f"{path}: a {fmt} checkpoint; doctor judges GPTQ checkpoints against "
                          "the runtime table (a format that stores its zero points exactly "
                          "has no convention for a runtime to misread)")
-    report = validate(path, progress=progress)
+    report: Result = inspect_checkpoint(path) if bounded else validate(path, progress=progress)
     det = report.detection
     blocking = [f for f in report.findings if f.severity == ERROR and f.code not in PLANNABLE
                 and not f.code.startswith("GQ6")]
@@ -202,10 +231,11 @@ def _diagnose(path: str, entry: rt.Runtime, version: tuple[int, ...] | None,
                 first.one_line() if first else "nothing to judge", 0, modules, None, det,
                 blocking, Plan(tried=[f"fix what verify reports first: `gptqfmt verify "
                                      f"{quoted(path)}`"]))
-        verdict = _judge(ckpt, det, entry, version, capability, NONE)
+        verdict = _judge(ckpt, det, entry, version, capability, NONE, not bounded)
         answer, headline, reason, wrong = _answer(verdict, entry, version, modules)
         plan = Plan() if answer == SERVES else \
-            _plan(ckpt, det, src, entry, version, capability, path, dst, report, progress)
+            _plan(ckpt, det, src, entry, version, capability, path, dst, report, progress,
+                  bounded)
     finally:
         src.close()
     return Diagnosis(path, entry, version, answer, headline, reason, wrong, modules, verdict,
@@ -213,9 +243,9 @@ def _diagnose(path: str, entry: rt.Runtime, version: tuple[int, ...] | None,
 
 
 def _judge(ckpt: Checkpoint, det: Detection, entry: rt.Runtime,
-           version: tuple[int, ...] | None, capability: int, scenario: Scenario
-           ) -> RuntimeVerdict:
-    [v] = assess(ckpt, det, scales=True, capability=capability, runtimes=[entry],
+           version: tuple[int, ...] | None, capability: int, scenario: Scenario,
+           scales: bool = True) -> RuntimeVerdict:
+    [v] = assess(ckpt, det, scales=scales, capability=capability, runtimes=[entry],
                  scenario=replace(scenario, version=version))
     return v
 
@@ -254,9 +284,14 @@ def _answer(v: RuntimeVerdict, entry: rt.Runtime, version: tuple[int, ...] | Non
 
 def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
           version: tuple[int, ...] | None, capability: int, path: str,
-          dst: str | os.PathLike[str] | None, report: Report,
-          progress: Progress | None = None) -> Plan:
+          dst: str | os.PathLike[str] | None, report: Result,
+          progress: Progress | None = None, bounded: bool = False) -> Plan:
     plan = Plan()
+    scales = not bounded
+
+    def judge(scenario: Scenario) -> RuntimeVerdict:
+        return _judge(ckpt, det, entry, version, capability, scenario, scales)
+
     truth = det.verdict if det.verdict != AMBIGUOUS else None
     relabel = _relabel(path, det)
     # what fix-label writes besides the label: desc_act false where no g_idx reorders (also
@@ -267,11 +302,10 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
         plan.tried.append("the data do not decide between gptq and gptq_v2, so no plan can "
                           "be judged; if you know which they are: `gptqfmt fix-label "
                           f"{p} --to gptq` (or gptq_v2), then doctor again")
-        plan.elsewhere = _elsewhere(report, entry, ckpt, det, capability)
+        plan.elsewhere = _elsewhere(report, entry, ckpt, det, capability, scales)
         return plan
     if relabel:
-        v = _judge(ckpt, det, entry, version, capability,
-                   Scenario(label=truth, no_act_order=act, drop_legacy=True))
+        v = judge(Scenario(label=truth, no_act_order=act, drop_legacy=True))
         keys = " and ".join(dict.fromkeys(c.key for c in relabel))
         what = f"{keys} in {' and '.join(dict.fromkeys(c.file for c in relabel))}"
         if _serves(v):
@@ -282,26 +316,23 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
                 plan.steps = [Step("copy", f"gptqfmt convert {p} {d} --from {truth} --to {truth}",
                                    f"writes a copy labelled {truth} (proven equal before it is "
                                    "kept)", truth, truth)]
-                if act and not _serves(_judge(ckpt, det, entry, version, capability,
-                                              Scenario(label=truth, drop_legacy=True))):
+                if act and not _serves(judge(Scenario(label=truth, drop_legacy=True))):
                     plan.steps.append(Step("fix-label", f"gptqfmt fix-label {d}",
                                            "rewrites desc_act false (no g_idx reorders)", truth))
             plan.expect = _answer(v, entry, version, 0)[1]
             return plan
         plan.tried.append(f"fix-label ({what}): " + _short(v))
     other = GPTQ_V2 if truth == GPTQ else GPTQ
-    why_not = _lossless(src, det, truth, other, progress)
+    why_not = _lossless(src, det, truth, other, progress, full=scales)
     if why_not:
         plan.tried.append(f"convert to {other}: {why_not}")
     else:
         # desc_act rewritten only where the runtime needs it (convert keeps the configs' value)
-        v = _judge(ckpt, det, entry, version, capability,
-                   Scenario(label=other, drop_legacy=True, convention=other))
+        v = judge(Scenario(label=other, drop_legacy=True, convention=other))
         act_needed = act and not _serves(v)
         if act_needed:
-            v = _judge(ckpt, det, entry, version, capability,
-                       Scenario(label=other, no_act_order=True, drop_legacy=True,
-                                convention=other))
+            v = judge(Scenario(label=other, no_act_order=True, drop_legacy=True,
+                               convention=other))
         if _serves(v):
             if dst is None:
                 steps = [Step("convert-in-place",
@@ -326,7 +357,8 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
         if fails:
             plan.tried.append(f"convert --to compressed-tensors: {route.name}: {fails}")
         else:
-            why_ct = _lossless(src, det, truth, "compressed-tensors", progress)
+            why_ct = _lossless(src, det, truth, "compressed-tensors", progress,
+                               full=scales)
             if why_ct:
                 plan.tried.append(f"convert --to compressed-tensors: {why_ct}")
             else:
@@ -337,7 +369,7 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
                 plan.expect = (f"{route.name} will load it and compute the right weights "
                                f"({route.how})")
                 return plan
-    plan.elsewhere = _elsewhere(report, entry, ckpt, det, capability)
+    plan.elsewhere = _elsewhere(report, entry, ckpt, det, capability, scales)
     return plan
 
 
@@ -356,11 +388,12 @@ def _relabel(path: str, det: Detection) -> list[LabelChange]:
 
 
 def _lossless(src: Source, det: Detection, truth: str, to: str,
-              progress: Progress | None = None) -> str | None:
+              progress: Progress | None = None, full: bool = True) -> str | None:
     """None where convert's own plan converts `src` (read as `truth`) into `to` exactly, else
     its refusal, in one line."""
     try:
-        plan_conversion(src, truth, to, allow_lossy=False, detection=det, progress=progress)
+        plan_conversion(src, truth, to, allow_lossy=False, detection=det, progress=progress,
+                        full=full)
     except FindingError as e:
         return e.findings[0].message if e.findings else str(e)
     except UsageError as e:
@@ -377,12 +410,12 @@ def _short(v: RuntimeVerdict) -> str:
     return "; ".join(v.reasons)
 
 
-def _elsewhere(report: Report, entry: rt.Runtime, ckpt: Checkpoint, det: Detection,
-               capability: int) -> list[str]:
+def _elsewhere(report: Result, entry: rt.Runtime, ckpt: Checkpoint, det: Detection,
+               capability: int, scales: bool = True) -> list[str]:
     """The versions of the same runtime, then the other runtimes, that serve it as it is."""
     out = []
     for other, since, before in _version_spans(entry):
-        v = _judge(ckpt, det, other, since, capability, NONE)
+        v = _judge(ckpt, det, other, since, capability, NONE, scales)
         if _serves(v):
             out.append(f"{other.name.split(' (')[0]} {_span(since, before)}")
     seen = {e.id for e in family_entries(entry.family)}
@@ -492,4 +525,4 @@ def _run(step: Step, path: str, dst: str | os.PathLike[str] | None,
                 progress=progress, on_module=progress)
 
 
-__all__ = ["ANSWERS", "Diagnosis", "Plan", "Step", "doctor", "RUNTIMES"]
+__all__ = ["ANSWERS", "Diagnosis", "Plan", "Step", "doctor", "doctor_remote", "RUNTIMES"]

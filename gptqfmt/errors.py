@@ -25,6 +25,14 @@ class UsageError(GptqfmtError):
     exit_code = 2
 
 
+class RemoteError(GptqfmtError):
+    """A Hugging Face repo read over HTTP (--remote) could not be read: the Hub or the network
+    did not give what was asked. Exit 2, one line that names the repo, the file where there is
+    one, and the next step."""
+
+    exit_code = 2
+
+
 class OutputError(GptqfmtError):
     """The output cannot be written (disk full, read-only, ...): exit 2. The message says what
     was left as it was, or undone, and what to do next."""

@@ -52,6 +52,7 @@ _CATALOGUE = [
     Code("GQ129", ERROR, "file differs from the hash its Hugging Face cache entry records"),
     Code("GQ130", ERROR, "file is in another format (GGUF, PyTorch, pickle, ZIP), not safetensors"),
     Code("GQ131", ERROR, "one shard of an indexed checkpoint given alone (pass the directory)"),
+    Code("GQ132", ERROR, "Hugging Face repo cannot be read over HTTP (access, missing, network)"),
     # GQ2xx: configs
     Code("GQ201", ERROR, "config file is not valid JSON"),
     Code("GQ202", ERROR, "config violates its schema"),

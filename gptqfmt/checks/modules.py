@@ -59,6 +59,11 @@ def _all_zero(raw: np.ndarray) -> bool:
     return not any(raw[i:i + ZERO_SCAN].any() for i in range(PROBE, raw.size, ZERO_SCAN))
 
 
+def probe_reads(m: QuantModule) -> list[tuple[str, list[tuple[int, int]] | None]]:
+    """What zero_tensor_findings reads of a module with data in it (TensorStore.prefetch)."""
+    return [(t, [(0, PROBE)]) for r in ("qweight", "scales") if (t := m.tensors.get(r))]
+
+
 def zero_tensor_findings(src: Source, m: QuantModule) -> list[Finding]:
     """GQ318: qweight or scales all zero bytes, what a checkpoint saved before its weights were
     packed (or with a tensor filled in) holds: every weight of the module is 0 (scales) or
@@ -68,6 +73,9 @@ def zero_tensor_findings(src: Source, m: QuantModule) -> list[Finding]:
     for role in ("qweight", "scales"):
         t = m.tensors.get(role)
         if t is None:
+            continue
+        probe = src.store.view(t, [(0, PROBE)]).reshape(-1).view(np.uint8)
+        if probe[:PROBE].any():
             continue
         raw = src.store.view(t).reshape(-1).view(np.uint8)
         if raw.size and _all_zero(raw):

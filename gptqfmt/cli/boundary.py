@@ -119,6 +119,22 @@ class Outputs:
                         rep.target = r.path
         return [None if r is None else r.path for r in resolved]
 
+    def remote(self, in_flight: int, whole_files: bool, download: bool = False):
+        """The Hub client of --remote (safetensors_io.remote.Hub): --download, which fetches
+        the files, is refused beside it."""
+        from ..safetensors_io.remote import Hub
+
+        if download:
+            raise UsageError("--remote reads the repo where it lies; --download fetches it "
+                             "into the cache: give one of them")
+        return Hub(in_flight=in_flight, whole_files=whole_files)
+
+    def locate_remote(self, remote: dict) -> None:
+        """Findings of a repo read over HTTP are located at its files' pages on the Hub."""
+        base = f"{remote['endpoint']}/{remote['repo_id']}/blob/{remote['commit']}"
+        for rep in self.all:
+            rep.target = base
+
     @property
     def progress(self) -> bool:
         """Whether a progress bar may show: text for a person, not quiet."""
@@ -203,6 +219,23 @@ DOWNLOAD_OPTION = click.option(
     "--download", is_flag=True,
     help="Fetch a Hugging Face repo id (org/model[@revision]) that is not cached yet, with "
          "huggingface_hub; without it nothing is downloaded.")
+
+
+def remote_options(fn):
+    """--remote, --whole-files and --in-flight: a Hub repo read over HTTP range requests."""
+    fn = click.option(
+        "--in-flight", "in_flight", type=click.IntRange(1, 64), default=8, show_default=True,
+        help="With --remote: the most HTTP requests in flight at once.")(fn)
+    fn = click.option(
+        "--whole-files", "whole_files", is_flag=True,
+        help="With --remote: where the server ignores byte ranges (it would send whole "
+             "files), read whole files instead of stopping.")(fn)
+    return click.option(
+        "--remote", is_flag=True,
+        help="PATH is a Hugging Face repo id (ORG/NAME[@REVISION]) read on the Hub over HTTP "
+             "range requests: the configs, each shard's header and the byte ranges the answer "
+             "needs (about 1% of a 4-bit checkpoint), through huggingface_hub (HF_ENDPOINT, "
+             "HF_TOKEN, proxies); nothing is downloaded whole.")(fn)
 
 
 def handle(body: Callable[[], int | None], failure: Callable[..., None], debug: bool) -> int:

@@ -34,6 +34,7 @@ from ..findings import CATALOGUE, ERROR, WARNING, Finding
 from ..formats.configs import FILES
 from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
+from ..ops.scan import ScanResult
 from ..ops.verify import Report
 from ..runtimes.verdicts import runtime_findings
 from ..version import __version__
@@ -47,6 +48,7 @@ from .text_lines import (
     inspect_lines,
     module_differences,
     reference_lines,
+    scan_lines,
     verify_lines,
 )
 
@@ -121,6 +123,10 @@ class _CiReporter(Reporter):
         self.emit(Outcome("doctor", result.path, code, _final(doctor_lines(result)),
                           [f for f in found if f.code != "GQ606"]))
 
+    def scan(self, result: ScanResult, code: int) -> None:
+        self.emit(Outcome("scan", None, code, _final(scan_lines(result)), result.findings,
+                          [r.repo for r in result.repos]))
+
     def failure(self, status: str, code: int, findings: Sequence[Finding] = (),
                 message: str | None = None) -> None:
         self.emit(Outcome(self.command, self.target, code, _final(failure_lines(list(findings))),
@@ -144,6 +150,8 @@ def artifact(target: str | None, file: str | None) -> str | None:
     directory or one .safetensors file)."""
     if target is None:
         return file
+    if "://" in target:   # a repo read over HTTP: its files' pages on the Hub
+        return f"{target}/{quote(file)}" if file is not None else target
     base = Path(target)
     if file is not None:
         base = (base if base.is_dir() else base.parent) / file
@@ -248,7 +256,9 @@ def _sarif_location(o: Outcome, f: Finding) -> dict:
     file, key = physical(f.file)
     path = artifact(o.target, file)
     loc: dict = {}
-    if path is not None:
+    if path is not None and "://" in path:
+        loc["physicalLocation"] = {"artifactLocation": {"uri": path}}
+    elif path is not None:
         absolute = path.startswith("/")
         uri = {"uri": Path(path).as_uri() if absolute else quote(path)}
         if not absolute:

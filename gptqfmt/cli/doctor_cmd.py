@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..errors import UsageError
-from .boundary import DOWNLOAD_OPTION, RUNTIME_FAMILIES, RuntimeId, guarded
+from .boundary import DOWNLOAD_OPTION, RUNTIME_FAMILIES, RuntimeId, guarded, remote_options
 
 
 @click.command("doctor", short_help="Will this runtime compute the right weights? If not, "
@@ -26,14 +26,18 @@ from .boundary import DOWNLOAD_OPTION, RUNTIME_FAMILIES, RuntimeId, guarded
               help="The GPU's compute capability as 10 x major + minor (75 for a T4, 80 for "
                    "an A100, 90 for an H100): some kernels need a newer one.")
 @DOWNLOAD_OPTION
+@remote_options
 @guarded
-def doctor_cmd(path, out, runtime, fix, in_place, capability, download):
+def doctor_cmd(path, out, runtime, fix, in_place, capability, download, remote, whole_files,
+               in_flight):
     """Say whether RUNTIME will load the checkpoint at PATH and compute the weights its data
     mean (first line), why (second line), and the cheapest lossless plan that makes it so:
     fix-label, convert --in-place, convert to gptq_v2 or to compressed-tensors, with your
     paths; or that there is none, and what serves it as it is.
 
-    Every check of verify runs first; a checkpoint that fails one gets no plan.
+    Every check of verify runs first; a checkpoint that fails one gets no plan. With --remote,
+    PATH is a Hugging Face repo id judged on the Hub without downloading it, on inspect's reads
+    (no scales: the weight change is not measured); the plan starts with the download.
 
     Exit 0 when the runtime computes the right weights (with --fix: after the fix), 1 when
     not, 2 usage error, 3 internal error."""
@@ -44,6 +48,20 @@ def doctor_cmd(path, out, runtime, fix, in_place, capability, download):
         raise UsageError("--in-place goes with --fix (doctor writes only when told to)")
     if fix == "" and not in_place:
         raise UsageError("--fix needs DST, or --in-place to fix PATH itself")
+    if remote:
+        from ..doctor import doctor_remote
+
+        if fix is not None:
+            raise UsageError(f"--fix writes a local copy: download it first (hf download "
+                             f"{path.split('@')[0]} --local-dir DIR), then gptqfmt doctor DIR "
+                             f"--runtime {runtime} --fix DST")
+        result = doctor_remote(path, runtime, capability=capability,
+                               hub=out.remote(in_flight, whole_files, download))
+        assert result.remote is not None
+        out.locate_remote(result.remote)
+        code = 0 if result.ok else 1
+        out.doctor(result, code)
+        return code
     [path] = out.checkpoints(path, download=download)
     with Progress(enabled=out.progress, unit="B", desc="doctor") as bar:
         result = doctor(path, runtime, capability=capability, dst=fix or None,

@@ -11,6 +11,7 @@ from .convert_cmd import convert_cmd
 from .doctor_cmd import doctor_cmd
 from .fix_label_cmd import fix_label_cmd
 from .inspect_cmd import inspect_cmd
+from .scan_cmd import scan_cmd
 from .verify_cmd import verify_cmd
 
 __all__ = ["Interrupted", "main", "run"]
@@ -34,6 +35,7 @@ main.add_command(verify_cmd)
 main.add_command(convert_cmd)
 main.add_command(fix_label_cmd)
 main.add_command(doctor_cmd)
+main.add_command(scan_cmd)
 
 
 def run(argv: list[str] | None = None, command: click.Command | None = None,

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..doctor import Diagnosis
     from ..ops.equivalence import EquivalenceReport, ReferenceReport
     from ..ops.inspect import InspectResult
+    from ..ops.scan import ScanResult
     from ..ops.verify import Report
 
 
@@ -147,6 +148,9 @@ class Reporter(ABC):
 
     @abstractmethod
     def doctor(self, result: Diagnosis, code: int) -> None: ...
+
+    @abstractmethod
+    def scan(self, result: ScanResult, code: int) -> None: ...
 
     @abstractmethod
     def failure(self, status: str, code: int, findings: Sequence[Finding] = (),

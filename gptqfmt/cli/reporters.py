@@ -17,6 +17,7 @@ from ..doctor import Diagnosis
 from ..findings import Finding
 from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
+from ..ops.scan import ScanResult
 from ..ops.verify import Report
 from .ci import GithubReporter, JunitReporter, SarifReporter
 from .output import Reporter, defuse, emit_json, note
@@ -28,6 +29,7 @@ from .text_lines import (
     fix_label_lines,
     inspect_lines,
     reference_lines,
+    scan_lines,
     verify_lines,
     without_rows,
 )
@@ -73,6 +75,9 @@ class JsonReporter(Reporter):
     def doctor(self, result: Diagnosis, code: int) -> None:
         emit_json(with_exit_code(result.to_json(), code), self.stream)
 
+    def scan(self, result: ScanResult, code: int) -> None:
+        emit_json(with_exit_code(result.to_json(), code), self.stream)
+
     def failure(self, status: str, code: int, findings: Sequence[Finding] = (),
                 message: str | None = None) -> None:
         doc: dict[str, Any] = {"status": status, "exit_code": code,
@@ -115,6 +120,9 @@ class TextReporter(Reporter):
 
     def doctor(self, result: Diagnosis, code: int) -> None:
         self._show(doctor_lines(result, self.view.verbose))
+
+    def scan(self, result: ScanResult, code: int) -> None:
+        self._show(scan_lines(result, self.view.verbose))
 
     def failure(self, status: str, code: int, findings: Sequence[Finding] = (),
                 message: str | None = None) -> None:

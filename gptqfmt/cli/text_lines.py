@@ -14,6 +14,7 @@ from ..findings import CATALOGUE, Finding
 from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
 from ..ops.reports import summary_counts
+from ..ops.scan import OK, UNREADABLE, ScanResult
 from ..ops.verify import Report
 from .output import escape, finding_line, finding_where, human_bytes, plural, table
 from .view import Line
@@ -156,9 +157,30 @@ def _head_lines(doc: dict) -> list[Line]:
     n_files = len(doc["files"]) + len(bad)
     kind = "shards" if doc["sharded"] else "file" + ("s" if n_files > 1 else "")
     cannot = f" ({len(bad)} cannot be read: {', '.join(map(escape, bad))})" if bad else ""
-    return [Line(f"checkpoint   {escape(doc['path'])}"),
+    return [Line(f"checkpoint   {escape(doc['path'])}"), *remote_lines(doc.get("remote")),
             Line(f"files        {n_files} {kind}{cannot}, {human_bytes(size)}; config from "
                  f"{', '.join(doc['config_sources']) or 'nothing (no config file)'}")]
+
+
+def remote_lines(remote: dict | None) -> list[Line]:
+    """For a repo read over HTTP: the commit read, what was fetched, and how to get the local
+    copy that the commands below name."""
+    if remote is None:
+        return []
+    return [Line(f"remote       commit {remote['commit']} on {escape(remote['endpoint'])}: "
+                 f"{human_bytes(remote['bytes_read'])} read of "
+                 f"{human_bytes(remote['checkpoint_bytes'])} "
+                 f"({100 * remote['fraction_read']:.2f}%) in "
+                 f"{plural(remote['requests'], 'request')}"),
+            Line(f"local copy   {escape(remote['download'])} (commands below name it)")]
+
+
+def remote_tail(remote: dict | None) -> str:
+    """The status line's tail for a repo read over HTTP."""
+    if remote is None:
+        return ""
+    return (f"; {human_bytes(remote['bytes_read'])} read over HTTP "
+            f"({100 * remote['fraction_read']:.2f}%)")
 
 
 def _modules_line(doc: dict) -> Line:
@@ -239,7 +261,8 @@ def _tail_lines(findings: list[Finding], doc: dict, verbose: bool) -> list[Line]
     if shown:
         lines.append(Line("findings"))
         lines += shown
-    return lines + [status(doc["status"] == "ok", doc["summary"], _conventions(doc),
+    return lines + [status(doc["status"] == "ok", doc["summary"],
+                           _conventions(doc) + remote_tail(doc.get("remote")),
                            infos_hidden=not verbose)]
 
 
@@ -471,6 +494,7 @@ def doctor_lines(d: Diagnosis, verbose: bool = False) -> list[Line]:
     """The answer first, its reason second, then the plan (or why there is none), --fix's
     steps and the answer after them, and the status line."""
     lines = [verdict(d.ok, escape(d.headline)), Line(f"why: {escape(d.reason)}")]
+    lines += remote_lines(d.remote)
     lines += [Line(f"note: {escape(n)}") for n in d.notes]
     lines += findings_lines(d.blocking, "", verbose)
     p = d.plan
@@ -515,7 +539,8 @@ def doctor_lines(d: Diagnosis, verbose: bool = False) -> list[Line]:
             f"plan: {plural(steps, 'step')} (--fix DST"
             + (" or --fix --in-place" if in_place_possible(p) else "") + " runs it)" if steps
             else "no plan"))
-    return lines + [status(d.ok, summary_counts(d.blocking, d.modules), tail)]
+    return lines + [status(d.ok, summary_counts(d.blocking, d.modules),
+                           tail + remote_tail(d.remote))]
 
 
 def failure_lines(findings: list[Finding], verbose: bool = True) -> list[Line]:
@@ -632,3 +657,43 @@ def _runtime_table(verdicts: list[dict]) -> list[Line]:
         worse = bad[i] or (j < len(rows) and bad[j])
         lines.append(Line("  " + text, "text", "warning" if worse else None))
     return lines
+
+
+def inspect_reason(result: InspectResult) -> str:
+    """The reason on inspect's first line (after OK: or FAIL:), for scan's line of a repo."""
+    return inspect_lines(result, result.to_json())[0].text.split(": ", 1)[1]
+
+
+def scan_lines(result: ScanResult, verbose: bool = False) -> list[Line]:
+    """scan's report: the verdict over every repo, one line per repo (its status, the commit
+    read, inspect's reason), the status line with what was read."""
+    t = result.totals()
+    bad = t["fail"] + t["unreadable"]
+    if result.ok:
+        head = verdict(True, f"all {plural(t['repos'], 'repo')} pass inspect")
+    else:
+        parts = [f"{t['fail']} fail inspect" if t["fail"] else "",
+                 f"{t['unreadable']} cannot be read" if t["unreadable"] else ""]
+        head = verdict(False, f"{bad} of {plural(t['repos'], 'repo')}: "
+                       + ", ".join(p for p in parts if p))
+    lines = [head]
+    cells = [[{OK: "OK", UNREADABLE: "ERROR"}.get(r.status, "FAIL"), escape(r.repo),
+              r.remote["commit"][:12] if r.remote else "-", escape(r.reason)]
+             for r in result.repos]
+    if cells:
+        lines += [Line("  " + row, "row", "error" if not c[0] == "OK" else None)
+                  for row, c in zip(table(cells, ["status", "repo", "commit", "reason"])[1:],
+                                    cells)]
+    if verbose:
+        for r in result.repos:
+            shown = findings_lines(r.findings, "    ", verbose)
+            if shown and r.status != UNREADABLE:
+                lines.append(Line(f"  {escape(r.repo)}"))
+                lines += shown
+    share = (f" ({100 * t['bytes_read'] / t['checkpoint_bytes']:.2f}%)"
+             if t["checkpoint_bytes"] else "")
+    tail = (f"{plural(t['repos'], 'repo')}: {t['ok']} ok, {t['fail']} fail, "
+            f"{t['unreadable']} unreadable; {human_bytes(t['bytes_read'])} read of "
+            f"{human_bytes(t['checkpoint_bytes'])}{share} in {plural(t['requests'], 'request')}")
+    return lines + [status(result.ok, summary_counts(result.findings, None), tail,
+                           infos_hidden=not verbose)]

@@ -74,7 +74,7 @@ def relayout(from_: str, to: str) -> bool:
 def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
                     jobs: int = 1, trust_from: bool = False,
                     detection: Detection | None = None,
-                    progress: Progress | None = None) -> Plan:
+                    progress: Progress | None = None, full: bool = True) -> Plan:
     """The Plan of converting `src` (opened; `requested`: --from, or auto) into `to`, with the
     refusals raised (FindingError, exit 1; UsageError for a --from, --to or --jobs that does
     not apply). A labelled source is checked, its convention resolved and its zero points
@@ -83,7 +83,8 @@ def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
     `trust_from`: a --from the data contradict is converted as asked (GQ413) instead of
     refused (GQ422). `detection`: the source's, where the caller has it (doctor: verify's),
     else detected here. `progress` hears of the phases (reports.Progress): DETECT, CHECK and
-    PLAN, each module by module."""
+    PLAN, each module by module. `full` False: the modules checked on inspect's reads
+    (checks.modules.module_findings), as doctor --remote judges them."""
     ck = src.labelled
     if ck is not None and requested not in CONVENTIONS + ("auto",):
         raise UsageError(f"{src.path}: a GPTQ checkpoint, not --from {requested}")
@@ -94,7 +95,7 @@ def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
     det = None
     if ck is None:
         _check_exact_target(src, requested, to)
-        refuse_invalid(src, None, progress)
+        refuse_invalid(src, None, progress, full)
         from_, notes = src.format, list[Finding]()
         plans = [ModulePlan(m.name, m.bits, m.groups * m.out_features, 0, 0, 0, [])
                  for m in src.modules]
@@ -102,7 +103,7 @@ def plan_conversion(src: Source, requested: str, to: str, allow_lossy: bool,
     else:
         det = detection or detect_checkpoint(ck, full=False,
                                              progress=rounds(progress, DETECT))
-        refuse_invalid(src, det, progress)
+        refuse_invalid(src, det, progress, full)
         notes = list[Finding]()
         from_ = resolve_from(requested, ck, det, notes, trust_from)
         plans, findings = plan_zeros(ck, det, from_, to if to in CONVENTIONS else GPTQ_V2,
@@ -223,7 +224,7 @@ def _max_scale(ckpt: Checkpoint, m: Module, mask: np.ndarray) -> float:
 
 
 def refuse_invalid(src: Source, det: Detection | None,
-                   progress: Progress | None = None) -> None:
+                   progress: Progress | None = None, full: bool = True) -> None:
     """Raise FindingError for input that verify would reject on its cheap checks: container,
     index, config and shape errors, then every module's (scales, zero points and writer
     corruption: --allow-lossy does not pass a GQ405, whose overwritten fields hold no zero
@@ -237,7 +238,7 @@ def refuse_invalid(src: Source, det: Detection | None,
     advance = start(progress, CHECK, len(modules))
     for m in modules:
         verdict = None if verdicts is None else verdicts[m.name]
-        blocking += [f for f in module_findings(src, m, verdict)
+        blocking += [f for f in module_findings(src, m, verdict, full)
                      if f.severity == ERROR]
         src.store.release(m.tensors.values())
         advance(1)

@@ -37,16 +37,52 @@ SAMPLE_BYTES = 64 * 1024  # qweight bytes read per module in inspect's first pas
 EXTRA_BYTES = 256 * 1024 * 1024
 
 
-def sampled_blocks(m: Module, qw: np.ndarray, full: bool,
+def sampled_blocks(m: Module, shape: tuple[int, ...], full: bool,
                    sample: int = SAMPLE_BYTES) -> np.ndarray | None:
-    """The blocks of qweight rows whose codes are read: None for all of them (verify, or a
-    sample that is the whole tensor), else an evenly spread `sample` bytes of them (inspect)."""
+    """The blocks of qweight rows (qweight of `shape`) whose codes are read: None for all of
+    them (verify, or a sample that is the whole tensor), else an evenly spread `sample` bytes
+    of them (inspect)."""
     if full:
         return None
     _, wpb = block(m.bits, m.word_bits)
-    total = qw.shape[0] // wpb
-    rows = codestats.sample_blocks(total, qw.shape[1], wpb, sample, qw.dtype.itemsize)
+    total = shape[0] // wpb
+    rows = codestats.sample_blocks(total, shape[1], wpb, sample, m.word_bits // 8)
     return None if len(rows) == total else rows
+
+
+def block_bytes(m: Module, shape: tuple[int, ...],
+                blocks: np.ndarray | None) -> list[tuple[int, int]] | None:
+    """The byte ranges of qweight (of `shape`) that hold `blocks` (None: all of it), runs of
+    adjacent blocks as one range.
+
+        >>> from types import SimpleNamespace as M
+        >>> block_bytes(M(bits=4, word_bits=32), (16, 8), np.array([0, 1, 5]))
+        [(0, 64), (160, 192)]
+    """
+    if blocks is None:
+        return None
+    _, wpb = block(m.bits, m.word_bits)
+    per = wpb * shape[1] * (m.word_bits // 8)
+    out: list[tuple[int, int]] = []
+    for b in blocks.tolist():
+        if out and out[-1][1] == b * per:
+            out[-1] = (out[-1][0], (b + 1) * per)
+        else:
+            out.append((b * per, (b + 1) * per))
+    return out
+
+
+def module_reads(ckpt: Checkpoint, m: Module, full: bool, sample: int = SAMPLE_BYTES,
+                 codes: bool = True) -> list[tuple[str, list[tuple[int, int]] | None]]:
+    """What module_verdict reads of module `m`, as (tensor, byte ranges or None for all of
+    it), for TensorStore.prefetch: qzeros, g_idx, and with `codes` the qweight rows."""
+    out: list[tuple[str, list[tuple[int, int]] | None]] = [
+        (m.tensors[r], None) for r in ("qzeros", "g_idx") if r in m.tensors]
+    if codes:
+        t = m.tensors["qweight"]
+        shape = ckpt.store.info(t).shape
+        out.append((t, block_bytes(m, shape, sampled_blocks(m, shape, full, sample))))
+    return out
 
 
 def module_verdict(ckpt: Checkpoint, m: Module, full: bool, sample: int = SAMPLE_BYTES,
@@ -61,8 +97,10 @@ def module_verdict(ckpt: Checkpoint, m: Module, full: bool, sample: int = SAMPLE
     st = None
     complete = True  # a symmetric pattern decides from qzeros alone
     if full or pattern is None:
-        qw = ckpt.view(m.tensors["qweight"])
-        rows = sampled_blocks(m, qw, full, sample)
+        t = m.tensors["qweight"]
+        shape = ckpt.store.info(t).shape
+        rows = sampled_blocks(m, shape, full, sample)
+        qw = ckpt.view(t, block_bytes(m, shape, rows))
         read, sums, counts = codestats.read_cell_sums(qw, m.bits, ckpt.g_idx(m),
                                                       m.groups, rows)
         complete = rows is None
@@ -98,7 +136,10 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
     sizes = [ckpt.store.info(m.tensors["qweight"]).nbytes for m in mods]
     work = _Work(ckpt, mods, full)
     workers = jobs or cpus()
-    if workers > 1 and len(mods) >= PROCESS_MIN_MODULES and _forks_safely():
+    remote = ckpt.store.remote
+    # a mirrored checkpoint is read in threads: what a forked worker fetched would land in
+    # the file but not in this process's record of what is there
+    if workers > 1 and len(mods) >= PROCESS_MIN_MODULES and _forks_safely() and not remote:
         ctx = multiprocessing.get_context("fork")
         pool: Executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
                                              initializer=_start_worker, initargs=(work,))
@@ -114,7 +155,13 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
             return _counted(bounded_map(pool, lambda a: fn(work, *a), args), len(args),
                             progress)
     try:
-        det = detect_sequential(ModuleReads(run, [m.name for m in mods]), sizes, full)
+        def prefetch(indices: list[int], sample: int, known: dict) -> None:
+            # one batch for the round: every module's reads coalesced and fetched in parallel
+            # (a module whose qzeros already showed a symmetric pattern reads no codes)
+            ckpt.store.prefetch(p for i in indices for p in module_reads(
+                ckpt, mods[i], full, sample, codes=full or known.get(i, (None,))[0] is None))
+        reads = ModuleReads(run, [m.name for m in mods], prefetch if remote else None)
+        det = detect_sequential(reads, sizes, full)
     except BrokenProcessPool:
         raise GptqfmtError(f"{ckpt.store.root}: a worker process reading its modules ended "
                            "abruptly (killed, or out of memory?); run again") from None
@@ -192,13 +239,17 @@ class ModuleReads:
     modules' names, by index. Remembers what each module's qzeros gave (symmetric pattern,
     FieldCounts), which more rows do not change."""
 
-    def __init__(self, run, names: list[str]):
+    def __init__(self, run, names: list[str], prefetch=None):
         self.run = run
         self.names = names
         self.known: dict[int, tuple[str | None, FieldCounts | None]] = {}
         self.rounds = 0
+        # prefetch(indices, sample, known): told what a round will read before it runs
+        self.prefetch = prefetch
 
     def verdicts(self, indices: list[int], sample: int) -> list[ModuleVerdict]:
+        if self.prefetch is not None:
+            self.prefetch(indices, sample, self.known)
         out = self.run(_read_one, [(i, sample, self.known.get(i)) for i in indices])
         for i, v in zip(indices, out):
             self.known[i] = (v.pattern, v.stats.field_counts() if v.stats else None)

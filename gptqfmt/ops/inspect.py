@@ -11,18 +11,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checks.labels import convention_findings
-from ..checks.modules import module_findings
+from ..checks.modules import module_findings, probe_reads
 from ..detection.decide import ModuleVerdict
-from ..detection.read import detect_checkpoint
+from ..detection.read import detect_checkpoint, module_reads
 from ..findings import Finding
 from ..formats import open_source
+from ..formats.source import Source
 from ..runtimes.verdicts import assess
 from .reports import Result, checkpoint_format_json, failed, files_json, summary_counts, tool_json
 
 
 @dataclass(frozen=True)
 class InspectResult(Result):
-    """What inspect found (reports.Result)."""
+    """What inspect found (reports.Result); `remote`: what was read of a Hub repo, and from
+    where (ops/remote.py), for a checkpoint read over HTTP."""
+    remote: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -53,7 +56,20 @@ class InspectResult(Result):
             doc["runtimes"] = [v.to_json() for v in self.runtimes]
         doc.update({"findings": [f.to_json() for f in self.findings],
                     "summary": summary_counts(self.findings, len(records))})
+        if self.remote is not None:
+            doc["remote"] = self.remote
         return doc
+
+
+def reads(src: Source) -> list[tuple[str, list[tuple[int, int]] | None]]:
+    """What inspect reads first of each module, for TensorStore.prefetch: detection's first
+    round (qzeros, g_idx, the sampled qweight rows) and the probes for empty tensors; detection
+    says what its later rounds read itself, and anything else is fetched where it is read."""
+    ck = src.labelled
+    out = [p for m in src.modules for p in probe_reads(m)]
+    if ck is not None:
+        out += [p for m in ck.valid_modules for p in module_reads(ck, m, full=False)]
+    return out
 
 
 def _zero_point(v: ModuleVerdict | None) -> dict[str, Any] | None:
@@ -69,6 +85,8 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> InspectResult:
     ck = src.labelled
     findings = list(src.findings)
     det = runtimes = None
+    if src.store.remote:   # what the reads below take, fetched together (ranges coalesced)
+        src.store.prefetch(reads(src))
     if ck is not None:
         det = detect_checkpoint(ck, full=False)
         findings += convention_findings(ck, det)

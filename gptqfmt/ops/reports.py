@@ -132,8 +132,8 @@ def files_json(store: TensorStore) -> list[dict[str, Any]]:
             for n, f in sorted(store.files.items())]
 
 
-def summary_counts(findings: list[Finding], modules: int) -> dict[str, int]:
-    out = {"modules": modules, "errors": 0, "warnings": 0, "infos": 0}
+def summary_counts(findings: list[Finding], modules: int | None) -> dict[str, Any]:
+    counts = {"errors": 0, "warnings": 0, "infos": 0}
     for f in findings:
-        out[{"error": "errors", "warning": "warnings", "info": "infos"}[f.severity]] += 1
-    return out
+        counts[{"error": "errors", "warning": "warnings", "info": "infos"}[f.severity]] += 1
+    return {"modules": modules, **counts}

@@ -232,7 +232,8 @@ def _compare_fields(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
     `stored_as`: (from, to): the fields as convert would store them in `to` (`truth`), from data
     stored in `from` (a lossless conversion: no stored maxq the codes read as 2^bits)."""
     qz = ckpt.view(m.tensors["qzeros"])
-    sc = ckpt.view(m.tensors["scales"])
+    # the scales only where the weight change is asked for (a remote store fetches a view)
+    sc = ckpt.view(m.tensors["scales"]) if scales else None
     sc_dtype = ckpt.store.info(m.tensors["scales"]).dtype
     high = _high(v) if stored_as is None else np.zeros(0, dtype=np.int64)
     n = m.out_features
@@ -246,14 +247,14 @@ def _compare_fields(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
         stored = unpack(part, m.bits, axis=1)
         at = high[(high >= r0 * n) & (high < (r0 + len(part)) * n)] - r0 * n
         want = truth_zeros(stored, m.bits, truth, at)
-        s32 = to_float32(sc[r0:r0 + rows], sc_dtype) if scales else sc[:0]
+        s32 = to_float32(sc[r0:r0 + rows], sc_dtype) if sc is not None else None
         for key in todo:
             reading = modelled(key[0], m.bits)
             got = (effective_zeros(stored, m.bits, reading.rule) if reading.rule is not None
                    else read_zeros(part, m.bits, reading))
             got -= want                      # the change of Z per cell (int32, in place)
             cells[key] += int(np.count_nonzero(got))
-            if scales:  # scale x change: exact in float32 (an fp16 scale times |dZ| <= 256)
+            if s32 is not None:  # scale x change: exact in float32 (fp16 scale x |dZ| <= 256)
                 moved = got != 0   # only cells that change (an inf scale times 0 is no change)
                 with np.errstate(invalid="ignore"):   # a signalling NaN scale (mutated bytes)
                     change = s32[moved] * got[moved].astype(np.float32)

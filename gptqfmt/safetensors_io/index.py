@@ -22,7 +22,8 @@ from ..resources import validator
 from . import foreign, journal
 from .header import TensorInfo
 from .hub import cache_root_hint, cache_root_note
-from .reader import SafetensorsFile, sniff
+from .reader import Part, SafetensorsFile, sniff
+from .remote import fetch_all
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -43,8 +44,29 @@ class TensorStore:
     def info(self, tensor: str) -> TensorInfo:
         return self.files[self.locations[tensor]].tensors[tensor]
 
-    def view(self, tensor: str) -> np.ndarray:
-        return self.files[self.locations[tensor]].view(tensor)
+    def view(self, tensor: str, part: Part | None = None) -> np.ndarray:
+        """The tensor's array; `part`: the byte ranges of it the caller reads (all of it by
+        default), the only ones a file mirrored from the Hub fetches (SafetensorsFile.view)."""
+        return self.files[self.locations[tensor]].view(tensor, part)
+
+    @property
+    def remote(self) -> bool:
+        """Whether its files are mirrored from the Hub (each read fetched first)."""
+        return any(f.remote for f in self.files.values())
+
+    def prefetch(self, parts: Iterable[tuple[str, Part | None]]) -> None:
+        """Fetch ahead what the caller will view: (tensor, part or None for all of it), every
+        file's ranges together (coalesced, in parallel). Nothing for local files."""
+        if not self.remote:
+            return
+        wanted: dict[str, list[tuple[int, int]]] = {}
+        for t, part in parts:
+            if t not in self.locations:   # in a shard that cannot be read: its finding says so
+                continue
+            f = self.files[self.locations[t]]
+            wanted.setdefault(self.locations[t], []).extend(f.ranges(t, part))
+        fetch_all([(f.filler, wanted[n]) for n, f in self.files.items()
+                   if n in wanted and f.filler is not None])
 
     def file_of(self, tensor: str) -> str:
         """The file that holds `tensor`, or the shard the index puts it in that cannot be

@@ -12,6 +12,10 @@ from ..findings import Finding
 from .dtypes import DTYPES
 from .foreign import SNIFF_BYTES, Other
 from .header import Header, TensorInfo, header_length, other_format, parse_header
+from .remote import filler_for
+
+#: byte ranges within one tensor ([(start, stop)]) that a caller of view() will read
+Part = list[tuple[int, int]]
 
 
 def sniff(path: str | os.PathLike) -> Other | None:
@@ -28,6 +32,8 @@ class SafetensorsFile:
     """A validated safetensors file. `view(name)` maps the file lazily; nothing is read eagerly.
 
     Views are read-only numpy arrays backed by the page cache; they stay valid after close().
+    A file mirrored from the Hub (remote.Mirror) is a sparse copy: what is read is fetched
+    first, through its Filler.
     """
 
     def __init__(self, path: str | os.PathLike, display_name: str | None = None):
@@ -35,10 +41,13 @@ class SafetensorsFile:
         self.name = display_name or self.path
         self._mm: mmap.mmap | None = None
         self._lock = threading.Lock()  # modules are read in threads: map once
+        self.filler = filler_for(self.path)
         try:
             with open(self.path, "rb") as f:
                 self.size = os.fstat(f.fileno()).st_size
+                self._fill([(0, SNIFF_BYTES)])
                 n = header_length(f.read(SNIFF_BYTES), self.size, self.name, self.path)
+                self._fill([(8, 8 + n)])
                 f.seek(8)
                 raw = f.read(n)
         except OSError as e:
@@ -54,9 +63,33 @@ class SafetensorsFile:
     def metadata(self) -> dict[str, str] | None:
         return self.header.metadata
 
-    def view(self, name: str) -> np.ndarray:
-        """The tensor as a read-only array (raw uint container for BF16/F8/F4/F6)."""
+    @property
+    def remote(self) -> bool:
+        """Whether the file is a sparse copy of a remote one (read only what is asked)."""
+        return self.filler is not None
+
+    def _fill(self, ranges: Part) -> None:
+        if self.filler is not None:
+            self.filler.ensure(ranges)
+
+    def ranges(self, name: str, part: Part | None = None) -> Part:
+        """The file's byte ranges that view(name, part) reads."""
         info = self.header.tensors[name]
+        at = self._offset(info)
+        return ([(at + a, at + min(b, info.nbytes)) for a, b in part] if part is not None
+                else [(at, at + info.nbytes)])
+
+    def fill(self, name: str, part: Part | None = None) -> None:
+        """Fetch what view(name, part) reads (nothing for a local file)."""
+        if self.filler is not None:
+            self.filler.ensure(self.ranges(name, part))
+
+    def view(self, name: str, part: Part | None = None) -> np.ndarray:
+        """The tensor as a read-only array (raw uint container for BF16/F8/F4/F6). `part`:
+        the byte ranges of it the caller reads, the only ones a remote file fetches (the rest
+        of the array is then zeros, never to be read)."""
+        info = self.header.tensors[name]
+        self.fill(name, part)
         d = DTYPES[info.dtype]
         if info.nbytes == 0:
             return np.empty(info.shape, dtype=d.numpy)
@@ -86,6 +119,7 @@ class SafetensorsFile:
 
     def raw(self) -> np.ndarray:
         """The whole file, header included, as a read-only uint8 array (mapped, not read)."""
+        self._fill([(0, self.size)])
         return np.frombuffer(self._map(), np.uint8)
 
     def release(self, start: int = 0, stop: int | None = None) -> None:

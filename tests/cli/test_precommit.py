@@ -61,7 +61,7 @@ def test_each_checkpoint_is_checked_once_from_its_configs_and_headers(tmp_path, 
     read = []
     view = reader.SafetensorsFile.view
     monkeypatch.setattr(reader.SafetensorsFile, "view",
-                        lambda self, name: read.append(name) or view(self, name))
+                        lambda self, name, part=None: read.append(name) or view(self, name, part))
     files = staged(repo)
     assert checkpoints(files) == [Path("bad"), Path("good")]
     r = run(*files)

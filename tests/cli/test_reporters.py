@@ -12,7 +12,7 @@ from gptqfmt.cli.reporters import REPORTERS, with_exit_code
 from tests.support import CKPT, ROOT
 
 KINDS = ("inspect", "verify", "against", "reference", "convert", "fix_label", "doctor",
-         "failure")
+         "scan", "failure")
 
 
 def test_every_command_offers_the_reporters_formats():

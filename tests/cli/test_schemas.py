@@ -26,7 +26,7 @@ SCHEMAS = ROOT / "schemas"
 BUNDLE = load_script(ROOT / "scripts" / "bundle_schemas.py")
 SUFFIX = ".schema.json"
 # Which schema each command's --format json output must satisfy (README, gptqfmt/cli/*.py).
-OUTPUT_SCHEMAS = ("inspect", "report", "equivalence", "convert", "doctor")
+OUTPUT_SCHEMAS = ("inspect", "report", "equivalence", "convert", "doctor", "scan")
 
 # Subschema keywords of draft 2020-12: a single schema, a list of schemas, a map of schemas.
 ONE = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "contains",
@@ -72,7 +72,7 @@ def pointer(doc, fragment: str):
 def test_every_shipped_schema_is_found():
     assert {p.name.removesuffix(SUFFIX) for p in schema_files()} == {
         "convert", "doctor", "equivalence", "fix_label", "index", "inspect", "quantize_config",
-        "report"}
+        "report", "scan"}
 
 
 def undescribed(schema: dict) -> list[str]:
@@ -170,7 +170,7 @@ def test_a_home_edited_without_write_fails_check_and_write_updates_every_copy(fo
     old = '"description": "Stable finding code, e.g. GQ401."'
     assert report.count(old) == 1
     (folder / "report.schema.json").write_text(report.replace(old, '"description": "Changed."'))
-    users = {"convert", "doctor", "equivalence", "fix_label", "inspect"}  # use finding
+    users = {"convert", "doctor", "equivalence", "fix_label", "inspect", "scan"}  # use finding
     r = bundle(folder, "--check")
     assert r.returncode == 1 and r.stdout == ""
     assert {Path(ln.split(":")[0]).name.removesuffix(SUFFIX)
@@ -312,6 +312,7 @@ CASES = [
                               "{tmp}/fixed"], 0, "ok"),
     ("doctor-no-plan", "doctor", ["doctor", LOSSY_SRC, "--runtime", "sglang"], 1, "fail"),
     ("doctor-usage", "doctor", ["doctor", SINGLE, "--runtime", "nope"], 2, "error"),
+    ("scan-usage", "scan", ["scan"], 2, "error"),
 ]
 PROCESS = {"inspect-usage-unknown-option", "verify-usage-bad-value",
            "convert-usage-bad-value"}

@@ -12,10 +12,10 @@ CT_CKPT = FORMATS / "ct-b4-asym-g32"
 def test_the_exported_names():
     assert sorted(gptqfmt.__all__) == sorted([
         "CATALOGUE", "Checkpoint", "ConvertReport", "Detection", "Diagnosis", "NotRepresentable",
-        "convert", "convert_qzeros", "doctor", "Finding", "FindingError", "GptqfmtError",
-        "InspectResult", "Module",
-        "ModuleVerdict", "Report", "UsageError", "__version__", "detect", "inspect",
-        "open_checkpoint", "pack", "unpack", "validate"])
+        "convert", "convert_qzeros", "doctor", "doctor_remote", "Finding", "FindingError",
+        "GptqfmtError", "InspectResult", "Module", "ModuleVerdict", "RemoteError", "Report",
+        "ScanResult", "UsageError", "__version__", "detect", "inspect", "inspect_remote",
+        "open_checkpoint", "pack", "unpack", "scan", "validate"])
     assert all(hasattr(gptqfmt, n) for n in gptqfmt.__all__)
     assert list(pyinspect.signature(gptqfmt.convert).parameters)[:3] == ["src", "dst", "to"]
     assert list(pyinspect.signature(gptqfmt.detect).parameters) == ["path", "full"]

@@ -95,8 +95,9 @@ class Checkpoint:
         `format` instead, GQ209 and GQ212 say so)."""
         return self.config.runtime_convention if self.config else GPTQ
 
-    def view(self, tensor: str) -> np.ndarray:
-        return self.store.view(tensor)
+    def view(self, tensor: str, part: list[tuple[int, int]] | None = None) -> np.ndarray:
+        """The tensor's array; `part`: the byte ranges of it that will be read (TensorStore)."""
+        return self.store.view(tensor, part)
 
     @property
     def valid_modules(self) -> list[Module]:
@@ -177,6 +178,8 @@ def open_checkpoint(path: str | os.PathLike[str], store: TensorStore | None = No
     findings += cfg_findings
     found, others = _group(store, config)
     g_idx_written = config.g_idx_written if config else True
+    # what _infer reads, fetched together where the store is remote (nothing locally)
+    store.prefetch((m.tensors["g_idx"], None) for m in found if "g_idx" in m.tensors)
     modules = [_infer(m, store, findings, g_idx_written) for m in found]
     for m in modules:
         if m.declared is None and m.valid:

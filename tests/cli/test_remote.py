@@ -1,0 +1,423 @@
+"""inspect --remote, doctor --remote and scan against a local Hub (tests/hubserver.py): the same
+answer and document as on a local copy, few bytes and requests, and each network fault as one
+line (or one repo's GQ132), never a traceback or a partial verdict."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+
+from gptqfmt.safetensors_io import remote as remote_io
+from tests.hubserver import HubServer, Repo
+from tests.support import ROOT
+
+pytest.importorskip("huggingface_hub")
+
+CKPT = ROOT / "fixtures" / "ckpt"
+SCHEMAS = ROOT / "schemas"
+# single file, shards, act-order, 2/3/8 bits, both conventions, a mislabel, another format
+FIXTURES = ["b4-sym-noact-gptq_v2-single", "b2-asym-act-gptq-sharded",
+            "b3-asym-noact-gptq-single", "b8-sym-act-gptq_v2-sharded",
+            "mislabelled-b4-asym-gptq-as-v2", "mislabelled-b4-sym-v2-as-gptq",
+            "static-b4-asym-act-gptq_v2"]
+# zero points stored exactly: compressed-tensors and AutoAWQ (their readers read otherwise)
+OTHER_FORMATS = ["ct-b4-asym-g32", "awq-b4-g32-quant-config-sharded"]
+DOCTOR_ONLY = ["b4-asym-noact-gptq_v2-single", "rt-nodescact-b4-sym-gptq"]
+TOKEN = "hf_secret"
+
+
+def where(name: str) -> Path:
+    return ROOT / "fixtures" / ("formats" if name in OTHER_FORMATS else "ckpt") / name
+
+
+def schema(name: str) -> dict:
+    return json.loads((SCHEMAS / f"{name}.schema.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def hub():
+    repos = [Repo(f"org/{name}", where(name)) for name in FIXTURES + DOCTOR_ONLY + OTHER_FORMATS]
+    repos += [Repo("org/private", CKPT / FIXTURES[0], token=TOKEN),
+              Repo("org/gated", CKPT / FIXTURES[0], token=TOKEN, gated=True),
+              Repo("org/pinned", CKPT / FIXTURES[0], revisions={"v1.0": "ab" * 20})]
+    with HubServer(repos) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def endpoint(hub, monkeypatch, tmp_path):
+    """Every test talks to the local Hub only, with no token of the user's, and counts from
+    zero; the retries record their waits instead of sleeping."""
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    waits: list[float] = []
+    monkeypatch.setattr(remote_io, "sleep", waits.append)
+    hub.reset_counts()
+    hub.fail.clear()
+    hub.ignore_range = False
+    hub.etag_salt.clear()
+    hub.redirect_lfs = False
+    return waits
+
+
+def local_copy(name: str, into: Path, monkeypatch) -> str:
+    """The fixture copied to NAME under `into` (what `hf download --local-dir NAME` makes),
+    the working directory there: the path the remote document's commands name."""
+    shutil.copytree(where(name), into / name)
+    monkeypatch.chdir(into)
+    return name
+
+
+def ours(hub) -> list:
+    """The requests gptqfmt sent (huggingface_hub fetches its agent registry once a day on
+    its own, when it builds the headers)."""
+    return [q for q in hub.requests if not q.path.startswith("/api/agent")]
+
+
+def without(doc: dict, *keys: str) -> dict:
+    return {k: v for k, v in doc.items() if k not in keys}
+
+
+# ---------------------------------------------------------------- the same answer as locally
+
+@pytest.mark.parametrize("name", FIXTURES + OTHER_FORMATS)
+def test_inspect_remote_json_is_the_local_one(name, run_cli, tmp_path, monkeypatch, hub):
+    local = local_copy(name, tmp_path, monkeypatch)
+    r = run_cli("inspect", f"org/{name}", "--remote", "--format", "json")
+    here = run_cli("inspect", local, "--format", "json")
+    assert r.exit_code == here.exit_code, r.stderr
+    doc, ref = json.loads(r.stdout), json.loads(here.stdout)
+    jsonschema.validate(doc, schema("inspect"))
+    assert without(doc, "path", "remote") == without(ref, "path")
+    assert doc["path"] == f"org/{name}"
+    rec = doc["remote"]
+    assert rec["commit"] == hub.repos[f"org/{name}"].commit
+    assert rec["requests"] == len(ours(hub)) and rec["retries"] == 0
+    hub.wait_idle()
+    assert rec["bytes_read"] == sum(q.body_bytes for q in ours(hub))
+
+
+@pytest.mark.parametrize("name", ["mislabelled-b4-asym-gptq-as-v2", "b4-sym-noact-gptq_v2-single"])
+def test_inspect_remote_text_says_what_was_read(name, run_cli, tmp_path, monkeypatch, hub):
+    local = local_copy(name, tmp_path, monkeypatch)
+    r = run_cli("inspect", f"org/{name}@main", "--remote")
+    here = run_cli("inspect", local)
+    lines, ref = r.stdout.splitlines(), here.stdout.splitlines()
+    assert lines[0] == ref[0]      # the same verdict
+    commit = hub.repos[f"org/{name}"].commit
+    remote = next(ln for ln in lines if ln.startswith("remote "))
+    assert commit in remote and "read of" in remote
+    assert any(f"hf download org/{name} --revision {commit} --local-dir {name}" in ln
+               for ln in lines)
+    assert lines[-1].startswith(ref[-1].split("; ")[0]) and "read over HTTP" in lines[-1]
+    assert r.stderr == "" or "Traceback" not in r.stderr
+
+
+def test_redirected_files_and_revisions(run_cli, hub):
+    """Files behind the Hub's CDN redirect (LFS) are read the same; a tag and a commit name
+    the revision; a revision in the document is the one asked for."""
+    hub.redirect_lfs = True
+    name = FIXTURES[1]
+    by_branch = json.loads(run_cli("inspect", f"org/{name}", "--remote",
+                                   "--format", "json").stdout)
+    commit = hub.repos[f"org/{name}"].commit
+    by_commit = json.loads(run_cli("inspect", f"org/{name}@{commit}", "--remote",
+                                   "--format", "json").stdout)
+    assert without(by_branch, "path", "remote") == without(by_commit, "path", "remote")
+    assert by_commit["remote"]["revision"] == commit
+    assert any(r.path.startswith("/cdn/") for r in hub.requests)
+    r = run_cli("inspect", "org/pinned@v1.0", "--remote", "--format", "json")
+    assert r.exit_code in (0, 1) and json.loads(r.stdout)["remote"]["commit"] == "ab" * 20
+
+
+def test_library_call_and_no_litter(hub, monkeypatch, tmp_path):
+    import gptqfmt.ops.remote as ops_remote
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    result = ops_remote.inspect_remote(f"org/{FIXTURES[0]}")
+    assert result.ok and result.remote["repo_id"] == f"org/{FIXTURES[0]}"
+    assert result.to_json()["remote"] == result.remote
+    assert list(tmp_path.iterdir()) == []   # the mirror is gone
+    hub.fail.append((".safetensors", 404, {"X-Error-Code": "EntryNotFound"}))
+    with pytest.raises(remote_io.RemoteError):
+        ops_remote.inspect_remote(f"org/{FIXTURES[0]}")
+    assert list(tmp_path.iterdir()) == []   # and gone after an error too
+
+
+# ---------------------------------------------------------------- few bytes, few requests
+
+def llama_layer(root: Path, hidden: int = 4096, inter: int = 11008, layers: int = 1) -> int:
+    """A Llama-7B-shaped 4-bit, group-128 checkpoint of `layers` layers (one shard each) with
+    realistic codes; returns its bytes."""
+    from bench.synth import module
+    from gptqfmt.safetensors_io.writer import save_file
+
+    rng = np.random.default_rng(0)
+    linears = [("self_attn.q_proj", hidden, hidden), ("self_attn.k_proj", hidden, hidden),
+               ("self_attn.v_proj", hidden, hidden), ("self_attn.o_proj", hidden, hidden),
+               ("mlp.gate_proj", hidden, inter), ("mlp.up_proj", hidden, inter),
+               ("mlp.down_proj", inter, hidden)]
+    root.mkdir()
+    weight_map = {}
+    for i in range(layers):
+        tensors = {f"model.layers.{i}.{lin}.{role}": arr for lin, k, n in linears
+                   for role, arr in module(rng, k, n).items()}
+        name = f"model-{i + 1:05d}-of-{layers:05d}.safetensors"
+        save_file(tensors, root / name, {"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    q = {"bits": 4, "group_size": 128, "desc_act": False, "sym": False, "quant_method": "gptq",
+         "checkpoint_format": "gptq_v2"}
+    (root / "config.json").write_text(json.dumps({"model_type": "llama",
+                                                  "quantization_config": q}))
+    return sum(p.stat().st_size for p in root.iterdir())
+
+
+def test_bytes_and_requests_stay_small(run_cli, tmp_path, hub, monkeypatch):
+    root = tmp_path / "llama"
+    size = llama_layer(root, layers=2)
+    hub.add(Repo("org/llama", root))
+    r = run_cli("inspect", "org/llama", "--remote", "--format", "json", "--in-flight", "4")
+    doc = json.loads(r.stdout)
+    monkeypatch.chdir(tmp_path)
+    assert without(doc, "path", "remote") == without(
+        json.loads(run_cli("inspect", "llama", "--format", "json").stdout), "path")
+    rec = doc["remote"]
+    assert rec["checkpoint_bytes"] == size
+    assert rec["bytes_read"] < 0.02 * size, rec
+    # every module's reads coalesced: the API, 2 configs, 2 headers, then about ten requests
+    # per module (the sampled rows of the narrow ones are apart)
+    assert rec["requests"] <= 5 + 14 * 12, rec
+    served = [q for q in hub.requests if q.path.endswith(".safetensors")]
+    assert all(q.status == 206 for q in served)
+    assert max(q.body_bytes for q in served) <= remote_io.PIECE
+
+
+def test_in_flight_bound(hub, tmp_path):
+    """No more requests at once than asked, over every shard."""
+    from gptqfmt.ops.remote import inspect_remote
+
+    root = tmp_path / "llama"
+    llama_layer(root, hidden=1024, inter=2048, layers=3)
+    hub.add(Repo("org/small", root))
+    inspect_remote("org/small", remote_io.Hub(in_flight=2))
+    assert 1 <= hub.max_active <= 2
+
+
+# ---------------------------------------------------------------- faults
+
+def one_line_error(r, *words: str) -> str:
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def test_timeout(run_cli, hub, monkeypatch, endpoint):
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "0.2")
+    hub.hang = ".safetensors"
+    try:
+        one_line_error(run_cli("inspect", f"org/{FIXTURES[0]}", "--remote"),
+                       "no answer", "HF_HUB_DOWNLOAD_TIMEOUT")
+    finally:
+        hub.hang = None
+    assert len(endpoint) == remote_io.RETRIES   # retried with backoff, as huggingface_hub does
+    assert endpoint[:3] == [1.0, 2.0, 4.0]
+
+
+def test_private_repo_needs_the_token(run_cli, monkeypatch):
+    line = one_line_error(run_cli("inspect", "org/private", "--remote"),
+                          "org/private", "private", "hf auth login")
+    assert "401" in line
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    assert run_cli("inspect", "org/private", "--remote").exit_code == 0
+
+
+def test_gated_repo(run_cli, monkeypatch):
+    one_line_error(run_cli("inspect", "org/gated", "--remote"),
+                   "gated", "accept its conditions", "/org/gated", "hf auth login")
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    assert run_cli("inspect", "org/gated", "--remote").exit_code == 0
+
+
+@pytest.mark.parametrize("arg,words", [
+    ("org/nothing", ["no such repo"]),
+    (f"org/{FIXTURES[0]}@no-such-branch", ["no such revision"]),
+])
+def test_not_found(run_cli, arg, words):
+    one_line_error(run_cli("inspect", arg, "--remote"), *words)
+
+
+def test_file_not_found(run_cli, hub):
+    hub.fail.append(("config.json", 404, {"X-Error-Code": "EntryNotFound"}))
+    one_line_error(run_cli("inspect", f"org/{FIXTURES[0]}", "--remote"),
+                   "config.json", "no such file")
+
+
+def test_rate_limit_is_retried(run_cli, hub, endpoint):
+    hub.fail += [(".safetensors", 429, {"Retry-After": "0"})] * 2
+    r = run_cli("inspect", f"org/{FIXTURES[0]}", "--remote", "--format", "json")
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["remote"]["retries"] == 2
+    assert endpoint == [0.0, 0.0]      # Retry-After honoured
+    hub.fail += [("", 429, {})] * (remote_io.RETRIES + 1)
+    one_line_error(run_cli("inspect", f"org/{FIXTURES[0]}", "--remote"), "429", "wait")
+    assert endpoint[2:] == [1.0, 2.0, 4.0, 8.0, 8.0]
+
+
+def test_server_errors_are_retried(run_cli, hub):
+    hub.fail += [("/api/", 503, {}), (".safetensors", 502, {})]
+    assert run_cli("inspect", f"org/{FIXTURES[0]}", "--remote").exit_code == 0
+
+
+def test_server_ignoring_range_is_refused(run_cli, tmp_path, hub):
+    root = tmp_path / "llama"
+    size = llama_layer(root, hidden=2048, inter=4096)
+    hub.add(Repo("org/norange", root))
+    hub.ignore_range = True
+    one_line_error(run_cli("inspect", "org/norange", "--remote"),
+                   "ignores byte ranges", "--whole-files", "hf download org/norange")
+    hub.wait_idle()
+    assert hub.bytes_sent < size / 4    # the whole file was not read
+    hub.reset_counts()
+    r = run_cli("inspect", "org/norange", "--remote", "--whole-files", "--format", "json")
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["remote"]["bytes_read"] >= size
+
+
+def test_file_changed_between_reads(hub, tmp_path):
+    from gptqfmt.ops.inspect import inspect_checkpoint
+    from gptqfmt.ops.remote import mounted
+
+    llama_layer(tmp_path / "llama", hidden=1024, inter=2048, layers=2)
+    hub.add(Repo("org/pushed", tmp_path / "llama"))
+    with mounted("org/pushed") as mirror:   # the headers are read
+        for shard in mirror.shards:
+            hub.etag_salt[shard] = "pushed"
+        with pytest.raises(remote_io.RemoteError, match="changed while it was read"):
+            inspect_checkpoint(mirror.root)
+
+
+def test_offline_mode_and_bad_arguments(run_cli, monkeypatch):
+    one_line_error(run_cli("inspect", "not-a-repo-id", "--remote"), "ORG/NAME")
+    one_line_error(run_cli("inspect", "org/x", "--remote", "--download"), "one of them")
+    monkeypatch.setattr("huggingface_hub.constants.is_offline_mode", lambda: True)
+    one_line_error(run_cli("inspect", f"org/{FIXTURES[0]}", "--remote"), "HF_HUB_OFFLINE")
+
+
+def test_json_error_document(run_cli):
+    r = run_cli("inspect", "org/nothing", "--remote", "--format", "json")
+    assert r.exit_code == 2
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, schema("inspect"))
+    assert "no such repo" in doc["error"]
+
+
+# ---------------------------------------------------------------- doctor --remote
+
+@pytest.mark.parametrize("name,runtime", [
+    ("mislabelled-b4-asym-gptq-as-v2", "transformers"),
+    ("mislabelled-b4-sym-v2-as-gptq", "vllm"),
+    ("b4-sym-noact-gptq_v2-single", "vllm"),
+    ("b2-asym-act-gptq-sharded", "vllm"),
+    ("static-b4-asym-act-gptq_v2", "vllm"),
+    ("b4-asym-noact-gptq_v2-single", "vllm"),
+    ("rt-nodescact-b4-sym-gptq", "sglang"),
+    ("b3-asym-noact-gptq-single", "transformers"),
+])
+def test_doctor_remote(name, runtime, run_cli, tmp_path, monkeypatch, hub):
+    from gptqfmt.doctor import doctor
+
+    local = local_copy(name, tmp_path, monkeypatch)
+    r = run_cli("doctor", f"org/{name}", "--remote", "--runtime", runtime, "--format", "json")
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, schema("doctor"))
+    # the document of doctor's bounded reads on the local copy, a download step first
+    bounded = doctor(local, runtime, bounded=True).to_json()
+    steps = doc["plan"]["steps"]
+    if steps:
+        assert steps[0]["action"] == "download"
+        assert steps[0]["command"] == doc["remote"]["download"]
+        assert all(f" {name}" in s["command"] for s in steps)
+        doc["plan"]["steps"] = steps[1:]
+    assert without(doc, "path", "remote", "exit_code") == without(bounded, "path")
+    # and the answer of doctor's full reads
+    full = json.loads(run_cli("doctor", local, "--runtime", runtime, "--format",
+                              "json").stdout)
+    assert (doc["answer"], doc["headline"], doc["exit_code"]) == (
+        full["answer"], full["headline"], full["exit_code"])
+    assert [s["command"] for s in doc["plan"]["steps"]] == [
+        s["command"] for s in full["plan"]["steps"]]
+
+
+def test_doctor_remote_text_and_fix_refused(run_cli):
+    name = "rt-nodescact-b4-sym-gptq"
+    r = run_cli("doctor", f"org/{name}", "--remote", "--runtime", "vllm")
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("FAIL: ") and lines[1].startswith("why: ")
+    assert f"  1. hf download org/{name} --revision" in r.stdout
+    assert f"gptqfmt fix-label {name}" in r.stdout
+    one_line_error(run_cli("doctor", f"org/{name}", "--remote", "--fix", "out"),
+                   "--fix writes a local copy")
+
+
+# ---------------------------------------------------------------- scan
+
+def test_scan(run_cli, tmp_path, hub):
+    names = [f"org/{n}" for n in FIXTURES] + ["org/nothing", "org/private"]
+    listing = tmp_path / "repos.txt"
+    listing.write_text("# to audit\n" + "\n".join(names[2:]) + "\n\n")
+    r = run_cli("scan", *names[:2], "--file", listing, "--jobs", "3", "--format", "json")
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, schema("scan"))
+    assert [x["repo"] for x in doc["repos"]] == names
+    by = {x["repo"]: x for x in doc["repos"]}
+    assert by["org/nothing"]["status"] == "unreadable"
+    assert by["org/nothing"]["findings"][0]["code"] == "GQ132"
+    assert by["org/private"]["status"] == "unreadable"
+    assert by["org/mislabelled-b4-asym-gptq-as-v2"]["status"] == "fail"
+    assert by[f"org/{FIXTURES[0]}"]["status"] == "ok"
+    for n in FIXTURES:   # each the answer inspect --remote gives
+        one = json.loads(run_cli("inspect", f"org/{n}", "--remote", "--format", "json").stdout)
+        assert by[f"org/{n}"]["status"] == one["status"]
+        assert by[f"org/{n}"]["summary"] == one["summary"]
+        assert by[f"org/{n}"]["commit"] == one["remote"]["commit"]
+    t = doc["totals"]
+    assert (t["repos"], t["unreadable"]) == (len(names), 2)
+    assert t["ok"] + t["fail"] == len(FIXTURES)
+
+
+def test_scan_text_github_sarif(run_cli, hub):
+    names = [f"org/{FIXTURES[0]}", "org/mislabelled-b4-asym-gptq-as-v2", "org/nothing"]
+    text = run_cli("scan", *names).stdout.splitlines()
+    assert text[0] == "FAIL: 2 of 3 repos: 1 fail inspect, 1 cannot be read"
+    assert text[-1].startswith("FAIL: ") and "3 repos: 1 ok, 1 fail, 1 unreadable" in text[-1]
+    rows = text[1:-1]
+    assert [row.split()[:2] for row in rows] == [["OK", names[0]], ["FAIL", names[1]],
+                                                 ["ERROR", names[2]]]
+    gh = run_cli("scan", *names, "--format", "github").stdout.splitlines()
+    commit = hub.repos[names[1]].commit
+    assert any(ln.startswith("::error file=") and f"/{names[1]}/blob/{commit}/config.json" in ln
+               for ln in gh)
+    assert any("GQ132" in ln and "no such repo" in ln for ln in gh)
+    sarif = json.loads(run_cli("scan", *names, "--format", "sarif").stdout)
+    uris = [loc["physicalLocation"]["artifactLocation"]["uri"]
+            for res in sarif["runs"][0]["results"] for loc in res.get("locations", [])
+            if "physicalLocation" in loc]
+    assert any(u.startswith(hub.endpoint) and "/blob/" in u for u in uris)
+
+
+def test_scan_needs_repos(run_cli):
+    r = run_cli("scan")
+    assert r.exit_code == 2 and "no repo to scan" in r.stderr
