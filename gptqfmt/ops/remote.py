@@ -15,8 +15,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
-from ..errors import UsageError
+from ..errors import FindingError, UsageError
+from ..findings import Finding
 from ..formats.configs import CONFIG_FILES
+from ..safetensors_io.foreign import weights_name
 from ..safetensors_io.hub import REPO_ID, download_command
 from ..safetensors_io.mirror import Mirror
 from ..safetensors_io.remote import Hub
@@ -34,11 +36,28 @@ def parse_repo(arg: str) -> tuple[str, str]:
 
 @contextmanager
 def mounted(arg: str, hub: Hub | None = None) -> Iterator[Mirror]:
-    """The repo `arg` names, mirrored for the length of the with block."""
+    """The repo `arg` names, mirrored for the length of the with block. A repo with no
+    safetensors file to read is a GQ128 of the repo; an error raised inside names the repo's
+    files as the repo has them (`NAME/...`), not the mirror's."""
     repo_id, revision = parse_repo(arg)
     mirror = Mirror.open(repo_id, revision, hub=hub, configs=CONFIG_FILES)
     try:
-        yield mirror
+        if not mirror.shards:
+            weights = sorted(n for n in mirror.files if weights_name(n))
+            held = f"; it holds {', '.join(weights[:3])}" + (
+                f" and {len(weights) - 3} more" if len(weights) > 3 else "") if weights else ""
+            raise FindingError(Finding(
+                "GQ128", f"no *.safetensors file at the top level of the repo at commit "
+                f"{mirror.commit}{held}", file=arg,
+                hint="gptqfmt reads safetensors checkpoints; convert the weights to safetensors "
+                "first" if weights else None))
+        old = os.fspath(mirror.holder) + os.sep
+        try:
+            yield mirror
+        except FindingError as e:
+            raise FindingError(*rebased(e.findings, old, "")) from None
+        except UsageError as e:
+            raise UsageError(str(e).replace(old, "")) from None
     finally:
         mirror.close()
 

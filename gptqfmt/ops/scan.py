@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import GptqfmtError
+from ..errors import FindingError, GptqfmtError
 from ..findings import ERROR, Finding
 from ..safetensors_io.remote import IN_FLIGHT, Hub
 from .remote import inspect_remote
@@ -34,6 +34,7 @@ class RepoResult:
     findings: list[Finding]
     modules: int | None = None
     remote: dict[str, Any] | None = None
+    fetched: tuple[int, int] = (0, 0)   # (bytes, requests), also of a repo not read through
 
     def to_json(self) -> dict[str, Any]:
         return {"repo": self.repo, "status": self.status, "reason": self.reason,
@@ -59,12 +60,12 @@ class ScanResult:
         return [f for r in self.repos for f in r.findings]
 
     def totals(self) -> dict[str, Any]:
-        read = [r.remote for r in self.repos if r.remote]
         return {"repos": len(self.repos), "ok": self.count(OK), "fail": self.count(FAIL),
                 "unreadable": self.count(UNREADABLE),
-                "bytes_read": sum(x["bytes_read"] for x in read),
-                "checkpoint_bytes": sum(x["checkpoint_bytes"] for x in read),
-                "requests": sum(x["requests"] for x in read)}
+                "bytes_read": sum(r.fetched[0] for r in self.repos),
+                "checkpoint_bytes": sum(r.remote["checkpoint_bytes"] for r in self.repos
+                                        if r.remote),
+                "requests": sum(r.fetched[1] for r in self.repos)}
 
     def to_json(self) -> dict[str, Any]:
         return {"tool": tool_json(), "status": "ok" if self.ok else "fail",
@@ -94,11 +95,14 @@ def scan(repos: list[str], jobs: int = JOBS, in_flight: int = IN_FLIGHT,
     why = reason or _reason
 
     def one(repo: str) -> RepoResult:
+        hub = None
         try:
             hub = Hub(in_flight=in_flight, gate=gate, whole_files=whole_files)
             result = inspect_remote(repo, hub)
-        except GptqfmtError as e:
-            r = RepoResult(repo, UNREADABLE, str(e), [Finding("GQ132", str(e), file=None)])
+        except FindingError as e:   # read, and not a checkpoint gptqfmt can read through
+            r = RepoResult(repo, FAIL, e.findings[0].one_line(), e.findings)
+        except GptqfmtError as e:   # not read: access, a missing repo, the network
+            r = RepoResult(repo, UNREADABLE, str(e), [Finding("GQ132", str(e))])
         else:
             assert result.remote is not None
             base = (f"{result.remote['endpoint']}/{result.remote['repo_id']}/blob/"
@@ -107,6 +111,8 @@ def scan(repos: list[str], jobs: int = JOBS, in_flight: int = IN_FLIGHT,
                        for f in result.findings]
             r = RepoResult(repo, OK if result.ok else FAIL, why(result), located,
                            len(result.source.modules), result.remote)
+        if hub is not None:
+            r.fetched = (hub.stats.bytes, hub.stats.requests)
         if on_repo is not None:
             on_repo(r)
         return r

@@ -40,8 +40,12 @@ def schema(name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def hub():
-    repos = [Repo(f"org/{name}", where(name)) for name in FIXTURES + DOCTOR_ONLY + OTHER_FORMATS]
+def hub(tmp_path_factory):
+    pickled = tmp_path_factory.mktemp("pickled")
+    (pickled / "config.json").write_text('{"model_type": "llama"}')
+    (pickled / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not read")
+    repos = [Repo("org/pickled", pickled)] + [
+        Repo(f"org/{name}", where(name)) for name in FIXTURES + DOCTOR_ONLY + OTHER_FORMATS]
     repos += [Repo("org/private", CKPT / FIXTURES[0], token=TOKEN),
               Repo("org/gated", CKPT / FIXTURES[0], token=TOKEN, gated=True),
               Repo("org/pinned", CKPT / FIXTURES[0], revisions={"v1.0": "ab" * 20})]
@@ -315,6 +319,13 @@ def test_offline_mode_and_bad_arguments(run_cli, monkeypatch):
     one_line_error(run_cli("inspect", f"org/{FIXTURES[0]}", "--remote"), "HF_HUB_OFFLINE")
 
 
+def test_a_repo_without_safetensors(run_cli):
+    r = run_cli("inspect", "org/pickled", "--remote")
+    assert r.exit_code == 1
+    assert "org/pickled: GQ128 no *.safetensors file at the top level of the repo" in r.stdout
+    assert "it holds pytorch_model.bin" in r.stdout and "gptqfmt-remote" not in r.stdout
+
+
 def test_json_error_document(run_cli):
     r = run_cli("inspect", "org/nothing", "--remote", "--format", "json")
     assert r.exit_code == 2
@@ -374,11 +385,13 @@ def test_doctor_remote_text_and_fix_refused(run_cli):
 # ---------------------------------------------------------------- scan
 
 def test_scan(run_cli, tmp_path, hub):
-    names = [f"org/{n}" for n in FIXTURES] + ["org/nothing", "org/private"]
+    names = [f"org/{n}" for n in FIXTURES] + ["org/nothing", "org/private", "org/pickled"]
     listing = tmp_path / "repos.txt"
     listing.write_text("# to audit\n" + "\n".join(names[2:]) + "\n\n")
     r = run_cli("scan", *names[:2], "--file", listing, "--jobs", "3", "--format", "json")
     assert r.exit_code == 1
+    hub.wait_idle()
+    served = ours(hub)
     doc = json.loads(r.stdout)
     jsonschema.validate(doc, schema("scan"))
     assert [x["repo"] for x in doc["repos"]] == names
@@ -387,6 +400,8 @@ def test_scan(run_cli, tmp_path, hub):
     assert by["org/nothing"]["findings"][0]["code"] == "GQ132"
     assert by["org/private"]["status"] == "unreadable"
     assert by["org/mislabelled-b4-asym-gptq-as-v2"]["status"] == "fail"
+    assert by["org/pickled"]["status"] == "fail"      # read: no checkpoint there
+    assert by["org/pickled"]["findings"][0]["code"] == "GQ128"
     assert by[f"org/{FIXTURES[0]}"]["status"] == "ok"
     for n in FIXTURES:   # each the answer inspect --remote gives
         one = json.loads(run_cli("inspect", f"org/{n}", "--remote", "--format", "json").stdout)
@@ -395,7 +410,10 @@ def test_scan(run_cli, tmp_path, hub):
         assert by[f"org/{n}"]["commit"] == one["remote"]["commit"]
     t = doc["totals"]
     assert (t["repos"], t["unreadable"]) == (len(names), 2)
-    assert t["ok"] + t["fail"] == len(FIXTURES)
+    assert t["ok"] + t["fail"] == len(FIXTURES) + 1
+    assert t["requests"] == len(served)   # every request counted, of repos not read too
+    # the bodies read (an error's few bytes of JSON are not: its status and headers say it)
+    assert t["bytes_read"] == sum(q.body_bytes for q in served if q.status < 400)
 
 
 def test_scan_text_github_sarif(run_cli, hub):
