@@ -6,7 +6,8 @@ process), against a local inspect of the same files in the same run.
    real-data codes; about 37 GB, built once into --keep DIR) served as one repo: `gptqfmt
    inspect DIR` and `gptqfmt inspect ORG/NAME --remote`, each in its own process, with the
    bytes and requests the server answered, the time, the peak RSS and whether the two JSON
-   documents are the same (but for `path` and `remote`).
+   documents are the same (but for `path` and `remote`); then `doctor --remote --runtime vllm`
+   against the local doctor (which reads every byte, as verify does).
 2. `gptqfmt scan` over --repos repos: the shipped GPTQ fixtures under distinct names, and one in
    fifty missing (a 404 each), with the requests, the time and the peak RSS.
 
@@ -83,6 +84,13 @@ def main() -> None:
         hub.wait_idle()
         served = [q for q in hub.requests if not q.path.startswith("/api/agent")]
         served_bytes = sum(q.body_bytes for q in served)
+        hub.reset_counts()
+        doc_s, doc_rss, doc = run_json(["doctor", f"bench/{name}", "--remote", "--runtime",
+                                        "vllm"], env, tmp / "doctor.json")
+        hub.wait_idle()
+        doc_served = [q for q in hub.requests if not q.path.startswith("/api/agent")]
+    full_s, full_rss, full = run_json(["doctor", name, "--runtime", "vllm"], env,
+                                      tmp / "doctor-local.json")
     same = strip(remote) == strip(local)
     rec = remote["remote"]
     rows.append(("inspect, local copy", f"{local_s:.2f} s", f"{local_rss / 1024:.0f} MiB",
@@ -93,6 +101,15 @@ def main() -> None:
                  f"{len(served)}", remote["status"] + (", same document" if same else
                                                       ", DIFFERENT document")))
     assert rec["bytes_read"] == served_bytes and rec["requests"] == len(served), rec
+    db = sum(q.body_bytes for q in doc_served)
+    same_answer = (doc["answer"], doc["headline"]) == (full["answer"], full["headline"])
+    rows.append(("doctor, local copy (verify's reads: every byte)", f"{full_s:.2f} s",
+                 f"{full_rss / 1024:.0f} MiB", "-", "-", full["answer"]))
+    rows.append(("doctor --remote --runtime vllm", f"{doc_s:.2f} s", f"{doc_rss / 1024:.0f} MiB",
+                 f"{db / 1e6:.1f} MB ({100 * db / size:.2f}%)", f"{len(doc_served)}",
+                 doc["answer"] + (", same answer and plan" if same_answer and [
+                     x["command"] for x in doc["plan"]["steps"][1:]] == [
+                     x["command"] for x in full["plan"]["steps"]] else ", DIFFERENT answer")))
 
     # 2. scan over many repos
     fixtures = sorted(p for p in CKPT.iterdir()

@@ -155,6 +155,26 @@ def test_library_call_and_no_litter(hub, monkeypatch, tmp_path):
     assert list(tmp_path.iterdir()) == []   # and gone after an error too
 
 
+def test_an_interrupt_removes_the_mirror(hub, monkeypatch, tmp_path):
+    """Ctrl-C (or a signal the boundary turns into one) while shards are read: the mirror
+    goes, and the interrupt reaches the caller."""
+    import gptqfmt.ops.remote as ops_remote
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    fetch, calls = remote_io.Filler.fetch, []
+
+    def interrupted(self, a, b):
+        calls.append((a, b))
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return fetch(self, a, b)
+
+    monkeypatch.setattr(remote_io.Filler, "fetch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ops_remote.inspect_remote(f"org/{FIXTURES[1]}")
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---------------------------------------------------------------- few bytes, few requests
 
 def llama_layer(root: Path, hidden: int = 4096, inter: int = 11008, layers: int = 1) -> int:
@@ -380,6 +400,19 @@ def test_doctor_remote_text_and_fix_refused(run_cli):
     assert f"gptqfmt fix-label {name}" in r.stdout
     one_line_error(run_cli("doctor", f"org/{name}", "--remote", "--fix", "out"),
                    "--fix writes a local copy")
+
+
+def test_ci_formats_locate_findings_on_the_hub(run_cli, hub):
+    name = "mislabelled-b4-asym-gptq-as-v2"
+    page = f"/org/{name}/blob/{hub.repos[f'org/{name}'].commit}/config.json"
+    for argv in (["inspect", f"org/{name}", "--remote"],
+                 ["doctor", f"org/{name}", "--remote", "--runtime", "transformers"]):
+        gh = run_cli(*argv, "--format", "github").stdout.splitlines()
+        assert any(ln.startswith("::error file=http") and page in ln for ln in gh), gh
+        sarif = json.loads(run_cli(*argv, "--format", "sarif").stdout)
+        uris = [loc["physicalLocation"]["artifactLocation"]["uri"]
+                for res in sarif["runs"][0]["results"] for loc in res.get("locations", [])]
+        assert f"{hub.endpoint}{page}" in uris
 
 
 # ---------------------------------------------------------------- scan
