@@ -79,14 +79,14 @@ class _CiReporter(Reporter):
     def emit(self, o: Outcome) -> None:
         raise NotImplementedError
 
-    def located(self, result: InspectResult | Diagnosis) -> str | None:
+    def _located(self, result: InspectResult | Diagnosis) -> str | None:
         """Where the result's findings are: the checkpoint, or for a repo read over HTTP
         the Hub's pages of its files (the boundary's target)."""
         return self.target if result.remote is not None else result.path
 
     def inspect(self, result: InspectResult, code: int) -> None:
         doc = result.to_json()
-        self.emit(Outcome("inspect", self.located(result), code,
+        self.emit(Outcome("inspect", self._located(result), code,
                           _final(inspect_lines(result, doc)),
                           list(result.findings), [m["name"] for m in doc["modules"]]))
 
@@ -126,7 +126,7 @@ class _CiReporter(Reporter):
         where = "config.json" if d.verdict is not None else None
         found = list(d.blocking) + (runtime_findings([d.verdict], where)
                                     if d.verdict is not None else [])
-        self.emit(Outcome("doctor", self.located(result), code, _final(doctor_lines(result)),
+        self.emit(Outcome("doctor", self._located(result), code, _final(doctor_lines(result)),
                           [f for f in found if f.code != "GQ606"]))
 
     def scan(self, result: ScanResult, code: int) -> None:
