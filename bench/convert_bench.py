@@ -17,7 +17,7 @@ With `--to compressed-tensors` the source is gptq_v2 and convert re-lays out eve
 (transposed into weight_packed), scales and qzeros, writes new headers and an index, and its gate
 compares every module in the one model; the plain script has no counterpart there and is left out.
 
-    python bench/convert_bench.py [--layers 5|20] [--to gptq_v2|compressed-tensors]
+    python bench/convert_bench.py [--layers 5|20] [--to gptq_v2|compressed-tensors] [--from awq]
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from synth import build  # noqa: E402
+from synth import build, build_awq  # noqa: E402
 
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent across exec.
 RSS = ("import runpy, sys, time\n"
@@ -97,8 +97,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=5)
     ap.add_argument("--to", choices=("gptq_v2", "compressed-tensors"), default="gptq_v2")
+    ap.add_argument("--from", dest="src", choices=("gptq", "awq"), default="gptq",
+                    help="awq: the source is AutoAWQ GEMM (synth.build_awq), converted to "
+                         "--to compressed-tensors")
     args = ap.parse_args()
     formats = args.to != "gptq_v2"
+    if args.src == "awq" and not formats:
+        raise SystemExit("--from awq converts --to compressed-tensors")
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -112,7 +117,8 @@ def main():
                        capture_output=True)  # compiles gptqfmt's bytecode once, untimed
         src = tmp / "src"
         src.mkdir()
-        qbytes = build(src, args.layers, convention="gptq_v2" if formats else "gptq")
+        qbytes = build_awq(src, args.layers) if args.src == "awq" else \
+            build(src, args.layers, convention="gptq_v2" if formats else "gptq")
         size = sum(p.stat().st_size for p in src.iterdir())
         subprocess.run(["sync"], check=True)
         res = {}
@@ -143,7 +149,8 @@ def main():
                 shutil.rmtree(dst)
                 subprocess.run(["sync"], check=True)
             res[name] = best
-        how = "gptq_v2 -> compressed-tensors" if formats else "gptq -> gptq_v2"
+        how = ("AutoAWQ GEMM" if args.src == "awq" else "gptq_v2") + " -> compressed-tensors" \
+            if formats else "gptq -> gptq_v2"
         print(f"checkpoint: {args.layers} shards, {size / 1e9:.2f} GB ({qbytes / 1e9:.2f} GB of "
               f"qweight), {how}, warm page cache, best of 2")
         for name, (secs, rss) in res.items():

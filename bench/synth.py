@@ -57,3 +57,44 @@ def build(root: Path, layers: int, convention: str = "gptq_v2", act_order: bool 
                                                   "quantization_config": q}, indent=2))
     (root / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {}}}))
     return qbytes
+
+
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]   # AutoAWQ GEMM: nibble i of a word holds channel 8c + this
+
+
+def awq_words(codes: np.ndarray) -> np.ndarray:
+    """AutoAWQ GEMM's packing of codes [R, N] into words [R, N/8] (int32)."""
+    r, n = codes.shape
+    c = codes.reshape(r, n // 8, 8)[:, :, AWQ_ORDER].astype(np.uint32)
+    return (c << (4 * np.arange(8, dtype=np.uint32))).sum(-1, dtype=np.uint32).view(np.int32)
+
+
+def build_awq(root: Path, layers: int) -> int:
+    """`layers` layers of the 70B shape as AutoAWQ GEMM writes them (qweight [K, N/8], qzeros
+    [K/128, N/8], scales [K/128, N]), one shard each, with transformers' AwqConfig in
+    config.json; the same codes as build(). Returns the qweight bytes."""
+    rng = np.random.default_rng(0)
+    weight_map, qbytes = {}, 0
+    for i in range(layers):
+        tensors = {}
+        for lin, k, n in LINEARS:
+            zero = rng.integers(3, 13, n)
+            codes = np.clip(zero + np.round(rng.standard_t(4, (POOL_ROWS, n)) * 2.0), 0, 15)
+            p = f"model.layers.{i}.{lin}"
+            tensors[f"{p}.qweight"] = np.tile(awq_words(codes.astype(np.uint8)),
+                                              (k // POOL_ROWS, 1))
+            g = k // GS
+            tensors[f"{p}.qzeros"] = awq_words(np.broadcast_to(zero, (g, n)).astype(np.uint8))
+            tensors[f"{p}.scales"] = (rng.random((g, n), np.float32) * 0.01
+                                      + 0.001).astype(np.float16)
+            qbytes += tensors[f"{p}.qweight"].nbytes
+        tensors[f"model.layers.{i}.input_layernorm.weight"] = np.ones(HIDDEN, np.float16)
+        name = f"model-{i + 1:05d}-of-{layers:05d}.safetensors"
+        save_file(tensors, root / name, {"format": "pt"})
+        weight_map.update({t: name for t in tensors})
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    q = {"quant_method": "awq", "version": "gemm", "bits": BITS, "group_size": GS,
+         "zero_point": True}
+    (root / "config.json").write_text(json.dumps({"model_type": "llama",
+                                                  "quantization_config": q}, indent=2))
+    return qbytes

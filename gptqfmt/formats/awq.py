@@ -31,7 +31,7 @@ from ..bits.packing import constant_words, pack
 from ..findings import Finding
 from ..safetensors_io.index import TensorStore
 from .model import AWQ, QuantModule, discover
-from .relayout import AWQ_BITS, awq_fields
+from .relayout import AWQ_BITS, awq_fields, awq_qweight_to_gptq
 from .source import ExactSource
 
 # AutoAWQ's exllama, exllamav2 and ipex versions store GEMM's tensors and repack at load time;
@@ -134,7 +134,7 @@ class AwqSource(ExactSource):
                            names)
 
     def qweight(self, m: QuantModule) -> np.ndarray:
-        return pack(awq_fields(self.store.view(m.tensors["qweight"])), AWQ_BITS, 32, axis=0)
+        return awq_qweight_to_gptq(self.store.view(m.tensors["qweight"]))
 
     def qzeros(self, m: QuantModule) -> np.ndarray:
         return pack(awq_fields(self.store.view(m.tensors["qzeros"])), AWQ_BITS, 32, axis=1)

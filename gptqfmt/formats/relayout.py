@@ -76,6 +76,49 @@ def awq_fields(words: np.ndarray) -> np.ndarray:
         nibbles.reshape(r, n // 8, 8)[:, :, list(AWQ_INVERSE)].reshape(r, n))
 
 
+# The three delta swaps that transpose an 8 x 8 matrix of nibbles held as 8 words (word a,
+# nibble i): (shift, mask, rows a) swapping nibble block (a, high) with (a + shift / 4, low)
+_NIBBLE_TRANSPOSE = ((16, 0x0000FFFF, 4), (8, 0x00FF00FF, 2), (4, 0x0F0F0F0F, 1))
+
+
+def awq_qweight_to_gptq(words: np.ndarray, workers: int | None = None) -> np.ndarray:
+    """AutoAWQ qweight [K, N/8] -> GPTQ qweight [K/8, N] (int32), on the words, with no
+    unpacking: rows 8r..8r+7 of word column c are an 8 x 8 matrix of nibbles (row k, nibble i:
+    the code of channel 8c + AWQ_ORDER[i] at input k), whose transpose is, in row i, GPTQ's
+    word (r, 8c + AWQ_ORDER[i]) (nibble k: input 8r + k). The transpose is three delta swaps
+    (16-, 8-, then 4-bit blocks between rows 4, 2, then 1 apart), a few integer operations a
+    word; BLOCK rows of words at a time, on `workers` threads.
+
+        >>> rows = np.array([[0x75316420 + 0x11111111 * k] for k in range(8)], np.uint32)
+        >>> hex(int(awq_qweight_to_gptq(rows.view(np.int32)).view(np.uint32)[0, 3]))
+        '0xa9876543'
+
+    (channel 3 sits in nibble 5 of every row: 3 + k at input k.)"""
+    w = np.asarray(words).view(np.uint32)
+    k, c = w.shape
+    if k % 8:
+        raise ValueError(f"AWQ qweight has {k} rows; 4-bit GPTQ packs 8 rows to a word")
+    blocks3 = w.reshape(k // 8, 8, c)
+    out = np.empty((k // 8, c, 8), dtype=np.uint32)   # (r, c, channel within the word)
+
+    def part(i: int) -> None:
+        x = blocks3[i:i + BLOCK].copy()
+        r = len(x)
+        for shift, mask, apart in _NIBBLE_TRANSPOSE:
+            pairs = x.reshape(r, 8 // (2 * apart), 2, apart, c)
+            a, b = pairs[:, :, 0], pairs[:, :, 1]
+            t = np.right_shift(a, np.uint32(shift))
+            np.bitwise_xor(t, b, out=t)
+            np.bitwise_and(t, np.uint32(mask), out=t)
+            np.bitwise_xor(b, t, out=b)
+            np.left_shift(t, np.uint32(shift), out=t)
+            np.bitwise_xor(a, t, out=a)
+        for slot, channel in enumerate(AWQ_ORDER):   # row `slot` holds that channel
+            out[i:i + BLOCK, :, channel] = x[:, slot, :]
+    blocks(part, k // 8, w.nbytes, workers)
+    return out.reshape(k // 8, c * 8).view(np.int32)
+
+
 def padded_to_dense(words: np.ndarray, bits: int, values: int, axis: int,
                     workers: int | None = None) -> np.ndarray:
     """compressed-tensors' padded rows (up to 0.17) of `values` values along `axis` as the

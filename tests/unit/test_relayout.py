@@ -31,6 +31,33 @@ def test_awq_layout_matches_the_slow_writer():
     assert np.array_equal(relayout.awq_fields(words), codes)
 
 
+@pytest.mark.parametrize("k,n", [(8, 8), (16, 24), (64, 1024), (2056, 56), (4096, 8)])
+def test_awq_qweight_to_gptq_is_the_slow_relayout(k, n):
+    """The word transpose (three delta swaps) against make_formats.py's writer and the
+    unpack-permute-pack reading it replaces, on random codes of every channel and row."""
+    rng = np.random.default_rng(k + n)
+    codes = rng.integers(0, 16, (k, n)).astype(np.uint8)
+    words = FGEN.awq_pack(codes).view(np.int32)
+    got = relayout.awq_qweight_to_gptq(words, workers=2)
+    assert got.dtype == np.int32 and got.flags.c_contiguous
+    assert np.array_equal(got, pack(codes, 4, 32, axis=0))
+    assert np.array_equal(got, pack(relayout.awq_fields(words), 4, 32, axis=0))
+
+
+def test_awq_qweight_to_gptq_in_blocks_on_threads():
+    """Many blocks of rows (BLOCK at a time, on threads past PARALLEL_BYTES) give the words a
+    single pass gives, on random words (every bit pattern, not only valid codes)."""
+    rng = np.random.default_rng(7)
+    words = rng.integers(0, 1 << 32, (8 * (relayout.BLOCK * 3 + 5), 700),
+                         dtype=np.uint64).astype(np.uint32).view(np.int32)
+    assert words.nbytes > relayout.PARALLEL_BYTES
+    ref = pack(relayout.awq_fields(words), 4, 32, axis=0)
+    assert np.array_equal(relayout.awq_qweight_to_gptq(words, workers=2), ref)
+    assert np.array_equal(relayout.awq_qweight_to_gptq(words, workers=1), ref)
+    with pytest.raises(ValueError, match="12 rows"):
+        relayout.awq_qweight_to_gptq(words[:12])
+
+
 @needs_ct
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_ct_words_are_gptq_words_transposed(bits):
