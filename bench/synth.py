@@ -35,14 +35,15 @@ def module(rng, k, n, convention="gptq_v2", act_order=False):
     return {"qweight": qweight, "qzeros": qzeros, "scales": scales, "g_idx": g_idx}
 
 
-def build(root: Path, layers: int, convention: str = "gptq_v2", act_order: bool = False) -> int:
-    """Write `layers` layers, one shard each, with configs; returns the qweight bytes."""
+def write_layers(root: Path, layers: int, make) -> int:
+    """`layers` layers of LINEARS, one shard each, with the index; `make(rng, k, n)` gives a
+    module's tensors by role. Returns the qweight bytes."""
     rng = np.random.default_rng(0)
     weight_map, qbytes = {}, 0
     for i in range(layers):
         tensors = {}
         for lin, k, n in LINEARS:
-            for role, arr in module(rng, k, n, convention, act_order).items():
+            for role, arr in make(rng, k, n).items():
                 tensors[f"model.layers.{i}.{lin}.{role}"] = arr
             qbytes += tensors[f"model.layers.{i}.{lin}.qweight"].nbytes
         tensors[f"model.layers.{i}.input_layernorm.weight"] = np.ones(HIDDEN, np.float16)
@@ -50,6 +51,13 @@ def build(root: Path, layers: int, convention: str = "gptq_v2", act_order: bool 
         save_file(tensors, root / name, {"format": "pt"})
         weight_map.update({t: name for t in tensors})
     (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return qbytes
+
+
+def build(root: Path, layers: int, convention: str = "gptq_v2", act_order: bool = False) -> int:
+    """Write `layers` layers, one shard each, with configs; returns the qweight bytes."""
+    qbytes = write_layers(root, layers,
+                          lambda rng, k, n: module(rng, k, n, convention, act_order))
     q = {"bits": BITS, "group_size": GS, "desc_act": act_order, "sym": False,
          "quant_method": "gptq", "format": convention, "checkpoint_format": convention}
     (root / "quantize_config.json").write_text(json.dumps(q, indent=2))
@@ -69,30 +77,21 @@ def awq_words(codes: np.ndarray) -> np.ndarray:
     return (c << (4 * np.arange(8, dtype=np.uint32))).sum(-1, dtype=np.uint32).view(np.int32)
 
 
+def awq_module(rng, k, n):
+    """One module as AutoAWQ GEMM writes it, with the codes module() draws."""
+    zero = rng.integers(3, 13, n)
+    codes = np.clip(zero + np.round(rng.standard_t(4, (POOL_ROWS, n)) * 2.0), 0, 15)
+    g = k // GS
+    return {"qweight": np.tile(awq_words(codes.astype(np.uint8)), (k // POOL_ROWS, 1)),
+            "qzeros": awq_words(np.broadcast_to(zero, (g, n)).astype(np.uint8)),
+            "scales": (rng.random((g, n), np.float32) * 0.01 + 0.001).astype(np.float16)}
+
+
 def build_awq(root: Path, layers: int) -> int:
     """`layers` layers of the 70B shape as AutoAWQ GEMM writes them (qweight [K, N/8], qzeros
     [K/128, N/8], scales [K/128, N]), one shard each, with transformers' AwqConfig in
-    config.json; the same codes as build(). Returns the qweight bytes."""
-    rng = np.random.default_rng(0)
-    weight_map, qbytes = {}, 0
-    for i in range(layers):
-        tensors = {}
-        for lin, k, n in LINEARS:
-            zero = rng.integers(3, 13, n)
-            codes = np.clip(zero + np.round(rng.standard_t(4, (POOL_ROWS, n)) * 2.0), 0, 15)
-            p = f"model.layers.{i}.{lin}"
-            tensors[f"{p}.qweight"] = np.tile(awq_words(codes.astype(np.uint8)),
-                                              (k // POOL_ROWS, 1))
-            g = k // GS
-            tensors[f"{p}.qzeros"] = awq_words(np.broadcast_to(zero, (g, n)).astype(np.uint8))
-            tensors[f"{p}.scales"] = (rng.random((g, n), np.float32) * 0.01
-                                      + 0.001).astype(np.float16)
-            qbytes += tensors[f"{p}.qweight"].nbytes
-        tensors[f"model.layers.{i}.input_layernorm.weight"] = np.ones(HIDDEN, np.float16)
-        name = f"model-{i + 1:05d}-of-{layers:05d}.safetensors"
-        save_file(tensors, root / name, {"format": "pt"})
-        weight_map.update({t: name for t in tensors})
-    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    config.json. Returns the qweight bytes."""
+    qbytes = write_layers(root, layers, awq_module)
     q = {"quant_method": "awq", "version": "gemm", "bits": BITS, "group_size": GS,
          "zero_point": True}
     (root / "config.json").write_text(json.dumps({"model_type": "llama",
