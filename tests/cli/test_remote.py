@@ -48,7 +48,8 @@ def hub(tmp_path_factory):
         Repo(f"org/{name}", where(name)) for name in FIXTURES + DOCTOR_ONLY + OTHER_FORMATS]
     repos += [Repo("org/private", CKPT / FIXTURES[0], token=TOKEN),
               Repo("org/gated", CKPT / FIXTURES[0], token=TOKEN, gated=True),
-              Repo("org/pinned", CKPT / FIXTURES[0], revisions={"v1.0": "ab" * 20})]
+              Repo("org/pinned", CKPT / FIXTURES[0],
+                   revisions={"v1.0": "ab" * 20, "refs/pr/7": "cd" * 20})]
     with HubServer(repos) as server:
         yield server
 
@@ -137,8 +138,31 @@ def test_redirected_files_and_revisions(run_cli, hub):
     assert without(by_branch, "path", "remote") == without(by_commit, "path", "remote")
     assert by_commit["remote"]["revision"] == commit
     assert any(r.path.startswith("/cdn/") for r in hub.requests)
-    r = run_cli("inspect", "org/pinned@v1.0", "--remote", "--format", "json")
-    assert r.exit_code in (0, 1) and json.loads(r.stdout)["remote"]["commit"] == "ab" * 20
+    for rev, commit in (("v1.0", "ab" * 20), ("refs/pr/7", "cd" * 20)):
+        r = run_cli("inspect", f"org/pinned@{rev}", "--remote", "--format", "json")
+        assert r.exit_code == 0 and json.loads(r.stdout)["remote"]["commit"] == commit
+
+
+def test_a_header_longer_than_the_first_read(run_cli, tmp_path, monkeypatch, hub):
+    """A header past the first read of a shard (64 KiB: a long __metadata__, or thousands of
+    tensors) is read in a second request; the answer is still the local one."""
+    from safetensors.numpy import load_file
+
+    from gptqfmt.safetensors_io.writer import save_file
+
+    src = CKPT / FIXTURES[0]
+    root = tmp_path / "long-header"
+    shutil.copytree(src, root)
+    save_file(load_file(src / "model.safetensors"), root / "model.safetensors",
+              {"format": "pt", "note": "x" * (3 * remote_io.HEAD_GUESS)})
+    hub.add(Repo("org/long-header", root))
+    r = run_cli("inspect", "org/long-header", "--remote", "--format", "json")
+    monkeypatch.chdir(tmp_path)
+    here = run_cli("inspect", "long-header", "--format", "json")
+    assert without(json.loads(r.stdout), "path", "remote") == without(
+        json.loads(here.stdout), "path")
+    reads = [q.range for q in hub.requests_for("model.safetensors")]
+    assert reads[0] == f"bytes=0-{remote_io.HEAD_GUESS - 1}" and len(reads) >= 2
 
 
 def test_library_call_and_no_litter(hub, monkeypatch, tmp_path):
