@@ -156,6 +156,8 @@ class Hub:
                                       f"{_first_line(e)}; check the network, the proxy "
                                       "(HTTPS_PROXY) or HF_ENDPOINT") from None
                 status = None
+            except http.HTTPError as e:   # too many redirects, a body that cannot be decoded
+                raise RemoteError(f"{what}: {type(e).__name__}: {_first_line(e)}") from None
             if status is not None and tries > RETRIES:
                 if status == 429:
                     raise RemoteError(f"{what}: the Hub limits the request rate (429) and "

@@ -323,6 +323,14 @@ def test_rate_limit_is_retried(run_cli, hub, endpoint):
     assert endpoint[2:] == [1.0, 2.0, 4.0, 8.0, 8.0]
 
 
+def test_a_redirect_loop(run_cli, hub):
+    name = FIXTURES[0]
+    path = f"/org/{name}/resolve/{hub.repos[f'org/{name}'].commit}/model.safetensors"
+    hub.fail += [(".safetensors", 302, {"Location": path})] * 30
+    one_line_error(run_cli("inspect", f"org/{name}", "--remote"), "model.safetensors",
+                   "TooManyRedirects")
+
+
 def test_server_errors_are_retried(run_cli, hub):
     hub.fail += [("/api/", 503, {}), (".safetensors", 502, {})]
     assert run_cli("inspect", f"org/{FIXTURES[0]}", "--remote").exit_code == 0
