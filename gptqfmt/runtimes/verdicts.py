@@ -23,6 +23,7 @@ from ..detection.decide import AMBIGUOUS, ModuleVerdict
 from ..detection.pool import Detection
 from ..findings import CATALOGUE, Finding
 from ..formats.gptq.checkpoint import Checkpoint, Module
+from ..formats.model import is_lm_head
 from ..parallel import bounded_map, cpus
 from ..safetensors_io.dtypes import to_float32
 from . import rules as rt
@@ -79,7 +80,8 @@ class Scenario:
                        **self._act_order(cfg))
 
     def module(self, facts: rt.Facts) -> rt.Facts:
-        return replace(facts, **self._act_order(facts))
+        changes = self._act_order(facts)
+        return replace(facts, **changes) if changes else facts
 
     def _act_order(self, facts: rt.Facts) -> dict[str, Any]:
         return {"desc_act": False} if self.no_act_order else {}
@@ -456,10 +458,16 @@ def _module_refusals(cfg: rt.Facts, mods: list[Module], paths: list[rt.Path],
     """id(path) -> what its module rules refuse, for each of `paths`: each module's facts
     built once and tested against every path, then dropped."""
     out = {id(p): _Refused() for p in paths}
+    # a rule reads a module's name only to ask whether it is an lm_head: modules alike in
+    # everything else (a mixture of experts' thousands) are judged once
+    judged: dict[tuple[Any, ...], list[list[tuple[rt.Rule, str]]]] = {}
     for m in mods:
         facts = scenario.module(module_facts(cfg, m))
-        for p in paths:
-            fails = _failures(p.requires, facts)
+        alike = (*(v for k, v in vars(facts).items() if k != "name"), is_lm_head(m.name))
+        per_path = judged.get(alike)
+        if per_path is None:
+            per_path = judged[alike] = [_failures(p.requires, facts) for p in paths]
+        for p, fails in zip(paths, per_path):
             if not fails:
                 continue
             r = out[id(p)]

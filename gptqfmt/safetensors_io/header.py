@@ -203,7 +203,7 @@ def _strict_int(text: str) -> int:
 
 def _check_text(s: str, path: str) -> None:
     """Lone surrogates (\\ud800 escapes) are not Unicode text; the reference refuses them."""
-    if any("\ud800" <= ch <= "\udfff" for ch in s):
+    if not s.isascii() and any("\ud800" <= ch <= "\udfff" for ch in s):
         _fail("GQ105", path, None, "header is not valid JSON: a string holds a lone surrogate "
               "escape")
 

@@ -183,6 +183,25 @@ def test_invalid_index(ckpt, text, code):
     assert e.value.finding.code == code
 
 
+@pytest.mark.parametrize("doc", [
+    {"weight_map": {}}, {"weight_map": {"a": "s.safetensors"}, "metadata": [1, "x"]},
+    {"weight_map": {"a": 1}}, {"weight_map": {"a": None}}, {"weight_map": {"a": ["s"]}},
+    {"weight_map": "s"}, {"weight_map": None}, {"metadata": {}}, [], "x", 3, None])
+def test_the_index_is_accepted_exactly_when_its_schema_is(tmp_path, doc):
+    """The reader's quick check of a valid index says what the schema says, on every kind
+    of document (the schema names what is wrong where the check fails)."""
+    from gptqfmt.resources import validator
+    from gptqfmt.safetensors_io.index import _read_index
+
+    path = tmp_path / INDEX_NAME
+    path.write_text(json.dumps(doc))
+    if validator("index").is_valid(doc):
+        assert _read_index(path)[0] == doc["weight_map"]
+    else:
+        with pytest.raises(FindingError, match="GQ120"):
+            _read_index(path)
+
+
 def test_corrupt_shard_is_a_finding_and_others_still_read(ckpt):
     p = ckpt / "model-00003-of-00003.safetensors"
     p.write_bytes(p.read_bytes()[:100])
