@@ -214,12 +214,13 @@ def _refuse_lone_shard(p: Path) -> None:
 def _open_indexed(root: Path) -> TensorStore:
     store = TensorStore(root, {}, {}, index_name=INDEX_NAME)
     weight_map, declared_total = _read_index(root / INDEX_NAME)
-    bad_names = sorted({s for s in weight_map.values() if not safe_shard_name(s)})
+    named = set(weight_map.values())   # a few shards, each named by thousands of tensors
+    bad_names = sorted(s for s in named if not safe_shard_name(s))
     for s in bad_names:
         store.findings.append(Finding(
             "GQ121", f"shard name {s!r} is not a plain file name in the checkpoint directory",
             file=INDEX_NAME, hint="shard names may not contain '/', '\\' or '..'"))
-    shard_names = sorted({s for s in weight_map.values() if safe_shard_name(s)})
+    shard_names = sorted(s for s in named if safe_shard_name(s))
     per_shard = Counter(weight_map.values())
     for s in shard_names:
         if not (root / s).is_file():

@@ -307,8 +307,17 @@ def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding],
     decl = m.declared or ModuleConfig()
     if "g_idx" in m.tensors:
         g_idx = store.view(m.tensors["g_idx"])
-        gs, why = layout.group_size_from_g_idx(g_idx, groups)
-        if gs is not None:
+        # nearly every g_idx is arange(K) // group_size, with group_size what the groups say:
+        # then that is the group size, with no act-order (group_size_from_g_idx's answer, at
+        # one comparison; a mixture of experts has tens of thousands)
+        even = -1 if groups == 1 else -(-k // groups)
+        if layout.n_groups(k, even) == groups and \
+                np.array_equal(g_idx, layout.trivial_g_idx(k, even)):
+            gs, why = even, None
+            geo["act_order"] = False
+        else:
+            gs, why = layout.group_size_from_g_idx(g_idx, groups)
+        if gs is not None and "act_order" not in geo:
             geo["act_order"] = not np.array_equal(g_idx, layout.trivial_g_idx(k, gs))
         # modules are read one after another: their pages are dropped, so that resident
         # memory stays one module's, whatever the module count
