@@ -311,6 +311,7 @@ def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding],
         # then that is the group size, with no act-order (group_size_from_g_idx's answer, at
         # one comparison; a mixture of experts has tens of thousands)
         even = -1 if groups == 1 else -(-k // groups)
+        gs: int | None
         if layout.n_groups(k, even) == groups and \
                 np.array_equal(g_idx, layout.trivial_g_idx(k, even)):
             gs, why = even, None
