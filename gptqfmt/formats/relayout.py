@@ -42,17 +42,23 @@ AWQ_BITS = 4
 
 PARALLEL_BYTES = 16 << 20   # below this a transpose runs in the calling thread
 BLOCK = 256                 # columns moved (or compared) per step: a cache-sized strided read
+# rows of a BLOCK moved at once: a tile of BLOCK x TILE words is read and written within the
+# caches (a whole BLOCK of a 1024-row qweight, moved at once, ran at 0.7 GB/s on two threads;
+# tiles of 32 rows at 1.3 to 1.5 GB/s)
+TILE = 32
 
 
 def transposed(words: np.ndarray, workers: int | None = None) -> np.ndarray:
     """A C-contiguous int32 copy of words.T (GPTQ <-> compressed-tensors, both directions),
-    BLOCK columns at a time, on `workers` threads (default: the CPUs this process may use;
-    numpy's copies release the GIL)."""
+    BLOCK columns at a time, TILE rows of them at once, on `workers` threads (default: the
+    CPUs this process may use; numpy's copies release the GIL)."""
     w = np.asarray(words).view(np.int32)
     out = np.empty(w.shape[::-1], dtype=np.int32)
 
     def part(i: int) -> None:
-        out[i:i + BLOCK] = w[:, i:i + BLOCK].T
+        src, dst = w[:, i:i + BLOCK], out[i:i + BLOCK]
+        for r in range(0, src.shape[0], TILE):
+            dst[:, r:r + TILE] = src[r:r + TILE].T
     blocks(part, w.shape[1] if w.ndim == 2 else 0, w.nbytes, workers)
     return out
 

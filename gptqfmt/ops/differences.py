@@ -17,7 +17,7 @@ import numpy as np
 from ..bits.packing import unsigned
 from ..formats import QuantModule, Source
 from ..formats.configs import CONFIG_JSON, CONFIG_KEY, TGI_SCALARS
-from ..formats.relayout import BLOCK, blocks
+from ..formats.relayout import BLOCK, TILE, blocks
 
 CMP_CHUNK = 4 << 20    # bytes of each side compared per step
 SIDES = ("SRC", "DST")
@@ -60,8 +60,12 @@ def codes_differ(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> i
         a, b = b, a   # a: the one model's [K*bits/32, N]; b: its transpose as stored
     if a.shape != b.shape[::-1]:
         return -1
-    return sum(blocks(lambda n: int(np.count_nonzero(a[:, n:n + BLOCK] != b[n:n + BLOCK].T)),
-                      a.shape[1], a.nbytes))
+
+    def part(n: int) -> int:   # BLOCK columns, TILE rows of them at once (as transposed)
+        left, right = a[:, n:n + BLOCK], b[n:n + BLOCK]
+        return sum(int(np.count_nonzero(left[r:r + TILE] != right[:, r:r + TILE].T))
+                   for r in range(0, left.shape[0], TILE))
+    return sum(blocks(part, a.shape[1], a.nbytes))
 
 
 def field_differences(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> list[str]:
