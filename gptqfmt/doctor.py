@@ -287,10 +287,13 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
           dst: str | os.PathLike[str] | None, report: Result,
           progress: Progress | None = None, bounded: bool = False) -> Plan:
     plan = Plan()
-    scales = not bounded
 
     def judge(scenario: Scenario) -> RuntimeVerdict:
-        return _judge(ckpt, det, entry, version, capability, scenario, scales)
+        # the weight change (scales) only where a verdict's words are shown: not bounded
+        return _judge(ckpt, det, entry, version, capability, scenario, not bounded)
+
+    def serves(scenario: Scenario) -> bool:   # a yes or no needs no scales
+        return _serves(_judge(ckpt, det, entry, version, capability, scenario, False))
 
     truth = det.verdict if det.verdict != AMBIGUOUS else None
     relabel = _relabel(path, det)
@@ -302,7 +305,7 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
         plan.tried.append("the data do not decide between gptq and gptq_v2, so no plan can "
                           "be judged; if you know which they are: `gptqfmt fix-label "
                           f"{p} --to gptq` (or gptq_v2), then doctor again")
-        plan.elsewhere = _elsewhere(report, entry, ckpt, det, capability, scales)
+        plan.elsewhere = _elsewhere(report, entry, ckpt, det, capability)
         return plan
     if relabel:
         v = judge(Scenario(label=truth, no_act_order=act, drop_legacy=True))
@@ -316,14 +319,14 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
                 plan.steps = [Step("copy", f"gptqfmt convert {p} {d} --from {truth} --to {truth}",
                                    f"writes a copy labelled {truth} (proven equal before it is "
                                    "kept)", truth, truth)]
-                if act and not _serves(judge(Scenario(label=truth, drop_legacy=True))):
+                if act and not serves(Scenario(label=truth, drop_legacy=True)):
                     plan.steps.append(Step("fix-label", f"gptqfmt fix-label {d}",
                                            "rewrites desc_act false (no g_idx reorders)", truth))
             plan.expect = _answer(v, entry, version, 0)[1]
             return plan
         plan.tried.append(f"fix-label ({what}): " + _short(v))
     other = GPTQ_V2 if truth == GPTQ else GPTQ
-    why_not = _lossless(src, det, truth, other, progress, full=scales)
+    why_not = _lossless(src, det, truth, other, progress, full=not bounded)
     if why_not:
         plan.tried.append(f"convert to {other}: {why_not}")
     else:
@@ -358,7 +361,7 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
             plan.tried.append(f"convert --to compressed-tensors: {route.name}: {fails}")
         else:
             why_ct = _lossless(src, det, truth, "compressed-tensors", progress,
-                               full=scales)
+                               full=not bounded)
             if why_ct:
                 plan.tried.append(f"convert --to compressed-tensors: {why_ct}")
             else:
@@ -369,7 +372,7 @@ def _plan(ckpt: Checkpoint, det: Detection, src: Source, entry: rt.Runtime,
                 plan.expect = (f"{route.name} will load it and compute the right weights "
                                f"({route.how})")
                 return plan
-    plan.elsewhere = _elsewhere(report, entry, ckpt, det, capability, scales)
+    plan.elsewhere = _elsewhere(report, entry, ckpt, det, capability)
     return plan
 
 
@@ -411,11 +414,11 @@ def _short(v: RuntimeVerdict) -> str:
 
 
 def _elsewhere(report: Result, entry: rt.Runtime, ckpt: Checkpoint, det: Detection,
-               capability: int, scales: bool = True) -> list[str]:
+               capability: int) -> list[str]:
     """The versions of the same runtime, then the other runtimes, that serve it as it is."""
     out = []
     for other, since, before in _version_spans(entry):
-        v = _judge(ckpt, det, other, since, capability, NONE, scales)
+        v = _judge(ckpt, det, other, since, capability, NONE, scales=False)   # serves or not
         if _serves(v):
             out.append(f"{other.name.split(' (')[0]} {_span(since, before)}")
     seen = {e.id for e in family_entries(entry.family)}
