@@ -56,11 +56,18 @@ def transposed(words: np.ndarray, workers: int | None = None) -> np.ndarray:
     out = np.empty(w.shape[::-1], dtype=np.int32)
 
     def part(i: int) -> None:
-        src, dst = w[:, i:i + BLOCK], out[i:i + BLOCK]
-        for r in range(0, src.shape[0], TILE):
-            dst[:, r:r + TILE] = src[r:r + TILE].T
+        dst = out[i:i + BLOCK]
+        for r, tile in tiles(w[:, i:i + BLOCK]):
+            dst[:, r:r + TILE] = tile
     blocks(part, w.shape[1] if w.ndim == 2 else 0, w.nbytes, workers)
     return out
+
+
+def tiles(block: np.ndarray):
+    """(r, block[r:r + TILE].T) down a block of columns: its transpose, TILE rows at a time
+    (the order transposed() moves, and a transposed comparison reads, within the caches)."""
+    for r in range(0, block.shape[0], TILE):
+        yield r, block[r:r + TILE].T
 
 
 def blocks(fn, n: int, nbytes: int, workers: int | None = None) -> list:

@@ -17,7 +17,7 @@ import numpy as np
 from ..bits.packing import unsigned
 from ..formats import QuantModule, Source
 from ..formats.configs import CONFIG_JSON, CONFIG_KEY, TGI_SCALARS
-from ..formats.relayout import BLOCK, TILE, blocks
+from ..formats.relayout import BLOCK, blocks, tiles
 
 CMP_CHUNK = 4 << 20    # bytes of each side compared per step
 SIDES = ("SRC", "DST")
@@ -62,9 +62,9 @@ def codes_differ(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> i
         return -1
 
     def part(n: int) -> int:   # BLOCK columns, TILE rows of them at once (as transposed)
-        left, right = a[:, n:n + BLOCK], b[n:n + BLOCK]
-        return sum(int(np.count_nonzero(left[r:r + TILE] != right[:, r:r + TILE].T))
-                   for r in range(0, left.shape[0], TILE))
+        right = b[n:n + BLOCK]
+        return sum(int(np.count_nonzero(right[:, r:r + tile.shape[1]] != tile))
+                   for r, tile in tiles(a[:, n:n + BLOCK]))
     return sum(blocks(part, a.shape[1], a.nbytes))
 
 
