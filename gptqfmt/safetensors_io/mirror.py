@@ -64,10 +64,6 @@ class Mirror:
                    self.files[name]).fetch(0, self.files[name])
         parallel(one, names, self.hub.in_flight)
 
-    def what(self, name: str | None = None) -> str:
-        at = f"{self.repo_id}@{self.commit[:12]}"
-        return f"{at}: {name}" if name else at
-
     def prefetch(self, ranges: dict[str, list[tuple[int, int]]]) -> None:
         """Fetch byte ranges of several shards ({file name: [(start, stop)]}) in parallel."""
         fetch_all([(f, r) for n, r in ranges.items() if (f := self.filler(n)) is not None])
@@ -81,9 +77,6 @@ class Mirror:
         the configs."""
         return sum(self.files[n] for n in self.shards) + sum(
             s for n, s in self.files.items() if n.endswith(".json") and "/" not in n)
-
-    def describe(self) -> str:
-        return f"{self.repo_id}@{self.revision} (commit {self.commit})"
 
     def close(self) -> None:
         for n in self.shards:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.hubserver import HubServer, Repo
-from tests.support import CKPT
+from tests.support import CKPT, git_blob_id
 
 hh = pytest.importorskip("huggingface_hub", reason="the [hub] extra (in [test])")
 httpx2 = pytest.importorskip("httpx2", reason="huggingface_hub's HTTP client")
@@ -35,10 +36,6 @@ PR = "c" * 40  # the commit refs/pr/1 points at
 TOKEN = "hf_test_token"
 
 
-def git_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -50,7 +47,7 @@ def lfs_pointer(data: bytes) -> bytes:
 
 def etag_of(data: bytes, name: str) -> str:
     """The ETag the Hub gives a file: its sha256 when stored with LFS, else its git sha1."""
-    return sha256(data) if name.endswith(".safetensors") else git_sha1(data)
+    return sha256(data) if name.endswith(".safetensors") else git_blob_id(data)
 
 
 @pytest.fixture(autouse=True)
@@ -110,9 +107,9 @@ def test_model_info_gives_the_commit_and_every_file_with_its_size(hub, repo_id, 
             pointer = lfs_pointer(data)
             assert (s.lfs.sha256, s.lfs.size, s.lfs.pointer_size) == \
                 (sha256(data), len(data), len(pointer))
-            assert s.blob_id == git_sha1(pointer)
+            assert s.blob_id == git_blob_id(pointer)
         else:
-            assert s.lfs is None and s.blob_id == git_sha1(data)
+            assert s.lfs is None and s.blob_id == git_blob_id(data)
     [req] = hub.requests_for(f"/api/models/{repo_id}")
     assert (req.method, req.status) == ("GET", 200)
 
@@ -125,7 +122,7 @@ def test_the_commit_comes_from_the_repo_id_and_the_files(tmp_path):
     (root / "sub").mkdir()
     (root / "sub" / "a.txt").write_bytes(b"a")
     repo = Repo("org/m", root)
-    assert len(repo.commit) == 40 and int(repo.commit, 16) >= 0
+    assert re.fullmatch(r"[0-9a-f]{40}", repo.commit)
     assert list(repo.files) == sorted([p.name for p in SINGLE.iterdir()] + ["sub/a.txt"])
     assert Repo("org/m", root).commit == repo.commit
     assert Repo("org/other", root).commit != repo.commit
@@ -197,7 +194,7 @@ def test_the_headers_are_the_hubs(hub, client):
     assert r.headers["Content-Type"] == "application/octet-stream"
     config = (SINGLE / "config.json").read_bytes()
     r = client.head(url(hub, "org/single", "config.json"))
-    assert r.headers["ETag"] == f'"{git_sha1(config)}"'
+    assert r.headers["ETag"] == f'"{git_blob_id(config)}"'
     assert r.headers["Content-Length"] == str(len(config))
     assert "X-Linked-Etag" not in r.headers and "X-Linked-Size" not in r.headers
     for r in (client.get(url(hub, "org/single", "config.json")),

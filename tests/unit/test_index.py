@@ -10,7 +10,7 @@ import pytest
 from gptqfmt.errors import FindingError, UsageError
 from gptqfmt.formats.gptq.checkpoint import open_checkpoint
 from gptqfmt.safetensors_io import save_file
-from gptqfmt.safetensors_io.index import INDEX_NAME, open_store
+from gptqfmt.safetensors_io.index import INDEX_NAME, _read_index, open_store
 from tests.support import CKPT
 
 SRC = CKPT / "b4-sym-noact-gptq_v2-sharded"
@@ -183,23 +183,27 @@ def test_invalid_index(ckpt, text, code):
     assert e.value.finding.code == code
 
 
-@pytest.mark.parametrize("doc", [
-    {"weight_map": {}}, {"weight_map": {"a": "s.safetensors"}, "metadata": [1, "x"]},
-    {"weight_map": {"a": 1}}, {"weight_map": {"a": None}}, {"weight_map": {"a": ["s"]}},
-    {"weight_map": "s"}, {"weight_map": None}, {"metadata": {}}, [], "x", 3, None])
-def test_the_index_is_accepted_exactly_when_its_schema_is(tmp_path, doc):
-    """The reader's quick check of a valid index says what the schema says, on every kind
-    of document (the schema names what is wrong where the check fails)."""
+@pytest.mark.parametrize("doc,where", [
+    ({"weight_map": {}}, None), ({"weight_map": {"a": "s.safetensors"}, "metadata": [1]}, None),
+    ({"weight_map": {"a": 1}}, "weight_map.a"), ({"weight_map": {"a": None}}, "weight_map.a"),
+    ({"weight_map": {"b": "s", "a": ["s"]}}, "weight_map.a"), ({"weight_map": "s"}, "weight_map"),
+    ({"weight_map": None}, "weight_map"), ({"metadata": {}}, "(top level)"),
+    ([], "(top level)"), ("x", "(top level)"), (3, "(top level)"), (None, "(top level)")])
+def test_the_index_is_accepted_exactly_when_its_schema_is(tmp_path, doc, where):
+    """The reader's quick check of a valid index accepts exactly what the schema does (the
+    schema's verdict is the parameter's own), and where it fails the schema names the place."""
     from gptqfmt.resources import validator
-    from gptqfmt.safetensors_io.index import _read_index
 
+    assert validator("index").is_valid(doc) == (where is None)
     path = tmp_path / INDEX_NAME
     path.write_text(json.dumps(doc))
-    if validator("index").is_valid(doc):
+    if where is None:
         assert _read_index(path)[0] == doc["weight_map"]
     else:
-        with pytest.raises(FindingError, match="GQ120"):
+        with pytest.raises(FindingError) as e:
             _read_index(path)
+        assert e.value.finding.code == "GQ120"
+        assert e.value.finding.message.startswith(f"{where}: ")
 
 
 def test_corrupt_shard_is_a_finding_and_others_still_read(ckpt):

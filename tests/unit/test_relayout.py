@@ -38,7 +38,7 @@ def test_awq_qweight_to_gptq_is_the_slow_relayout(k, n):
     rng = np.random.default_rng(k + n)
     codes = rng.integers(0, 16, (k, n)).astype(np.uint8)
     words = FGEN.awq_pack(codes).view(np.int32)
-    got = relayout.awq_qweight_to_gptq(words, workers=2)
+    got = relayout.awq_qweight_to_gptq(words)
     assert got.dtype == np.int32 and got.flags.c_contiguous
     assert np.array_equal(got, pack(codes, 4, 32, axis=0))
     assert np.array_equal(got, pack(relayout.awq_fields(words), 4, 32, axis=0))
