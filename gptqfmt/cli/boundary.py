@@ -131,9 +131,10 @@ class Outputs:
 
     def locate_remote(self, remote: dict) -> None:
         """Findings of a repo read over HTTP are located at its files' pages on the Hub."""
-        base = f"{remote['endpoint']}/{remote['repo_id']}/blob/{remote['commit']}"
+        from ..ops.remote import blob_url
+
         for rep in self.all:
-            rep.target = base
+            rep.target = blob_url(remote)
 
     @property
     def progress(self) -> bool:
@@ -221,15 +222,23 @@ DOWNLOAD_OPTION = click.option(
          "huggingface_hub; without it nothing is downloaded.")
 
 
+def http_options(in_flight: int, limit: int, what: str = "With --remote: "):
+    """--whole-files and --in-flight (default `in_flight`, at most `limit`): how a repo is read
+    over HTTP range requests."""
+    def add(fn):
+        fn = click.option(
+            "--in-flight", "in_flight", type=click.IntRange(1, limit), default=in_flight,
+            show_default=True, help=f"{what}the most HTTP requests in flight at once.")(fn)
+        return click.option(
+            "--whole-files", "whole_files", is_flag=True,
+            help=f"{what}where the server ignores byte ranges (it would send whole files), "
+                 "read whole files instead of stopping.")(fn)
+    return add
+
+
 def remote_options(fn):
-    """--remote, --whole-files and --in-flight: a Hub repo read over HTTP range requests."""
-    fn = click.option(
-        "--in-flight", "in_flight", type=click.IntRange(1, 64), default=8, show_default=True,
-        help="With --remote: the most HTTP requests in flight at once.")(fn)
-    fn = click.option(
-        "--whole-files", "whole_files", is_flag=True,
-        help="With --remote: where the server ignores byte ranges (it would send whole "
-             "files), read whole files instead of stopping.")(fn)
+    """--remote with http_options: a Hub repo read over HTTP range requests."""
+    fn = http_options(8, 64)(fn)
     return click.option(
         "--remote", is_flag=True,
         help="PATH is a Hugging Face repo id (ORG/NAME[@REVISION]) read on the Hub over HTTP "

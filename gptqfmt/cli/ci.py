@@ -34,6 +34,7 @@ from ..findings import CATALOGUE, ERROR, WARNING, Finding
 from ..formats.configs import FILES
 from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
+from ..ops.remote import blob_url
 from ..ops.scan import ScanResult
 from ..ops.verify import Report
 from ..runtimes.verdicts import runtime_findings
@@ -64,6 +65,12 @@ class Outcome:
     modules: list[str] = field(default_factory=list)
     strict: bool = False
     message: str | None = None   # why the command stopped (exit 2, 3, a signal)
+    # per finding, the checkpoint its file is relative to, where they differ (scan: each
+    # repo's files' pages on the Hub); `target` for all where None
+    targets: list[str | None] | None = None
+
+    def target_of(self, i: int) -> str | None:
+        return self.targets[i] if self.targets is not None else self.target
 
     def fails(self, f: Finding) -> bool:
         return f.severity == ERROR or self.strict and f.severity == WARNING
@@ -130,8 +137,11 @@ class _CiReporter(Reporter):
                           [f for f in found if f.code != "GQ606"]))
 
     def scan(self, result: ScanResult, code: int) -> None:
-        self.emit(Outcome("scan", None, code, _final(scan_lines(result)), result.findings,
-                          [r.repo for r in result.repos]))
+        located = [(blob_url(r.remote) if r.remote else None, f)
+                   for r in result.repos for f in r.findings]
+        self.emit(Outcome("scan", None, code, _final(scan_lines(result)),
+                          [f for _, f in located], [r.repo for r in result.repos],
+                          targets=[t for t, _ in located]))
 
     def failure(self, status: str, code: int, findings: Sequence[Finding] = (),
                 message: str | None = None) -> None:
@@ -205,14 +215,14 @@ class GithubReporter(_CiReporter):
     SUMMARY_ROWS = 200           # a job summary is limited to 1 MiB
 
     def emit(self, o: Outcome) -> None:
-        for f in o.findings:
+        for i, f in enumerate(o.findings):
             text = escape(f.message) + (f" (hint: {escape(f.hint)})" if f.hint else "")
             file, key = physical(f.file)
             for inside in (f.tensor, key):   # each put in front: key, tensor, message
                 if inside:
                     text = f"{escape(inside)}: {text}"
             self.echo(gh_command(GITHUB_LEVEL[f.severity], text,
-                                 file=escape(artifact(o.target, file)) if file else None,
+                                 file=escape(artifact(o.target_of(i), file)) if file else None,
                                  title=f"{f.code} {CATALOGUE[f.code].title}"))
         if o.message:
             self.echo(gh_command("error", escape(o.message), title="gptqfmt"))
@@ -258,9 +268,9 @@ def sarif_rules() -> list[dict]:
              "properties": {"severity": c.severity}} for c in CATALOGUE.values()]
 
 
-def _sarif_location(o: Outcome, f: Finding) -> dict:
+def _sarif_location(target: str | None, f: Finding) -> dict:
     file, key = physical(f.file)
-    path = artifact(o.target, file)
+    path = artifact(target, file)
     loc: dict = {}
     if path is not None and "://" in path:
         loc["physicalLocation"] = {"artifactLocation": {"uri": path}}
@@ -282,11 +292,11 @@ def _sarif_location(o: Outcome, f: Finding) -> dict:
 
 def sarif_log(o: Outcome) -> dict:
     results = []
-    for f in o.findings:
+    for i, f in enumerate(o.findings):
         r = {"ruleId": f.code, "ruleIndex": RULE_IDS.index(f.code),
              "level": SARIF_LEVEL[f.severity],
              "message": {"text": f.message + (f" (hint: {f.hint})" if f.hint else "")}}
-        loc = _sarif_location(o, f)
+        loc = _sarif_location(o.target_of(i), f)
         if loc:
             r["locations"] = [loc]
         props = {k: v for k, v in (("hint", f.hint), ("details", f.details)) if v}

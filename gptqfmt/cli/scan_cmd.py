@@ -1,10 +1,12 @@
 """`gptqfmt scan REPO...`: inspect many Hugging Face repos over HTTP, one line each."""
 from __future__ import annotations
 
+import itertools
+
 import click
 
 from ..errors import UsageError
-from .boundary import guarded
+from .boundary import guarded, http_options
 
 
 @click.command("scan", short_help="Inspect many Hugging Face repos on the Hub without "
@@ -14,11 +16,7 @@ from .boundary import guarded
               help="Read repo ids from FILE (- for stdin), one per line; # starts a comment.")
 @click.option("--jobs", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Repos read at once.")
-@click.option("--in-flight", "in_flight", type=click.IntRange(1, 256), default=16,
-              show_default=True, help="The most HTTP requests in flight at once, in all.")
-@click.option("--whole-files", "whole_files", is_flag=True,
-              help="Where the server ignores byte ranges, read whole files instead of "
-                   "counting the repo as unreadable.")
+@http_options(16, 256, "Over every repo: ")
 @guarded
 def scan_cmd(repos, out, repo_file, jobs, in_flight, whole_files):
     """Read each Hugging Face repo id (ORG/NAME[@REVISION]) as `inspect REPO --remote` does
@@ -34,11 +32,10 @@ def scan_cmd(repos, out, repo_file, jobs, in_flight, whole_files):
     names = list(repos) + (read_repo_list(repo_file) if repo_file is not None else [])
     if not names:
         raise UsageError("no repo to scan: name repo ids (ORG/NAME[@REVISION]) or --file FILE")
-    done = [0]
+    done = itertools.count(1)   # told from the scan's threads: next() is one step
 
     def tick(r) -> None:
-        done[0] += 1
-        out.note(f"gptqfmt: [{done[0]}/{len(names)}] {r.repo}: {r.status}")
+        out.note(f"gptqfmt: [{next(done)}/{len(names)}] {r.repo}: {r.status}")
 
     result = scan(names, jobs=jobs, in_flight=in_flight, whole_files=whole_files,
                   reason=inspect_reason, on_repo=tick if out.progress else None)

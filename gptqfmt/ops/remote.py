@@ -81,6 +81,12 @@ def record(mirror: Mirror) -> dict[str, Any]:
             + f" --local-dir {local_name(mirror)}"}
 
 
+def blob_url(remote: dict[str, Any]) -> str:
+    """Where the files of a repo read over HTTP (its `record`) are shown on the Hub, at the
+    commit read: what the CI formats locate its findings under."""
+    return f"{remote['endpoint']}/{remote['repo_id']}/blob/{remote['commit']}"
+
+
 def rebased(x: Any, old: str, new: str) -> Any:
     """`x` with every `old` in its strings replaced by `new`: strings, lists, tuples, dicts
     and dataclasses (copied, frozen or not), through everything but SKIP's fields (the opened

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FindingError, GptqfmtError
@@ -27,7 +27,8 @@ JOBS = 4   # repos read at once, by default: each keeps up to in_flight requests
 @dataclass
 class RepoResult:
     """One repo of a scan: its status, the verdict line inspect's text report starts with
-    (reason only), its findings (files as URLs of the Hub's pages), and what was read."""
+    (reason only), its findings (files relative to the repo, as inspect's), and what was
+    read."""
     repo: str
     status: str
     reason: str
@@ -104,12 +105,7 @@ def scan(repos: list[str], jobs: int = JOBS, in_flight: int = IN_FLIGHT,
         except GptqfmtError as e:   # not read: access, a missing repo, the network
             r = RepoResult(repo, UNREADABLE, str(e), [Finding("GQ132", str(e))])
         else:
-            assert result.remote is not None
-            base = (f"{result.remote['endpoint']}/{result.remote['repo_id']}/blob/"
-                    f"{result.remote['commit']}")
-            located = [replace(f, file=f"{base}/{f.file}" if f.file else base)
-                       for f in result.findings]
-            r = RepoResult(repo, OK if result.ok else FAIL, why(result), located,
+            r = RepoResult(repo, OK if result.ok else FAIL, why(result), result.findings,
                            len(result.source.modules), result.remote)
         if hub is not None:
             r.fetched = (hub.stats.bytes, hub.stats.requests)
