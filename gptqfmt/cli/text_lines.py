@@ -56,9 +56,13 @@ def top_reason(findings: list[Finding], failing: set[str], cf: dict | None) -> s
         return None
     top = min(bad, key=_weight)
     if top.code == "GQ401" and cf is not None:
-        declared = cf.get("declared") or "nothing"
-        reason = (f"declared {declared}, the data are {cf['detected']}: every runtime that reads "
-                  "the zero points reads each one off by one")
+        declared, reads = cf["declared"], _reads(cf)
+        # nothing declared: runtimes read gptq, as every report says; a label runtimes do
+        # not read (format without checkpoint_format) is named beside what they do read
+        said = f"declared {declared or 'nothing'}" + (
+            f", runtimes read {reads}" if declared not in (None, reads) else "")
+        reason = (f"{said}, the data are {cf['detected']}: every runtime that reads the zero "
+                  "points reads each one off by one")
     elif len(top.message) > SHORT:
         # a long explanation is said once, on the finding's own line: here its title
         same = sum(1 for f in bad if f.code == top.code)
@@ -190,8 +194,8 @@ def _modules_line(doc: dict) -> Line:
 
 
 def _reads(cf: dict) -> str:
-    """The convention the runtimes read: the label's, gptq where there is none."""
-    return cf.get("effective") or cf.get("declared") or "gptq"
+    """The convention the runtimes read (the label's, gptq where there is none)."""
+    return str(cf["effective"])
 
 
 def _ok_reason(cf: dict | None, runtimes: list[dict], what: str, describe: str = "") -> str:
@@ -229,6 +233,8 @@ def inspect_lines(result: InspectResult, doc: dict, verbose: bool = False) -> li
         cf, doc.get("runtimes", []), "")
     lines = [verdict(doc["status"] == "ok", reason)] + _head_lines(doc)
     declared = cf["declared"] or "none (runtimes read gptq)"
+    if cf["declared"] not in (None, reads):   # format without checkpoint_format
+        declared += f" (runtimes read {reads})"
     mismatch = (f"  MISMATCH: the data are {cf['detected']}"
                 if cf["detected"] in CONVENTIONS and cf["detected"] != reads else "")
     lines.append(Line(f"declared     {declared}{mismatch}{_places(cf['declared_in'], verbose)}",

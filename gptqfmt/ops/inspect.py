@@ -45,7 +45,8 @@ class InspectResult(Result):
                     "unreadable_files": st.unreadable_files,
                     "config_sources": src.config_files})
         if det is not None:
-            doc["checkpoint_format"] = checkpoint_format_json(ck.config if ck else None, det)
+            assert ck is not None   # only a labelled checkpoint has a detection
+            doc["checkpoint_format"] = checkpoint_format_json(ck.config, det, ck.label)
         doc.update({
             "quantization": src.quantization(),
             "modules": [r.to_json(_zero_point(verdicts.get(r.name))) for r in records],

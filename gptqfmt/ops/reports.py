@@ -109,15 +109,13 @@ def tool_json() -> dict[str, str]:
 
 
 def checkpoint_format_json(cfg: QuantConfig | None, det: Detection,
-                           effective: str | None = None) -> dict[str, Any]:
-    """What the configs declare (and, for verify, what runtimes read: `effective`) beside what
-    the data say."""
-    out: dict[str, Any] = {
-        "declared": cfg.convention if cfg else None,
-        "declared_in": [d.to_json() for d in cfg.declared_in] if cfg else []}
-    if effective is not None:
-        out["effective"] = effective
-    return {**out, **det.to_json()}
+                           effective: str) -> dict[str, Any]:
+    """What the configs declare, what runtimes read (`effective`: Checkpoint.label, which
+    differs where `format` says gptq_v2 and `checkpoint_format` is missing), beside what the
+    data say."""
+    return {"declared": cfg.convention if cfg else None,
+            "declared_in": [d.to_json() for d in cfg.declared_in] if cfg else [],
+            "effective": effective, **det.to_json()}
 
 
 def failed(findings: list[Finding], strict: bool = False) -> bool:

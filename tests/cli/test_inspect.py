@@ -126,3 +126,20 @@ def test_single_file_path():
     doc = gptqfmt.inspect(CKPT / "b4-sym-noact-gptq_v2-single" / "model.safetensors").to_json()
     assert doc["checkpoint_format"]["declared"] == "gptq_v2"
     assert len(doc["modules"]) == 7
+
+
+def test_a_label_runtimes_do_not_read_is_said_as_what_they_read(run_cli):
+    """`format: gptq_v2` without `checkpoint_format`: the configs declare gptq_v2, runtimes
+    read gptq, the data are gptq_v2. The report compares the data with what runtimes read
+    (verify's `effective`), never with the label they ignore."""
+    path = CKPT / "formatonly-b4-asym-gptq_v2"
+    doc = json.loads(run_cli("inspect", path, "--format", "json").stdout)
+    cf = doc["checkpoint_format"]
+    assert (cf["declared"], cf["effective"], cf["detected"]) == ("gptq_v2", "gptq", "gptq_v2")
+    assert cf == {k: v for k, v in json.loads(run_cli(
+        "verify", path, "--format", "json").stdout)["checkpoint_format"].items() if k in cf}
+    lines = run_cli("inspect", path).stdout.splitlines()
+    assert lines[0].startswith("FAIL: declared gptq_v2, runtimes read gptq, the data are "
+                               "gptq_v2: ")
+    declared = next(ln for ln in lines if ln.startswith("declared "))
+    assert "gptq_v2 (runtimes read gptq)  MISMATCH: the data are gptq_v2" in declared
