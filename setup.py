@@ -1,12 +1,27 @@
-"""Only the package list lives here; everything else is in pyproject.toml.
+"""The package list and the one compiled extension live here; everything else is in
+pyproject.toml.
 
 Subpackages of gptqfmt are discovered, never listed by hand (a hand-kept list once shipped a
 wheel without gptqfmt.verify, now gptqfmt.numerics). The two data packages are top-level
 folders (schemas/, kernels/) mapped into the wheel by pyproject.toml's package-dir, so
 discovery cannot see them under gptqfmt/ and they are named here.
+
+gptqfmt.bits._native (kernels/native_module.c over kernels/gptq_sums.h and gptq_relayout.h)
+is optional: where no C compiler or Python headers are found the build says so and goes on, and
+gptqfmt runs the numpy loops instead (gptqfmt.bits.native).
 """
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 DATA_PACKAGES = ["gptqfmt.schemas", "gptqfmt.kernels"]
 
-setup(packages=find_packages(include=["gptqfmt", "gptqfmt.*"]) + DATA_PACKAGES)
+NATIVE = Extension(
+    "gptqfmt.bits._native",
+    sources=["kernels/native_module.c"],
+    depends=["kernels/gptq_sums.h", "kernels/gptq_relayout.h", "kernels/gptq_dequant.h"],
+    include_dirs=["kernels"],
+    extra_compile_args=["-O3"],
+    optional=True,
+)
+
+setup(packages=find_packages(include=["gptqfmt", "gptqfmt.*"]) + DATA_PACKAGES,
+      ext_modules=[NATIVE])

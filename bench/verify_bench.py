@@ -6,7 +6,9 @@ intermediate 28672, 8 KV heads), 4-bit, group 128, asymmetric zero points, codes
 their zero point the way real weights are, labelled correctly. Then runs the full `verify`
 (every check, every qweight word) and, in the same process, two baselines over the same qweight
 bytes: a plain read (os.preadv of each tensor's byte range into one reused buffer, warm page
-cache), and the official safetensors library's get_tensor followed by a sum. Goals: >= 2 GB/s
+cache), and the official safetensors library's get_tensor followed by a sum. verify runs with
+the compiled loops (gptqfmt.bits._native, where the install built them) and with the numpy
+loops (GPTQFMT_NATIVE=0). Goals: >= 2 GB/s
 of qweight, >= 1 GB/s with act-order (g_idx a permutation of channels, as desc_act leaves it).
 
     python bench/verify_bench.py [--layers 4] [--act-order]
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from synth import build  # noqa: E402
 
+from gptqfmt.bits import native  # noqa: E402
 from gptqfmt.ops.verify import validate  # noqa: E402
 
 
@@ -75,6 +78,16 @@ def main():
             report = validate(root)
             runs.append(time.perf_counter() - t)
         best = min(runs)
+        # the same checks with the numpy loops, as an install without a C compiler runs them
+        os.environ["GPTQFMT_NATIVE"] = "0"
+        try:
+            plain = []
+            for _ in range(3):
+                t = time.perf_counter()
+                validate(root)
+                plain.append(time.perf_counter() - t)
+        finally:
+            del os.environ["GPTQFMT_NATIVE"]
         read = min(plain_read(root) for _ in range(3))
         base = min(baseline(root) for _ in range(2))
         det = report.detection
@@ -87,6 +100,9 @@ def main():
         print(f"verify (all checks, all data), warm, best of 3: {best:.2f} s = "
               f"{qbytes / best / 1e9:.2f} GB/s of qweight   goal >= {goal} GB/s: "
               f"{'met' if qbytes / best >= goal * 1e9 else 'NOT met'}")
+        print(f"  with the compiled loops {'on' if native.available() else 'NOT BUILT'}; "
+              f"the numpy loops (GPTQFMT_NATIVE=0), best of 3: {min(plain):.2f} s = "
+              f"{qbytes / min(plain) / 1e9:.2f} GB/s")
         print(f"plain read of the same bytes (preadv, warm), best of 3: {read:.2f} s = "
               f"{qbytes / read / 1e9:.2f} GB/s; verify / plain read: {best / read:.2f}")
         print(f"safetensors get_tensor + sum of every qweight: {base:.2f} s = "

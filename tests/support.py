@@ -14,6 +14,7 @@ import shutil
 import struct
 import sys
 import types
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -348,3 +349,18 @@ def unwrap(text: str) -> list[str]:
         out.append(line)
         base = indent
     return out
+
+
+@contextmanager
+def loops(compiled: bool):
+    """The compiled loops (gptqfmt.bits.native) on or off, as a user turns them off
+    (GPTQFMT_NATIVE=0)."""
+    saved = os.environ.get("GPTQFMT_NATIVE")
+    os.environ["GPTQFMT_NATIVE"] = "1" if compiled else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["GPTQFMT_NATIVE"]
+        else:
+            os.environ["GPTQFMT_NATIVE"] = saved

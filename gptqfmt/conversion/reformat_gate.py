@@ -20,7 +20,6 @@ from ..errors import FindingError
 from ..findings import ERROR
 from ..formats import WRITERS, QuantModule, Source, module_tensors, open_source
 from ..formats.model import F32
-from ..formats.relayout import transposed
 from ..numerics import Backend, get_backend
 from ..numerics.backend import sample_columns
 from ..numerics.cpu import dequant_fields
@@ -52,16 +51,10 @@ def open_output(tmp: Path, to: str, progress: Progress | None = None
     return out, [f"the output would fail verify: {f.one_line()}" for f in errors]
 
 
-def qweight_columns(src: Source, m: QuantModule, cols: np.ndarray) -> np.ndarray:
-    """qweight[:, cols] of the one model, reading only those columns' words."""
-    words, t = src.stored_qweight(m)
-    return transposed(np.asarray(words)[cols]) if t else np.asarray(words)[:, cols]
-
-
 def dequant_columns(src: Source, m: QuantModule, zeros: np.ndarray, cols: np.ndarray
                     ) -> np.ndarray:
     """W[:, cols] in fp32: scale * (q - Z) with the given effective zeros [G, N]."""
-    q = unpack(np.ascontiguousarray(qweight_columns(src, m, cols)), m.bits, axis=0)
+    q = unpack(np.ascontiguousarray(src.qweight_columns(m, cols)), m.bits, axis=0)
     s = to_float32(np.asarray(src.scales(m))[:, cols], m.scale_dtype)
     return dequant_fields(q, zeros[:, cols], s, src.g_idx(m))
 

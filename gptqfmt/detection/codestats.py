@@ -14,11 +14,14 @@ Two paths, both exact integer sums:
   field position j, the j-th field of every word is extracted and its rows summed by group
   after sorting rows by g_idx.
 Work runs over chunks of rows so that temporaries stay small (and in cache).
+Over every row of 2-, 4- and 8-bit words, the compiled loops of kernels/gptq_sums.h
+(bits/native.py) take both cases where the install built them: one pass over the words.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ..bits import native
 from ..bits.packing import UNSIGNED, block, maxq, unpack
 from ..bits.swar import CHUNK
 
@@ -183,6 +186,10 @@ def read_cell_sums(qweight: np.ndarray, bits: int, g_idx: np.ndarray, groups: in
     total_blocks = qweight.shape[0] // wpb
     g_idx = np.asarray(g_idx, dtype=np.int64)
     trivial_rpg = _trivial_rows_per_group(g_idx, bits, words_bits, groups)
+    if row_blocks is None:  # every row: the compiled loops where the install built them
+        compiled = native.cell_sums(qweight, bits, g_idx, groups, trivial_rpg)
+        if compiled is not None:
+            return np.arange(groups), *compiled
     if row_blocks is None and trivial_rpg is None and bits != 3 and np.little_endian and \
             qweight.dtype.isnative and len(g_idx) == qweight.shape[0] * vpb // wpb:
         counts = np.bincount(g_idx, minlength=groups).astype(np.int64)

@@ -27,11 +27,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..bits.layout import trivial_g_idx
-from ..bits.packing import constant_words, pack
+from ..bits.packing import constant_words
 from ..findings import Finding
 from ..safetensors_io.index import TensorStore
 from .model import AWQ, QuantModule, discover
-from .relayout import AWQ_BITS, awq_fields, awq_qweight_to_gptq
+from .relayout import (
+    AWQ_BITS,
+    awq_qweight_to_gptq,
+    awq_qweight_transposed,
+    awq_words_to_gptq,
+)
 from .source import ExactSource
 
 # AutoAWQ's exllama, exllamav2 and ipex versions store GEMM's tensors and repack at load time;
@@ -136,8 +141,24 @@ class AwqSource(ExactSource):
     def qweight(self, m: QuantModule) -> np.ndarray:
         return awq_qweight_to_gptq(self.store.view(m.tensors["qweight"]))
 
+    def stored_qweight(self, m: QuantModule) -> tuple[np.ndarray, bool]:
+        """qweight's transpose, made from the AWQ words in one pass (True): compressed-tensors'
+        layout, which a conversion writes and its gate compares word for word, so the words
+        are never laid out twice."""
+        return awq_qweight_transposed(self.store.view(m.tensors["qweight"])), True
+
+    def qweight_columns(self, m: QuantModule, cols: np.ndarray) -> np.ndarray:
+        """Only the AWQ word columns that hold `cols` are re-laid out: column n of the one
+        model is nibble AWQ_INVERSE[n % 8] of word column n // 8, which the word transpose
+        puts at 8 x (its place among the word columns read) + n % 8."""
+        cols = np.asarray(cols, dtype=np.int64)
+        words = np.unique(cols // 8)
+        part = awq_qweight_to_gptq(
+            np.ascontiguousarray(self.store.view(m.tensors["qweight"])[:, words]))
+        return part[:, np.searchsorted(words, cols // 8) * 8 + cols % 8]
+
     def qzeros(self, m: QuantModule) -> np.ndarray:
-        return pack(awq_fields(self.store.view(m.tensors["qzeros"])), AWQ_BITS, 32, axis=1)
+        return awq_words_to_gptq(self.store.view(m.tensors["qzeros"]))
 
     def scales(self, m: QuantModule) -> np.ndarray:
         return self.store.view(m.tensors["scales"])

@@ -38,7 +38,7 @@ from ..findings import Finding
 from ..safetensors_io.index import TensorStore
 from .configs import CONFIG_JSON, TGI_SCALARS
 from .model import COMPRESSED_TENSORS, QuantModule, discover
-from .relayout import padded_to_dense, transposed
+from .relayout import padded_to_dense, transposed, transposed_values
 from .source import ExactSource, Source
 from .targets import any_match, kind, matches, patterns
 
@@ -459,7 +459,7 @@ class CtSource(ExactSource):
         return transposed(words)
 
     def scales(self, m: QuantModule) -> np.ndarray:
-        return np.ascontiguousarray(self.store.view(m.tensors["scales"]).T)
+        return transposed_values(self.store.view(m.tensors["scales"]))
 
     def g_idx(self, m: QuantModule) -> np.ndarray:
         if "g_idx" in m.tensors:
@@ -607,10 +607,11 @@ class CtWriter:
 
     def tensor(self, role: str, src: Source, m: QuantModule) -> np.ndarray:
         """One output tensor of module `m`, from `src` in the one model."""
-        if role == "qweight":
-            return transposed(src.qweight(m))
+        if role == "qweight":   # qweight's transpose, as the source stores or makes it best
+            words, t = src.stored_qweight(m)
+            return np.asarray(words).view(np.int32) if t else transposed(words)
         if role == "scales":
-            return np.ascontiguousarray(src.scales(m).T)
+            return transposed_values(src.scales(m))
         if role == "qzeros":
             return transposed(src.qzeros(m))
         if role == "shape":

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..bits import ct_layouts
+from ..bits import ct_layouts, native
 from ..bits.packing import unpack
 from ..parallel import cpus
 
@@ -56,11 +56,26 @@ def transposed(words: np.ndarray, workers: int | None = None) -> np.ndarray:
     out = np.empty(w.shape[::-1], dtype=np.int32)
 
     def part(i: int) -> None:
+        if native.transpose(w, out, i, min(i + BLOCK, w.shape[1])):
+            return
         dst = out[i:i + BLOCK]
         for r, tile in tiles(w[:, i:i + BLOCK]):
             dst[:, r:r + TILE] = tile
     blocks(part, w.shape[1] if w.ndim == 2 else 0, w.nbytes, workers)
     return out
+
+
+def transposed_values(a: np.ndarray, workers: int | None = None) -> np.ndarray:
+    """A C-contiguous copy of a.T of the same dtype (scales between GPTQ's [G, N] and
+    compressed-tensors' [N, G]): by the compiled loops for 2- and 4-byte elements, BLOCK
+    columns at a time on `workers` threads, else numpy's copy."""
+    a = np.asarray(a)
+    if a.ndim != 2 or a.itemsize not in (2, 4) or not a.flags.c_contiguous:
+        return np.ascontiguousarray(a.T)
+    out = np.empty(a.shape[::-1], dtype=a.dtype)
+    done = blocks(lambda i: native.transpose(a, out, i, min(i + BLOCK, a.shape[1])),
+                  a.shape[1], a.nbytes, workers)
+    return out if all(done) else np.ascontiguousarray(a.T)
 
 
 def tiles(block: np.ndarray):
@@ -89,6 +104,37 @@ def awq_fields(words: np.ndarray) -> np.ndarray:
         nibbles.reshape(r, n // 8, 8)[:, :, list(AWQ_INVERSE)].reshape(r, n))
 
 
+# The two delta swaps of a word's nibbles a0..a7 (AutoAWQ's order) into GPTQ's channel order
+# a0 a4 a1 a5 a2 a6 a3 a7: the middle bytes trade places, then the middle nibbles of each half
+_NIBBLE_SHUFFLE = ((8, 0x0000FF00), (4, 0x00F000F0))
+
+
+def awq_words_to_gptq(words: np.ndarray) -> np.ndarray:
+    """AutoAWQ words [R, C] (8 channels to a word, in AWQ_ORDER) -> GPTQ's words (channels in
+    order, as qzeros packs them along the output axis): within each word, nibble i of the
+    result is nibble AWQ_INVERSE[i] of the source, by two delta swaps, with no unpacking
+    (pack(awq_fields(words), 4, 32, axis=1) gives the same words).
+
+        >>> hex(int(awq_words_to_gptq(np.array([[0x75316420]], np.uint32))[0, 0]))
+        '0x76543210'
+    """
+    x = np.asarray(words).view(np.uint32).copy()
+    for shift, mask in _NIBBLE_SHUFFLE:
+        _delta_swap(x, x, shift, mask)
+    return x.view(np.int32)
+
+
+def _delta_swap(a: np.ndarray, b: np.ndarray, shift: int, mask: int) -> None:
+    """In place, uint32: the `mask` bits of `a` shifted down by `shift` trade places with the
+    `mask` bits of `b` (a and b may be one array: bits within each word trade places)."""
+    t = np.right_shift(a, np.uint32(shift))
+    np.bitwise_xor(t, b, out=t)
+    np.bitwise_and(t, np.uint32(mask), out=t)
+    np.bitwise_xor(b, t, out=b)
+    np.left_shift(t, np.uint32(shift), out=t)
+    np.bitwise_xor(a, t, out=a)
+
+
 # The three delta swaps that transpose an 8 x 8 matrix of nibbles held as 8 words (word a,
 # nibble i): (shift, mask, rows a) swapping nibble block (a, high) with (a + shift / 4, low)
 _NIBBLE_TRANSPOSE = ((16, 0x0000FFFF, 4), (8, 0x00FF00FF, 2), (4, 0x0F0F0F0F, 1))
@@ -107,29 +153,43 @@ def awq_qweight_to_gptq(words: np.ndarray, workers: int | None = None) -> np.nda
         '0xa9876543'
 
     (channel 3 sits in nibble 5 of every row: 3 + k at input k.)"""
-    w = np.asarray(words).view(np.uint32)
+    w = np.ascontiguousarray(np.asarray(words).view(np.uint32))
     k, c = w.shape
     if k % 8:
         raise ValueError(f"AWQ qweight has {k} rows; 4-bit GPTQ packs 8 rows to a word")
     blocks3 = w.reshape(k // 8, 8, c)
     out = np.empty((k // 8, c, 8), dtype=np.uint32)   # (r, c, channel within the word)
 
+    flat = out.reshape(k // 8, c * 8)
+
     def part(i: int) -> None:
+        if native.awq_to_gptq(w, AWQ_ORDER, flat, i, min(i + BLOCK, k // 8)):
+            return
         x = blocks3[i:i + BLOCK].copy()
         r = len(x)
         for shift, mask, apart in _NIBBLE_TRANSPOSE:
             pairs = x.reshape(r, 8 // (2 * apart), 2, apart, c)
-            a, b = pairs[:, :, 0], pairs[:, :, 1]
-            t = np.right_shift(a, np.uint32(shift))
-            np.bitwise_xor(t, b, out=t)
-            np.bitwise_and(t, np.uint32(mask), out=t)
-            np.bitwise_xor(b, t, out=b)
-            np.left_shift(t, np.uint32(shift), out=t)
-            np.bitwise_xor(a, t, out=a)
+            _delta_swap(pairs[:, :, 0], pairs[:, :, 1], shift, mask)
         for slot, channel in enumerate(AWQ_ORDER):   # row `slot` holds that channel
             out[i:i + BLOCK, :, channel] = x[:, slot, :]
     blocks(part, k // 8, w.nbytes, workers)
-    return out.reshape(k // 8, c * 8).view(np.int32)
+    return flat.view(np.int32)
+
+
+def awq_qweight_transposed(words: np.ndarray, workers: int | None = None) -> np.ndarray:
+    """AutoAWQ qweight [K, N/8] -> GPTQ qweight's transpose [N, K/8] (int32: what
+    compressed-tensors stores as weight_packed): awq_qweight_to_gptq(words).T, in one pass by
+    the compiled loops (BLOCK word columns at a time, on `workers` threads), else as that."""
+    w = np.ascontiguousarray(np.asarray(words).view(np.uint32))
+    k, c = w.shape
+    if k % 8:
+        raise ValueError(f"AWQ qweight has {k} rows; 4-bit GPTQ packs 8 rows to a word")
+    out = np.empty((8 * c, k // 8), dtype=np.uint32)
+    done = blocks(lambda i: native.awq_to_transposed(w, AWQ_ORDER, out, i, min(i + BLOCK, c)),
+                  c, w.nbytes, workers)
+    if all(done):
+        return out.view(np.int32)
+    return transposed(awq_qweight_to_gptq(words, workers), workers)
 
 
 def padded_to_dense(words: np.ndarray, bits: int, values: int, axis: int,

@@ -30,6 +30,7 @@ from .model import (
     mixed,
     uniform,
 )
+from .relayout import transposed
 
 
 class OneModel(Protocol):
@@ -104,6 +105,9 @@ only: a reader's attributes or properties)."""
     def stored_qweight(self, m: QuantModule) -> tuple[Array, bool]:
         """qweight(), or the words the file stores when qweight() would be their transpose
         (then True): what comparisons read to need no transposed copy."""
+
+    def qweight_columns(self, m: QuantModule, cols: Array) -> Array:
+        """qweight()[:, cols], reading (and re-laying out) only the words of those columns."""
 
     def operands(self, m: QuantModule, gptq_rule: ZeroRule | None = None
                  ) -> tuple[ModuleTensors, ZeroRule]:
@@ -185,6 +189,10 @@ class ExactSource(ABC):
 
     def stored_qweight(self, m: QuantModule) -> tuple[Array, bool]:
         return self.qweight(m), False
+
+    def qweight_columns(self, m: QuantModule, cols: Array) -> Array:
+        words, t = self.stored_qweight(m)
+        return transposed(np.asarray(words)[cols]) if t else np.asarray(words)[:, cols]
 
     def operands(self, m: QuantModule, gptq_rule: ZeroRule | None = None
                  ) -> tuple[ModuleTensors, ZeroRule]:

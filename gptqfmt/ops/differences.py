@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..bits import native
 from ..bits.packing import unsigned
 from ..formats import QuantModule, Source
 from ..formats.configs import CONFIG_JSON, CONFIG_KEY, TGI_SCALARS
@@ -62,6 +63,9 @@ def codes_differ(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> i
         return -1
 
     def part(n: int) -> int:   # BLOCK columns, TILE rows of them at once (as transposed)
+        compiled = native.transposed_differ(a, b, n, min(n + BLOCK, a.shape[1]))
+        if compiled is not None:
+            return compiled
         right = b[n:n + BLOCK]
         return sum(int(np.count_nonzero(right[:, r:r + tile.shape[1]] != tile))
                    for r, tile in tiles(a[:, n:n + BLOCK]))
@@ -78,8 +82,11 @@ def field_differences(src: Source, m: QuantModule, out: Source, mo: QuantModule)
                    f"qweight: {n} of {m.in_features * m.bits // 32 * m.out_features} words "
                    "differ")
     sa, sb = np.asarray(src.scales(m)), np.asarray(out.scales(mo))
-    n = count_differ(sa.view(np.uint8).reshape(sa.shape[0], -1),
-                     sb.view(np.uint8).reshape(sb.shape[0], -1), sa.itemsize)
+    if sa.dtype == sb.dtype and sa.itemsize in (1, 2, 4, 8):  # bit for bit, a value a step
+        n = count_differ(sa.view(f"u{sa.itemsize}"), sb.view(f"u{sb.itemsize}"))
+    else:
+        n = count_differ(sa.view(np.uint8).reshape(sa.shape[0], -1),
+                         sb.view(np.uint8).reshape(sb.shape[0], -1), sa.itemsize)
     if n:
         why.append(f"scales: {n} of {sa.size} values differ")
     ga, gb = np.asarray(src.g_idx(m)), np.asarray(out.g_idx(mo))

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from ..bits import native
 from ..bits.conventions import GPTQ_V2, convert_words, effective_zeros
 from ..bits.packing import unpack
 from ..bits.swar import CHUNK
@@ -177,7 +178,9 @@ def misreads(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
 
     def scale_max() -> float:
         if not maxscale:
-            maxscale.append(largest_finite(ckpt.float32(m.tensors["scales"])))
+            t = m.tensors["scales"]
+            top = native.largest_magnitude(ckpt.view(t), ckpt.store.info(t).dtype)
+            maxscale.append(largest_finite(ckpt.float32(t)) if top is None else top)
         return maxscale[0]
 
     for reading, right in keys:
@@ -225,6 +228,33 @@ def largest_finite(x: np.ndarray) -> float:
     return float(a[np.isfinite(a)].max(initial=0.0))
 
 
+def finite_magnitudes(s32: np.ndarray) -> np.ndarray:
+    """|scale| per cell, 0 where the scale is not finite (GQ501's to report; never a weight
+    change)."""
+    with np.errstate(invalid="ignore"):   # a signalling NaN scale (mutated bytes)
+        mag = np.abs(s32)
+    mag[~np.isfinite(mag)] = 0
+    return mag
+
+
+def largest_change(s32: np.ndarray, mag: np.ndarray, dz: np.ndarray) -> float:
+    """max |scale x dZ| in float32 over the cells whose Z changes (dZ: int32, a scratch array
+    this overwrites), finite products only: what largest_finite(s32[moved] * dZ[moved]) gives,
+    from `mag` (finite_magnitudes(s32)) and without gathering the moved cells. A float32
+    product rounds the same whatever the signs, an unmoved cell adds 0 and a non-finite scale's
+    magnitude is 0; where a product overflows (a bf16 scale near the float32 limit) the cells
+    are multiplied as they are, so that the overflowing products are left out and the others
+    count. Worked example: scales [2, 3, -5], dZ [1, 0, -15]: 2, 0 and 75: 75."""
+    a = np.abs(dz, out=dz)
+    with np.errstate(over="ignore"):
+        top = float(np.multiply(mag, a, dtype=np.float32).max(initial=0.0))
+    if np.isfinite(top):
+        return top
+    moved = a != 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        return largest_finite(s32[moved] * a[moved].astype(np.float32))
+
+
 def _compare_fields(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
                     todo: dict[tuple[Reading, bool], str], scales: bool,
                     stored_as: tuple[str, str] | None = None
@@ -249,18 +279,24 @@ def _compare_fields(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
         stored = unpack(part, m.bits, axis=1)
         at = high[(high >= r0 * n) & (high < (r0 + len(part)) * n)] - r0 * n
         want = truth_zeros(stored, m.bits, truth, at)
-        s32 = to_float32(sc[r0:r0 + rows], sc_dtype) if sc is not None else None
+        raw = sc[r0:r0 + rows] if sc is not None else None
+        s32 = mag = None   # widened where the compiled loop does not take the scales
         for key in todo:
             reading = modelled(key[0], m.bits)
             got = (effective_zeros(stored, m.bits, reading.rule) if reading.rule is not None
                    else read_zeros(part, m.bits, reading))
             got -= want                      # the change of Z per cell (int32, in place)
-            cells[key] += int(np.count_nonzero(got))
-            if s32 is not None:  # scale x change: exact in float32 (fp16 scale x |dZ| <= 256)
-                moved = got != 0   # only cells that change (an inf scale times 0 is no change)
-                with np.errstate(invalid="ignore"):   # a signalling NaN scale (mutated bytes)
-                    change = s32[moved] * got[moved].astype(np.float32)
-                worst[key] = max(worst[key], largest_finite(change))
+            moved = int(np.count_nonzero(got))
+            cells[key] += moved
+            if raw is None or not moved:
+                continue
+            change = native.largest_change(raw, sc_dtype, got)
+            if change is None:
+                if s32 is None or mag is None:
+                    s32 = to_float32(raw, sc_dtype)
+                    mag = finite_magnitudes(s32)
+                change = largest_change(s32, mag, got)
+            worst[key] = max(worst[key], change)
     return {key: Misread(cells[key], worst[key] if scales else None,
                          todo[key] if cells[key] else None) if cells[key] else
             Misread(0, 0.0 if scales else None) for key in todo}

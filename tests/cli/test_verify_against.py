@@ -10,7 +10,7 @@ from gptqfmt.conversion import convert
 from gptqfmt.ops.equivalence import compare
 from gptqfmt.resources import validator
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
-from tests.support import CKPT, MANIFEST
+from tests.support import CKPT, MANIFEST, loops
 
 LOSSLESS = [("b4-sym-act-gptq-sharded", "gptq_v2"), ("b3-sym-noact-gptq_v2-single", "gptq"),
             ("int64-b2-sym-gptq", "gptq_v2"), ("bf16-b4-asym-gptq_v2", "gptq_v2"),
@@ -310,3 +310,24 @@ def test_reference_names_each_reading_and_agrees_with_the_runtimes_section(run_c
     exllama = [rt for rt in ver["runtimes"] if rt["id"] == "exllamav2"][0]
     assert exllama["decodes_correctly"] is False
     assert r.exit_code == 1
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
+def test_a_word_that_differs_across_layouts_is_counted(tmp_path, compiled):
+    """GPTQ's qweight against compressed-tensors' transposed weight_packed: the transposed
+    comparison (compiled, and numpy's tiles) finds one changed word, and nothing in an
+    unchanged copy."""
+    src = CKPT / "b4-asym-noact-gptq_v2-single"
+    ct = tmp_path / "ct"
+    convert(src, ct, to="compressed-tensors")
+    mod = "model.layers.0.mlp.gate_proj"
+    with loops(compiled):
+        assert compare(src, ct, backend="cpu").equivalent
+
+        def poke(t):
+            t[f"{mod}.weight_packed"][-1, 0] ^= 0x10
+        rewrite(ct / "model.safetensors", poke)
+        rep = compare(src, ct, backend="cpu")
+    m = {m.name: m for m in rep.modules}[mod]
+    assert not rep.equivalent and not m.equal
+    assert m.differences == ["qweight: 1 of 1024 words differ"]

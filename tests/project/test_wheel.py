@@ -7,7 +7,9 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -56,6 +58,13 @@ def installed(tmp_path_factory):
             "env": env, "cwd": tmp}
 
 
+def compiler() -> bool:
+    """Whether this interpreter's build of an extension finds a C compiler and Python.h."""
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(cc) is not None and \
+        (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file()
+
+
 def run(installed, *args, ok=(0,)):
     r = subprocess.run([str(a) for a in args], capture_output=True, text=True,
                        cwd=installed["cwd"], env=installed["env"])
@@ -88,6 +97,9 @@ def test_the_wheel_ships_data_files_and_py_typed(installed):
     assert {f"gptqfmt/schemas/{n}" for n in schemas} <= names
     assert {f"gptqfmt/kernels/{n}" for n in kernels} <= names
     assert "gptqfmt/py.typed" in names
+    # the compiled loops, where this machine's build could compile them
+    if compiler():
+        assert any(n.startswith("gptqfmt/bits/_native.") for n in names), sorted(names)
     assert not any(n.startswith(("tests/", "fixtures/", "bench/")) for n in names)
     probe = ("import gptqfmt.resources as r; print(r.data_dir('schemas')); "
              "print(r.data_dir('kernels'))")
@@ -121,3 +133,32 @@ def test_every_command_runs_from_the_wheel(installed, tmp_path):
     assert log["version"] == "2.1.0" and log["runs"][0]["invocations"][0]["exitCode"] == 0
     hook = installed["venv"] / "bin" / "gptqfmt-pre-commit"
     assert "OK (configs, index and headers" in run(installed, hook, src / "config.json").stdout
+
+
+@pytest.mark.slow
+def test_a_machine_without_a_compiler_installs_and_runs_the_numpy_loops(tmp_path):
+    """The extension is optional: with no working C compiler (CC=false) the wheel builds
+    without it, installs, and verify gives the same document as this process."""
+    from gptqfmt.ops.verify import validate
+
+    tree = clean_copy(tmp_path / "tree")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                    str(tmp_path / "dist"), str(tree)], check=True, cwd=tmp_path,
+                   env={**env, "CC": "false", "LDSHARED": "false"})
+    wheel = next((tmp_path / "dist").glob("gptqfmt-*.whl"))
+    assert not any(n.startswith("gptqfmt/bits/_native.") for n in zipfile.ZipFile(wheel).namelist())
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
+                   check=True, env=env)
+    src = CKPT / "b4-asym-act-gptq-sharded"
+    installed = {"cwd": tmp_path, "env": env}
+    probe = "from gptqfmt.bits import native; print(native.available())"
+    assert run(installed, venv / "bin" / "python", "-c", probe).stdout.strip() == "False"
+    got = json.loads(run(installed, venv / "bin" / "gptqfmt", "verify", src, "--format",
+                         "json").stdout)
+    want = validate(src).to_json()
+    assert got.pop("exit_code") == 0
+    assert {k: v for k, v in got.items() if k != "tool"} == \
+        {k: v for k, v in want.items() if k != "tool"}

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import shutil
 
+import numpy as np
+import pytest
+
+from gptqfmt.formats import open_source
 from gptqfmt.ops.verify import validate
 from tests.support import FORMATS, edit_config
 
@@ -51,3 +55,23 @@ def test_awq_marlin_version_is_still_refused(tmp_path):
     edit_config(d, lambda q: q.update({"version": "marlin"}))
     msgs = [f.message for f in validate(d).findings if f.code == "GQ210"]
     assert len(msgs) == 1 and "'marlin'" in msgs[0]
+
+
+@pytest.mark.parametrize("name", ["awq-b4-g32", "autoround-awq-b4-sym-g32", "ct-b4-asym-g32",
+                                  "ct-b3-asym-g32-padded"])
+def test_qweight_columns_are_the_columns_of_qweight(name):
+    """The gate's sample of columns reads only their words (AWQ: the word columns that hold
+    them, re-laid out; compressed-tensors: their rows, transposed), and gives qweight's; the
+    stored words are qweight or its transpose, as said."""
+    src = open_source(FORMATS / name)
+    try:
+        for m in src.modules:
+            n = m.out_features
+            for cols in (np.arange(n), np.array([0]), np.array([n - 1, 3, 9, 10, 17]) % n,
+                         np.arange(5, n, 7)):
+                got = src.qweight_columns(m, cols)
+                assert np.array_equal(got, np.asarray(src.qweight(m))[:, cols])
+            words, t = src.stored_qweight(m)   # qweight, or (True) the words of its transpose
+            assert np.array_equal(np.asarray(words).T if t else words, src.qweight(m))
+    finally:
+        src.close()

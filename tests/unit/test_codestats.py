@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from gptqfmt.bits.packing import block, pack, unpack
 from gptqfmt.detection import codestats
 from gptqfmt.detection.codestats import read_cell_sums, sample_blocks, word_field_sums
+from tests.support import loops
 
 COMBOS = [(b, w) for b in (2, 3, 4, 8) for w in (8, 16, 32, 64) if b != 3 or w == 32]
 
@@ -20,10 +21,13 @@ def naive(codes, g_idx, groups, channels):
     return sums, counts
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["numpy", "compiled"])
 @pytest.mark.parametrize(("bits", "word_bits"), COMBOS)
 @settings(max_examples=15, deadline=None)
 @given(data=st.data())
-def test_cell_sums_match_naive(bits, word_bits, data):
+def test_cell_sums_match_naive(bits, word_bits, compiled, data):
+    """With the compiled loops where built (2/4/8 bits in 32-bit words, every row), and
+    without."""
     vpb, wpb = block(bits, word_bits)
     nblocks = data.draw(st.integers(1, 6))
     k = nblocks * vpb
@@ -43,7 +47,8 @@ def test_cell_sums_match_naive(bits, word_bits, data):
     chunk = data.draw(st.sampled_from([1, 2 * n * wpb, codestats.CHUNK]))
     saved, codestats.CHUNK = codestats.CHUNK, chunk
     try:
-        read, sums, counts = read_cell_sums(qw, bits, g_idx, groups, sample)
+        with loops(compiled):
+            read, sums, counts = read_cell_sums(qw, bits, g_idx, groups, sample)
     finally:
         codestats.CHUNK = saved
     chans = range(k) if sample is None else [b * vpb + i for b in sample for i in range(vpb)]

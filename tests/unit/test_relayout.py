@@ -7,7 +7,7 @@ import pytest
 
 from gptqfmt.bits.packing import pack
 from gptqfmt.formats import relayout
-from tests.support import HAVE_CT, load_generator, needs_ct
+from tests.support import HAVE_CT, load_generator, loops, needs_ct
 
 FGEN = load_generator("make_formats")
 
@@ -16,12 +16,54 @@ if HAVE_CT:
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
 
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def both_loops(request):
+    """Every test here twice: with the compiled loops (gptqfmt.bits.native, where built) and
+    with the numpy ones."""
+    with loops(request.param == "compiled"):
+        yield
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (33, 7), (300, 1000), (2100, 2100)])
+def test_transposed_is_the_transpose(shape):
+    """Blocks of BLOCK columns (on threads past PARALLEL_BYTES: the largest shape), tiles of
+    TILE rows, and the edges of both, on random words."""
+    rng = np.random.default_rng(shape[0])
+    words = rng.integers(0, 1 << 32, shape, dtype=np.uint64).astype(np.uint32).view(np.int32)
+    got = relayout.transposed(words)
+    assert got.dtype == np.int32 and got.flags.c_contiguous and np.array_equal(got, words.T)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.uint16, np.float32, np.float64])
+def test_transposed_values_keep_their_dtype_and_bits(dtype):
+    """Scales between [G, N] and [N, G]: every bit pattern kept (NaN payloads too)."""
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, (37, 300 * 8), dtype=np.uint8).view(dtype)
+    got = relayout.transposed_values(a)
+    assert got.dtype == a.dtype and got.flags.c_contiguous
+    assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(a.T).view(np.uint8))
+    assert np.array_equal(relayout.transposed_values(a[:, ::2]).view(np.uint8),
+                          np.ascontiguousarray(a[:, ::2].T).view(np.uint8))
+
+
 def test_awq_word_golden():
     """gemm.py packs output channels 0..7 as nibbles [0,2,4,6,1,3,5,7]: 0x75316420."""
     w = FGEN.awq_pack(np.arange(8, dtype=np.uint8)[None])
     assert w.view(np.uint32)[0, 0] == 0x75316420
     assert relayout.awq_fields(np.array([[0x75316420]], np.uint32).view(np.int32)).tolist() \
         == [list(range(8))]
+
+
+def test_awq_words_to_gptq_is_the_unpacked_permutation():
+    """qzeros' nibble shuffle against unpacking to channel order and packing again, on every
+    bit pattern of random words, and the docstring's word."""
+    rng = np.random.default_rng(5)
+    words = rng.integers(0, 1 << 32, (33, 70), dtype=np.uint64).astype(np.uint32).view(np.int32)
+    got = relayout.awq_words_to_gptq(words)
+    assert got.dtype == np.int32 and np.array_equal(got, pack(relayout.awq_fields(words), 4, 32,
+                                                               axis=1))
+    assert relayout.awq_words_to_gptq(np.array([[0x75316420]], np.uint32)).view(
+        np.uint32)[0, 0] == 0x76543210
 
 
 def test_awq_layout_matches_the_slow_writer():
@@ -44,6 +86,18 @@ def test_awq_qweight_to_gptq_is_the_slow_relayout(k, n):
     assert np.array_equal(got, pack(relayout.awq_fields(words), 4, 32, axis=0))
 
 
+@pytest.mark.parametrize("k,n", [(8, 8), (16, 24), (136, 1024), (2056, 56)])
+def test_awq_qweight_transposed_is_the_transpose_of_the_relayout(k, n):
+    """compressed-tensors' layout straight from AutoAWQ's words (one pass where compiled)."""
+    rng = np.random.default_rng(k * n)
+    words = FGEN.awq_pack(rng.integers(0, 16, (k, n)).astype(np.uint8)).view(np.int32)
+    got = relayout.awq_qweight_transposed(words)
+    assert got.dtype == np.int32 and got.flags.c_contiguous
+    assert np.array_equal(got, relayout.awq_qweight_to_gptq(words).T)
+    with pytest.raises(ValueError, match=f"has {k - 4} rows; 4-bit GPTQ packs 8 rows"):
+        relayout.awq_qweight_transposed(words[:k - 4])
+
+
 def test_awq_qweight_to_gptq_in_blocks_on_threads():
     """Many blocks of rows (BLOCK at a time, on threads past PARALLEL_BYTES) give the words a
     single pass gives, on random words (every bit pattern, not only valid codes)."""
@@ -54,6 +108,7 @@ def test_awq_qweight_to_gptq_in_blocks_on_threads():
     ref = pack(relayout.awq_fields(words), 4, 32, axis=0)
     assert np.array_equal(relayout.awq_qweight_to_gptq(words, workers=2), ref)
     assert np.array_equal(relayout.awq_qweight_to_gptq(words, workers=1), ref)
+    assert np.array_equal(relayout.awq_qweight_transposed(words, workers=2), ref.T)
     with pytest.raises(ValueError, match="12 rows"):
         relayout.awq_qweight_to_gptq(words[:12])
 

@@ -88,6 +88,9 @@ class GptqSource:
     def stored_qweight(self, m: QuantModule) -> tuple[np.ndarray, bool]:
         return self.qweight(m), False
 
+    def qweight_columns(self, m: QuantModule, cols: np.ndarray) -> np.ndarray:
+        return np.asarray(self.qweight(m))[:, cols]
+
     def qzeros(self, m: QuantModule) -> np.ndarray:
         stored = self.ckpt.stored_fields(self._module(m))
         if self.format != GPTQ_V2:

@@ -1,0 +1,180 @@
+"""The compiled loops of kernels/gptq_sums.h and kernels/gptq_relayout.h (the extension
+gptqfmt.bits._native), where the install built them, behind functions that say when they
+cannot take a case.
+
+The extension is optional: a machine without a C compiler installs and runs gptqfmt with the
+numpy loops (detection/codestats.py, formats/relayout.py, ops/differences.py,
+runtimes/verdicts.py), which compute the same answers; so does GPTQFMT_NATIVE=0, which the
+tests use to hold the two equal.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+import numpy as np
+
+from . import Array
+
+# the values of GPTQFMT_NATIVE that turn the compiled loops off
+OFF = ("0", "false", "no", "off")
+
+
+# the extension's VERSION these functions are written for (kernels/native_module.c)
+VERSION = 1
+
+
+def _load() -> ModuleType | None:
+    try:
+        mod = importlib.import_module(f"{__package__}._native")
+    except ImportError:
+        return None
+    # a build left in place from other sources (an editable install not rebuilt) is not run
+    return mod if getattr(mod, "VERSION", None) == VERSION else None
+
+
+_NATIVE = _load()
+
+
+def available() -> bool:
+    """Whether the compiled loops were built and are not turned off (GPTQFMT_NATIVE=0)."""
+    return _NATIVE is not None and os.environ.get("GPTQFMT_NATIVE", "1").lower() not in OFF
+
+
+def cell_sums(qweight: Array, bits: int, g_idx: Array, groups: int,
+              rows_per_group: int | None) -> tuple[Array, Array] | None:
+    """(sums [groups, N] uint64, counts [groups] int64): per group and column of qweight
+    [R, N], the sum of its codes, and per group how many codes a cell sums; or None where the
+    compiled loops do not take the case (not built or turned off, 3 bits, words other than
+    native 32-bit ones, a g_idx of another length or naming a group outside [0, groups)), for
+    the numpy loops to do.
+
+    `rows_per_group`: packed rows per group when every word holds fields of one group (no
+    act-order), so g_idx is not read where the rows are `groups` such runs; None to add each
+    channel to g_idx's group.
+
+    Worked example, 4-bit, one group of the two rows 0x11111111 and 0x7654321F in one column:
+    8 x 1 + (15 + 1 + 2 + ... + 7) = 51, so the answer is ([[51]], [16]).
+    """
+    if not available() or bits not in (2, 4, 8) or qweight.ndim != 2 or \
+            qweight.dtype.itemsize != 4 or qweight.dtype.kind not in "iu" or \
+            not qweight.dtype.isnative or not qweight.flags.aligned:
+        return None
+    rows, n = qweight.shape
+    if len(g_idx) != rows * (32 // bits):
+        return None
+    if rows_per_group and (rows % rows_per_group or rows // rows_per_group != groups):
+        rows_per_group = None   # a last group of fewer rows: each channel to g_idx's group
+    if rows_per_group:
+        gi = np.zeros(0, dtype=np.int32)
+    else:
+        if len(g_idx) and (int(g_idx.min()) < 0 or int(g_idx.max()) >= groups):
+            return None
+        gi = np.ascontiguousarray(g_idx, dtype=np.int32)
+    out = np.zeros((groups, n), dtype=np.uint64)
+    assert _NATIVE is not None
+    _NATIVE.cell_sums(np.ascontiguousarray(qweight), rows, n, bits, gi, groups,
+                    rows_per_group or 0, out)
+    counts = np.full(groups, rows_per_group * (32 // bits), dtype=np.int64) if rows_per_group \
+        else np.bincount(gi, minlength=groups).astype(np.int64)
+    return out, counts
+
+
+# safetensors dtypes of scales -> the kinds of gptq_dequant.h's gq_load
+_KINDS = {"F32": (0, np.float32), "F16": (1, np.float16), "BF16": (2, np.uint16)}
+
+
+def _kind(scales: Array, dtype: str) -> int | None:
+    kind = _KINDS.get(dtype)
+    a = np.asarray(scales)
+    if not available() or kind is None or a.dtype != kind[1] or not a.flags.aligned:
+        return None
+    return kind[0]
+
+
+def largest_change(scales: Array, dtype: str, dz: Array) -> float | None:
+    """max |scale x dZ| in float32 over the cells whose Z changes (`dz`, int32, one per
+    scale), over finite scales and finite products (0.0 when none): the compiled twin of
+    runtimes.verdicts.largest_change, one pass with no float32 copy of the scales. None where
+    the compiled loops do not take the case (not built or turned off, a dtype other than F32,
+    F16 and BF16 (held as uint16), other shapes)."""
+    kind = _kind(scales, dtype)
+    if kind is None or dz.dtype != np.int32 or np.shape(scales) != dz.shape or \
+            not dz.flags.aligned:
+        return None
+    assert _NATIVE is not None
+    return float(_NATIVE.largest_change(np.ascontiguousarray(scales), kind,
+                                      np.ascontiguousarray(dz)))
+
+
+def largest_magnitude(scales: Array, dtype: str) -> float | None:
+    """max |scale| over the finite scales (0.0 when none), as float32; None where the
+    compiled loops do not take the case (as for largest_change)."""
+    kind = _kind(scales, dtype)
+    if kind is None:
+        return None
+    assert _NATIVE is not None
+    return float(_NATIVE.largest_magnitude(np.ascontiguousarray(scales), kind))
+
+
+def _words(a: Array, sizes: tuple[int, ...] = (4,)) -> bool:
+    """Native, aligned integer words (or fp16 / bf16 values, with 2 in `sizes`) in C order:
+    what the compiled re-layouts take as they are (a tensor at an odd offset of its file is
+    not aligned, and goes to numpy)."""
+    return a.ndim == 2 and a.dtype.itemsize in sizes and a.dtype.kind in "iuf" and \
+        a.dtype.isnative and a.flags.c_contiguous and a.flags.aligned
+
+
+def _into(out: Array, src: Array) -> bool:
+    """`out` can be written, and not over `src`."""
+    return bool(out.flags.writeable) and not np.may_share_memory(out, src)
+
+
+def transpose(words: Array, out: Array, c0: int, c1: int) -> bool:
+    """out[c, r] = words[r, c] for the columns [c0, c1) (words [R, C], out [C, R], C order;
+    32-bit words, or 16-bit values such as fp16 or bf16 scales); False where the compiled
+    loops do not take the case (then nothing is written)."""
+    if not available() or not _words(words, (2, 4)) or not _words(out, (2, 4)) or \
+            out.shape != words.shape[::-1] or out.itemsize != words.itemsize or \
+            not _into(out, words):
+        return False
+    assert _NATIVE is not None
+    _NATIVE.transpose(words, words.shape[0], words.shape[1], out, c0, c1, words.itemsize)
+    return True
+
+
+def transposed_differ(a: Array, b: Array, c0: int, c1: int) -> int | None:
+    """How many words of the columns [c0, c1) of a [R, C] differ from b [C, R] at the
+    transposed place; None where the compiled loops do not take the case."""
+    if not available() or not _words(a) or not _words(b) or b.shape != a.shape[::-1]:
+        return None
+    assert _NATIVE is not None
+    return int(_NATIVE.transposed_differ(a, a.shape[0], a.shape[1], b, c0, c1))
+
+
+def awq_to_gptq(words: Array, order: tuple[int, ...], out: Array, b0: int, b1: int) -> bool:
+    """AutoAWQ qweight words [K, C] -> GPTQ qweight out [K/8, 8C] for the blocks of eight rows
+    [b0, b1) (`order`: the channel of each nibble of a word); False where the compiled loops
+    do not take the case (then nothing is written)."""
+    if not available() or not _words(words) or not _words(out) or words.shape[0] % 8 or \
+            out.shape != (words.shape[0] // 8, words.shape[1] * 8) or not _into(out, words):
+        return False
+    assert _NATIVE is not None
+    _NATIVE.awq_relayout(words, words.shape[0], words.shape[1],
+                         np.asarray(order, dtype=np.intc), out, b0, b1, False)
+    return True
+
+
+def awq_to_transposed(words: Array, order: tuple[int, ...], out: Array, c0: int,
+                      c1: int) -> bool:
+    """AutoAWQ qweight words [K, C] -> the transpose of GPTQ's qweight, out [8C, K/8], for the
+    word columns [c0, c1) (compressed-tensors' weight_packed, with no GPTQ copy between);
+    False where the compiled loops do not take the case (then nothing is written)."""
+    if not available() or not _words(words) or not _words(out) or words.shape[0] % 8 or \
+            out.shape != (words.shape[1] * 8, words.shape[0] // 8) or not _into(out, words):
+        return False
+    assert _NATIVE is not None
+    _NATIVE.awq_relayout(words, words.shape[0], words.shape[1],
+                         np.asarray(order, dtype=np.intc), out, c0, c1, True)
+    return True

@@ -1,0 +1,184 @@
+// Word re-layouts between GPTQ and its neighbours (gptqfmt/formats/relayout.py does the same in
+// numpy; the tests hold the two equal): the transpose of a matrix of 32-bit words (GPTQ
+// qweight [K*bits/32, N] <-> compressed-tensors weight_packed [N, K*bits/32]), the count of
+// words that differ between a matrix and a transposed one (the convert gate), and AutoAWQ's
+// qweight [K, N/8] -> GPTQ's [K/8, N] by an 8 x 8 transpose of nibbles.
+#pragma once
+#include <stdint.h>
+
+#include "gptq_sums.h"   // GQ_INLINE
+
+// SSE2's 4 x 4 blocks where the compiler has them, unless GQ_NO_SIMD (the tests build the
+// plain C loops that way too).
+
+// Rows and columns of one tile: a tile of the source and of the destination (16 x 16 x 4 bytes
+// = 1 KiB each) sit in L1 while it moves, and each row of it is a 64-byte line.
+#define GQ_TRANSPOSE_TILE 16
+
+#if defined(__SSE2__) && defined(__GNUC__) && !defined(GQ_NO_SIMD)
+#include <emmintrin.h>
+// dst[j..j+3, r..r+3] = src[r..r+3, j..j+3]^T: four rows in, four out, by unpacking.
+GQ_INLINE void gq_transpose_4x4(const uint32_t* src, int64_t cols, uint32_t* dst, int64_t rows) {
+    const __m128i a = _mm_loadu_si128((const __m128i*)(src));
+    const __m128i b = _mm_loadu_si128((const __m128i*)(src + cols));
+    const __m128i c = _mm_loadu_si128((const __m128i*)(src + 2 * cols));
+    const __m128i d = _mm_loadu_si128((const __m128i*)(src + 3 * cols));
+    const __m128i ab0 = _mm_unpacklo_epi32(a, b), ab1 = _mm_unpackhi_epi32(a, b);
+    const __m128i cd0 = _mm_unpacklo_epi32(c, d), cd1 = _mm_unpackhi_epi32(c, d);
+    _mm_storeu_si128((__m128i*)(dst), _mm_unpacklo_epi64(ab0, cd0));
+    _mm_storeu_si128((__m128i*)(dst + rows), _mm_unpackhi_epi64(ab0, cd0));
+    _mm_storeu_si128((__m128i*)(dst + 2 * rows), _mm_unpacklo_epi64(ab1, cd1));
+    _mm_storeu_si128((__m128i*)(dst + 3 * rows), _mm_unpackhi_epi64(ab1, cd1));
+}
+#endif
+
+// dst[c, r] = src[r, c] for the columns [c0, c1) of src [rows, cols] of 16-bit values (fp16
+// or bf16 scales), a tile at a time.
+GQ_INLINE void gq_transpose_halves(const uint16_t* src, int64_t rows, int64_t cols,
+                                   uint16_t* dst, int64_t c0, int64_t c1) {
+    const int64_t T = 2 * GQ_TRANSPOSE_TILE;   // 32 x 2 bytes: a line per row of the tile
+    for (int64_t r0 = 0; r0 < rows; r0 += T) {
+        const int64_t r1 = r0 + T < rows ? r0 + T : rows;
+        for (int64_t j0 = c0; j0 < c1; j0 += T) {
+            const int64_t j1 = j0 + T < c1 ? j0 + T : c1;
+            for (int64_t j = j0; j < j1; ++j)
+                for (int64_t r = r0; r < r1; ++r) dst[j * rows + r] = src[r * cols + j];
+        }
+    }
+}
+
+#if defined(__SSE2__) && defined(__GNUC__) && !defined(GQ_NO_SIMD)
+// How many of the 16 words of src[r..r+3, j..j+3]^T differ from dst[j..j+3, r..r+3].
+GQ_INLINE int gq_differ_4x4(const uint32_t* a, int64_t cols, const uint32_t* b, int64_t rows) {
+    const __m128i w = _mm_loadu_si128((const __m128i*)(a));
+    const __m128i x = _mm_loadu_si128((const __m128i*)(a + cols));
+    const __m128i y = _mm_loadu_si128((const __m128i*)(a + 2 * cols));
+    const __m128i z = _mm_loadu_si128((const __m128i*)(a + 3 * cols));
+    const __m128i wx0 = _mm_unpacklo_epi32(w, x), wx1 = _mm_unpackhi_epi32(w, x);
+    const __m128i yz0 = _mm_unpacklo_epi32(y, z), yz1 = _mm_unpackhi_epi32(y, z);
+    const __m128i t[4] = {_mm_unpacklo_epi64(wx0, yz0), _mm_unpackhi_epi64(wx0, yz0),
+                          _mm_unpacklo_epi64(wx1, yz1), _mm_unpackhi_epi64(wx1, yz1)};
+    int same = 0;
+    for (int i = 0; i < 4; ++i) {
+        const __m128i eq =
+            _mm_cmpeq_epi32(t[i], _mm_loadu_si128((const __m128i*)(b + i * rows)));
+        same += __builtin_popcount((unsigned)_mm_movemask_ps(_mm_castsi128_ps(eq)));
+    }
+    return 16 - same;
+}
+#endif
+
+// The tiles of the columns [c0, c1) of a [rows, cols] against b [cols, rows], walked in
+// 16 x 16 tiles, 4 x 4 blocks by SSE2 within them where the compiler has it, the edges word by
+// word: with `compare` 0, b[c, r] = a[r, c] (the transpose; 0 returned); with 1, how many
+// b[c, r] differ from a[r, c] (nothing written). `compare` is a constant at each call site.
+GQ_INLINE int64_t gq_transpose_walk(const uint32_t* a, int64_t rows, int64_t cols, uint32_t* b,
+                                    int64_t c0, int64_t c1, int compare) {
+    const int64_t T = GQ_TRANSPOSE_TILE;
+    int64_t differ = 0;
+    for (int64_t r0 = 0; r0 < rows; r0 += T) {
+        const int64_t r1 = r0 + T < rows ? r0 + T : rows;
+        for (int64_t j0 = c0; j0 < c1; j0 += T) {
+            const int64_t j1 = j0 + T < c1 ? j0 + T : c1;
+            int64_t j4 = j0;
+#if defined(__SSE2__) && defined(__GNUC__) && !defined(GQ_NO_SIMD)
+            const int64_t r4 = r0 + (r1 - r0) / 4 * 4;
+            j4 = j0 + (j1 - j0) / 4 * 4;
+            for (int64_t r = r0; r < r4; r += 4)
+                for (int64_t j = j0; j < j4; j += 4) {
+                    if (compare)
+                        differ += gq_differ_4x4(a + r * cols + j, cols, b + j * rows + r, rows);
+                    else
+                        gq_transpose_4x4(a + r * cols + j, cols, b + j * rows + r, rows);
+                }
+            for (int64_t j = j0; j < j4; ++j)   // the rows past the last block of 4
+                for (int64_t r = r4; r < r1; ++r) {
+                    if (compare) differ += b[j * rows + r] != a[r * cols + j];
+                    else b[j * rows + r] = a[r * cols + j];
+                }
+#endif
+            for (int64_t j = j4; j < j1; ++j)   // the columns past it (all of them without)
+                for (int64_t r = r0; r < r1; ++r) {
+                    if (compare) differ += b[j * rows + r] != a[r * cols + j];
+                    else b[j * rows + r] = a[r * cols + j];
+                }
+        }
+    }
+    return differ;
+}
+
+// dst[c, r] = src[r, c] for the columns [c0, c1) of src [rows, cols] (dst is [cols, rows]).
+GQ_INLINE void gq_transpose_words(const uint32_t* src, int64_t rows, int64_t cols,
+                                  uint32_t* dst, int64_t c0, int64_t c1) {
+    gq_transpose_walk(src, rows, cols, dst, c0, c1, 0);
+}
+
+// How many of the columns [c0, c1) of a [rows, cols] hold a word other than b [cols, rows]'s
+// at the transposed place (b is only read).
+GQ_INLINE int64_t gq_transposed_differ(const uint32_t* a, int64_t rows, int64_t cols,
+                                       const uint32_t* b, int64_t c0, int64_t c1) {
+    return gq_transpose_walk(a, rows, cols, (uint32_t*)b, c0, c1, 1);
+}
+
+// One delta swap of a transpose held in words: the `mask` bits of x[i] shifted up by `shift`
+// trade places with the `mask` bits of x[j].
+GQ_INLINE void gq_delta_swap(uint32_t* x, int i, int j, int shift, uint32_t mask) {
+    const uint32_t t = ((x[i] >> shift) ^ x[j]) & mask;
+    x[j] ^= t;
+    x[i] ^= t << shift;
+}
+
+// The 8 x 8 matrix of nibbles held in x[0..7] (row k = x[k], column i = nibble i), transposed
+// in place: three delta swaps, of 16-, 8- and 4-bit blocks between rows 4, 2 and 1 apart.
+GQ_INLINE void gq_nibble_transpose(uint32_t* x) {
+    for (int i = 0; i < 4; ++i) gq_delta_swap(x, i, i + 4, 16, 0x0000FFFFu);
+    for (int i = 0; i < 8; i += 4) {
+        gq_delta_swap(x, i, i + 2, 8, 0x00FF00FFu);
+        gq_delta_swap(x, i + 1, i + 3, 8, 0x00FF00FFu);
+    }
+    for (int i = 0; i < 8; i += 2) gq_delta_swap(x, i, i + 1, 4, 0x0F0F0F0Fu);
+}
+
+// AutoAWQ qweight [K, C] (4-bit, 8 output channels per word, channel 8c + order[i] in nibble
+// i) -> GPTQ qweight [K/8, 8C] for the row blocks [b0, b1) (rows 8b..8b+7): rows 8b..8b+7 of
+// word column c are an 8 x 8 matrix of nibbles (row k, nibble i), whose transpose holds, in
+// row i, GPTQ's word (b, 8c + order[i]) (nibble k: input 8b + k).
+// Worked example: rows 0x75316420 + 0x11111111 k (k = 0..7) of one column: channel 3 sits in
+// nibble 5 of every row, holding 3 + k at row k, so GPTQ's word 3 is 0xA9876543.
+GQ_INLINE void gq_awq_to_gptq_rows(const uint32_t* src, int64_t C, uint32_t* dst,
+                                   const int* order, int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+        const uint32_t* in = src + b * 8 * C;
+        uint32_t* out = dst + b * 8 * C;
+        for (int64_t c = 0; c < C; ++c) {
+            uint32_t x[8];
+            for (int k = 0; k < 8; ++k) x[k] = in[k * C + c];
+            gq_nibble_transpose(x);
+            for (int i = 0; i < 8; ++i) out[8 * c + order[i]] = x[i];
+        }
+    }
+}
+
+// AutoAWQ qweight [K, C] -> GPTQ qweight's transpose [8C, K/8] (compressed-tensors'
+// weight_packed) for the word columns [c0, c1): gq_awq_to_gptq_rows' words, each written where
+// the transpose puts it, with no GPTQ copy between. Tiles of 16 row blocks by 16 word columns:
+// the tile's source lines stay in L1, and each destination row gets 16 consecutive words.
+GQ_INLINE void gq_awq_to_transposed(const uint32_t* src, int64_t K, int64_t C, uint32_t* dst,
+                                    const int* order, int64_t c0, int64_t c1) {
+    const int64_t blocks = K / 8;   // the length of a destination row
+    const int64_t T = GQ_TRANSPOSE_TILE;
+    for (int64_t b0 = 0; b0 < blocks; b0 += T) {
+        const int64_t b1 = b0 + T < blocks ? b0 + T : blocks;
+        // 16 word columns at a time: the tile's 128 source and 128 destination rows each lie
+        // on their own page, and 256 pages stay within the TLB (all of [c0, c1) at once
+        // touched 2,048 destination rows and ran at half the speed)
+        for (int64_t t0 = c0; t0 < c1; t0 += T)
+            for (int64_t c = t0; c < (t0 + T < c1 ? t0 + T : c1); ++c)
+                for (int64_t b = b0; b < b1; ++b) {
+                    uint32_t x[8];
+                    for (int k = 0; k < 8; ++k) x[k] = src[(8 * b + k) * C + c];
+                    gq_nibble_transpose(x);
+                    for (int i = 0; i < 8; ++i) dst[(8 * c + order[i]) * blocks + b] = x[i];
+                }
+    }
+}

@@ -1,0 +1,417 @@
+// gptqfmt.bits._native: the loops of gptq_sums.h and gptq_relayout.h for the host, and the
+// largest weight change over scales widened as gptq_dequant.h widens them, as a CPython
+// extension. Built at
+// install time where a C compiler is found (setup.py marks it optional); gptqfmt/bits/native.py
+// falls back to numpy where it is missing. The GIL is released while a module is summed, so
+// verify's threads sum modules on every core.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdlib.h>
+
+#include "gptq_dequant.h"
+#include "gptq_relayout.h"
+#include "gptq_sums.h"
+
+// Bytes of uint32 accumulators per column tile of the scattered sums (groups x tile): kept
+// within a typical L2.
+#define GQ_SCATTER_BYTES (256 * 1024)
+
+// Whether a buffer of `len` bytes holds exactly a x b elements of `size` bytes (a, b >= 0),
+// without the product overflowing: a wrapped product must never pass for a buffer's length.
+static int holds(Py_ssize_t len, Py_ssize_t a, Py_ssize_t b, Py_ssize_t size) {
+    if (a < 0 || b < 0 || size <= 0) return 0;
+    if (a == 0 || b == 0) return len == 0;
+    if (a > PY_SSIZE_T_MAX / b / size) return 0;
+    return len == a * b * size;
+}
+
+// target_clones needs ifunc: glibc on x86-64 (musl's toolchains refuse it)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+    defined(__GLIBC__)
+// one build for every x86-64, with a wider-vector body picked at load where the CPU has one
+#define GQ_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define GQ_CLONES
+#endif
+
+GQ_CLONES static void group_sums(const uint32_t* q, int64_t rows, int64_t N, int bits,
+                                 int64_t rows_per_group, uint64_t* sums) {
+    for (int64_t g = 0; g < rows / rows_per_group; ++g)
+        for (int64_t c0 = 0; c0 < N; c0 += GQ_SUM_TILE) {
+            const int64_t cols = N - c0 < GQ_SUM_TILE ? N - c0 : GQ_SUM_TILE;
+            switch (bits) {  // a constant per case: its masks and fold fold into the loop
+                case 2: gq_group_sums_bits(q, N, 2, g, rows_per_group, c0, cols, sums); break;
+                case 4: gq_group_sums_bits(q, N, 4, g, rows_per_group, c0, cols, sums); break;
+                default: gq_group_sums_bits(q, N, 8, g, rows_per_group, c0, cols, sums); break;
+            }
+        }
+}
+
+GQ_CLONES static void scattered_tile(const uint32_t* q, int64_t rows, int64_t N, int bits,
+                                     const int32_t* g_idx, int64_t c0, int64_t cols,
+                                     uint32_t* acc) {
+    switch (bits) {
+        case 2: gq_scattered_tile_bits(q, rows, N, 2, g_idx, c0, cols, acc); break;
+        case 4: gq_scattered_tile_bits(q, rows, N, 4, g_idx, c0, cols, acc); break;
+        default: gq_scattered_tile_bits(q, rows, N, 8, g_idx, c0, cols, acc); break;
+    }
+}
+
+// 0, or -1 when the accumulators cannot be allocated.
+static int scattered_sums(const uint32_t* q, int64_t rows, int64_t N, int bits,
+                          const int32_t* g_idx, int64_t groups, uint64_t* sums) {
+    int64_t tile = GQ_SCATTER_BYTES / (4 * (groups > 0 ? groups : 1));
+    tile = tile / 16 * 16;
+    if (tile < 16) tile = 16;
+    if (tile > N) tile = N;
+    uint32_t* acc = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)(groups * tile));
+    if (acc == NULL) return -1;
+    for (int64_t c0 = 0; c0 < N; c0 += tile) {
+        const int64_t cols = N - c0 < tile ? N - c0 : tile;
+        memset(acc, 0, sizeof(uint32_t) * (size_t)(groups * cols));
+        scattered_tile(q, rows, N, bits, g_idx, c0, cols, acc);
+        for (int64_t g = 0; g < groups; ++g)
+            for (int64_t n = 0; n < cols; ++n) sums[g * N + c0 + n] += acc[g * cols + n];
+    }
+    free(acc);
+    return 0;
+}
+
+PyDoc_STRVAR(cell_sums_doc,
+"cell_sums(qweight, rows, n, bits, g_idx, groups, rows_per_group, out)\n\n"
+"Add to out [groups, n] (uint64, C order) the sum of the codes of every (group, column) of\n"
+"qweight [rows, n] (32-bit words, C order; 2, 4 or 8 bits). rows_per_group > 0: groups are\n"
+"runs of that many whole rows and g_idx is not read; 0: channel k (rows * 32 / bits of them)\n"
+"is in group g_idx[k] (int32), each checked to lie in [0, groups).");
+
+static PyObject* cell_sums(PyObject* self, PyObject* args) {
+    Py_buffer qw, gi, out;
+    Py_ssize_t rows, n, groups, rpg;
+    int bits;
+    if (!PyArg_ParseTuple(args, "y*nniy*nnw*", &qw, &rows, &n, &bits, &gi, &groups, &rpg, &out))
+        return NULL;
+    PyObject* result = NULL;
+    const char* why = NULL;
+    if (bits != 2 && bits != 4 && bits != 8) why = "bits must be 2, 4 or 8";
+    else if (rows < 0 || n < 0 || groups < 0 || rpg < 0) why = "negative size";
+    else if (!holds(qw.len, rows, n, 4)) why = "qweight is not rows x n 32-bit words";
+    else if (!holds(out.len, groups, n, 8)) why = "out is not groups x n uint64";
+    else if (rpg > 0 && (rows % rpg || rows / rpg != groups))
+        why = "rows are not groups x rows_per_group";
+    else if (rpg == 0 && !holds(gi.len, rows, 32 / bits, 4))
+        why = "g_idx is not one int32 per input channel";
+    if (why == NULL && rpg == 0) {
+        const int32_t* g = (const int32_t*)gi.buf;
+        for (Py_ssize_t k = 0; k < gi.len / 4; ++k)
+            if (g[k] < 0 || g[k] >= groups) { why = "g_idx holds a group outside [0, groups)"; break; }
+    }
+    if (why != NULL) {
+        PyErr_Format(PyExc_ValueError, "cell_sums: %s", why);
+        goto done;
+    }
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (rpg > 0)
+        group_sums((const uint32_t*)qw.buf, rows, n, bits, rpg, (uint64_t*)out.buf);
+    else
+        failed = scattered_sums((const uint32_t*)qw.buf, rows, n, bits,
+                                (const int32_t*)gi.buf, groups, (uint64_t*)out.buf);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&qw);
+    PyBuffer_Release(&gi);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+// |x| of a scale as float32 bits, 0 where the scale is not finite: positive floats order as
+// their bits do, so the largest is an integer max, which vectorises (a float max does not
+// without -ffast-math). fp16 and bf16 are widened exactly, as gq_load does, without its loop
+// over a subnormal's leading zeros.
+GQ_INLINE uint32_t gq_magnitude_bits(const void* p, int64_t i, int kind) {
+    if (kind == GQ_F16) {
+        const uint32_t h = ((const uint16_t*)p)[i] & 0x7FFFu;
+        union { float f; uint32_t u; } sub;
+        sub.f = (float)h * 5.9604644775390625e-8f;   // a subnormal: h x 2^-24, exact
+        const uint32_t normal = (h << 13) + (112u << 23);
+        return h >= 0x7C00u ? 0u : h >= 0x0400u ? normal : sub.u;
+    }
+    const uint32_t u = kind == GQ_BF16 ? (uint32_t)((const uint16_t*)p)[i] << 16
+                                       : ((const uint32_t*)p)[i];
+    const uint32_t m = u & 0x7FFFFFFFu;
+    return m >= 0x7F800000u ? 0u : m;
+}
+
+GQ_CLONES static uint32_t largest_change_bits(const void* sc, int kind, const int32_t* d,
+                                              int64_t n) {
+    uint32_t best = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        union { float f; uint32_t u; } p;
+        // |d| in unsigned arithmetic: -INT32_MIN would overflow
+        const uint32_t a = d[i] < 0 ? 0u - (uint32_t)d[i] : (uint32_t)d[i];
+        union { uint32_t u; float f; } m;
+        m.u = gq_magnitude_bits(sc, i, kind);
+        p.f = m.f * (float)a;
+        // an overflowing product (a bf16 or float32 scale near the limit) is left out
+        const uint32_t v = p.u >= 0x7F800000u ? 0u : p.u;
+        best = v > best ? v : best;
+    }
+    return best;
+}
+
+GQ_CLONES static uint32_t largest_magnitude_bits(const void* sc, int kind, int64_t n) {
+    uint32_t best = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t v = gq_magnitude_bits(sc, i, kind);
+        best = v > best ? v : best;
+    }
+    return best;
+}
+
+static double bits_to_double(uint32_t u) {
+    union { uint32_t u; float f; } c;
+    c.u = u;
+    return (double)c.f;
+}
+
+PyDoc_STRVAR(largest_change_doc,
+"largest_change(scales, kind, dz) -> float\n\n"
+"max over the cells of |scale x dz| in float32, the finite products of finite scales only\n"
+"(0.0 when there are none; a cell with dz 0 adds 0): scales a C-order buffer of kind 0\n"
+"(float32), 1 (fp16 bits) or 2 (bf16 bits), widened exactly; dz int32, one per scale.");
+
+static PyObject* largest_change(PyObject* self, PyObject* args) {
+    Py_buffer sc, dz;
+    int kind;
+    if (!PyArg_ParseTuple(args, "y*iy*", &sc, &kind, &dz)) return NULL;
+    PyObject* result = NULL;
+    const Py_ssize_t n = dz.len / 4;
+    if (kind != GQ_F32 && kind != GQ_F16 && kind != GQ_BF16)
+        PyErr_SetString(PyExc_ValueError, "largest_change: kind must be 0, 1 or 2");
+    else if (dz.len % 4 || sc.len != n * (kind == GQ_F32 ? 4 : 2))
+        PyErr_SetString(PyExc_ValueError, "largest_change: not one scale per dz");
+    else {
+        uint32_t best;
+        Py_BEGIN_ALLOW_THREADS
+        best = largest_change_bits(sc.buf, kind, (const int32_t*)dz.buf, n);
+        Py_END_ALLOW_THREADS
+        result = PyFloat_FromDouble(bits_to_double(best));
+    }
+    PyBuffer_Release(&sc);
+    PyBuffer_Release(&dz);
+    return result;
+}
+
+PyDoc_STRVAR(largest_magnitude_doc,
+"largest_magnitude(scales, kind) -> float\n\n"
+"max |scale| over the finite scales (0.0 when none), kind as for largest_change.");
+
+static PyObject* largest_magnitude(PyObject* self, PyObject* args) {
+    Py_buffer sc;
+    int kind;
+    if (!PyArg_ParseTuple(args, "y*i", &sc, &kind)) return NULL;
+    PyObject* result = NULL;
+    const Py_ssize_t width = kind == GQ_F32 ? 4 : 2;
+    if (kind != GQ_F32 && kind != GQ_F16 && kind != GQ_BF16)
+        PyErr_SetString(PyExc_ValueError, "largest_magnitude: kind must be 0, 1 or 2");
+    else if (sc.len % width)
+        PyErr_SetString(PyExc_ValueError, "largest_magnitude: not whole scales");
+    else {
+        uint32_t best;
+        Py_BEGIN_ALLOW_THREADS
+        best = largest_magnitude_bits(sc.buf, kind, sc.len / width);
+        Py_END_ALLOW_THREADS
+        result = PyFloat_FromDouble(bits_to_double(best));
+    }
+    PyBuffer_Release(&sc);
+    return result;
+}
+
+GQ_CLONES static void transpose_words(const uint32_t* src, int64_t rows, int64_t cols,
+                                      uint32_t* dst, int64_t c0, int64_t c1) {
+    gq_transpose_words(src, rows, cols, dst, c0, c1);
+}
+
+GQ_CLONES static int64_t transposed_differ(const uint32_t* a, int64_t rows, int64_t cols,
+                                           const uint32_t* b, int64_t c0, int64_t c1) {
+    return gq_transposed_differ(a, rows, cols, b, c0, c1);
+}
+
+// 0, or sets a ValueError naming `fn` and returns -1: the columns [c0, c1) of [rows, cols]
+static int check_span(const char* fn, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t c0,
+                      Py_ssize_t c1) {
+    if (rows < 0 || cols < 0 || c0 < 0 || c1 < c0 || c1 > cols) {
+        PyErr_Format(PyExc_ValueError, "%s: columns [%zd, %zd) of %zd x %zd", fn, c0, c1,
+                     rows, cols);
+        return -1;
+    }
+    return 0;
+}
+
+GQ_CLONES static void transpose_halves(const uint16_t* src, int64_t rows, int64_t cols,
+                                       uint16_t* dst, int64_t c0, int64_t c1) {
+    gq_transpose_halves(src, rows, cols, dst, c0, c1);
+}
+
+// 0, or sets a ValueError naming `fn` and returns -1: `ord` is not 8 ints, a permutation of 0..7
+static int check_order(const char* fn, const Py_buffer* ord) {
+    const int* order = (const int*)ord->buf;
+    int seen = 0;
+    if (ord->len == 8 * (Py_ssize_t)sizeof(int))
+        for (int i = 0; i < 8; ++i)
+            if (order[i] >= 0 && order[i] < 8) seen |= 1 << order[i];
+    if (seen != 0xFF) {
+        PyErr_Format(PyExc_ValueError, "%s: order is not a permutation of 0..7", fn);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(transpose_doc,
+"transpose(src, rows, cols, dst, c0, c1, itemsize)\n\n"
+"dst[c, r] = src[r, c] for the columns [c0, c1): src [rows, cols] and dst [cols, rows], both\n"
+"in C order, of 4-byte (words) or 2-byte (fp16 or bf16) elements.");
+
+static PyObject* transpose(PyObject* self, PyObject* args) {
+    Py_buffer src, dst;
+    Py_ssize_t rows, cols, c0, c1;
+    int itemsize;
+    if (!PyArg_ParseTuple(args, "y*nnw*nni", &src, &rows, &cols, &dst, &c0, &c1, &itemsize))
+        return NULL;
+    PyObject* result = NULL;
+    if (check_span("transpose", rows, cols, c0, c1) == 0) {
+        if (itemsize != 2 && itemsize != 4)
+            PyErr_SetString(PyExc_ValueError, "transpose: itemsize must be 2 or 4");
+        else if (!holds(src.len, rows, cols, itemsize) || !holds(dst.len, rows, cols, itemsize))
+            PyErr_SetString(PyExc_ValueError, "transpose: src and dst are not rows x cols");
+        else {
+            Py_BEGIN_ALLOW_THREADS
+            if (itemsize == 4)
+                transpose_words((const uint32_t*)src.buf, rows, cols, (uint32_t*)dst.buf, c0,
+                                c1);
+            else
+                transpose_halves((const uint16_t*)src.buf, rows, cols, (uint16_t*)dst.buf, c0,
+                                 c1);
+            Py_END_ALLOW_THREADS
+            Py_INCREF(Py_None);
+            result = Py_None;
+        }
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+PyDoc_STRVAR(transposed_differ_doc,
+"transposed_differ(a, rows, cols, b, c0, c1) -> int\n\n"
+"How many words of the columns [c0, c1) of a [rows, cols] differ from b [cols, rows] at the\n"
+"transposed place (32-bit words, C order).");
+
+static PyObject* transposed_differ_py(PyObject* self, PyObject* args) {
+    Py_buffer a, b;
+    Py_ssize_t rows, cols, c0, c1;
+    if (!PyArg_ParseTuple(args, "y*nny*nn", &a, &rows, &cols, &b, &c0, &c1)) return NULL;
+    PyObject* result = NULL;
+    if (check_span("transposed_differ", rows, cols, c0, c1) == 0) {
+        if (!holds(a.len, rows, cols, 4) || !holds(b.len, rows, cols, 4))
+            PyErr_SetString(PyExc_ValueError,
+                            "transposed_differ: a and b are not rows x cols words");
+        else {
+            int64_t n;
+            Py_BEGIN_ALLOW_THREADS
+            n = transposed_differ((const uint32_t*)a.buf, rows, cols, (const uint32_t*)b.buf,
+                                  c0, c1);
+            Py_END_ALLOW_THREADS
+            result = PyLong_FromLongLong((long long)n);
+        }
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return result;
+}
+
+GQ_CLONES static void awq_rows(const uint32_t* src, int64_t C, uint32_t* dst, const int* order,
+                               int64_t b0, int64_t b1) {
+    gq_awq_to_gptq_rows(src, C, dst, order, b0, b1);
+}
+
+GQ_CLONES static void awq_columns(const uint32_t* src, int64_t K, int64_t C, uint32_t* dst,
+                                  const int* order, int64_t c0, int64_t c1) {
+    gq_awq_to_transposed(src, K, C, dst, order, c0, c1);
+}
+
+PyDoc_STRVAR(awq_relayout_doc,
+"awq_relayout(src, rows, cols, order, dst, lo, hi, transposed)\n\n"
+"AutoAWQ qweight src [rows, cols] -> GPTQ's qweight dst [rows / 8, 8 cols] for the blocks of\n"
+"eight rows [lo, hi); with `transposed`, its transpose dst [8 cols, rows / 8] for the word\n"
+"columns [lo, hi). order: the 8 channels of a word's nibbles 0..7 (int32).");
+
+static PyObject* awq_relayout(PyObject* self, PyObject* args) {
+    Py_buffer src, ord, dst;
+    Py_ssize_t rows, cols, lo, hi;
+    int transposed;
+    if (!PyArg_ParseTuple(args, "y*nny*w*nnp", &src, &rows, &cols, &ord, &dst, &lo, &hi,
+                          &transposed))
+        return NULL;
+    PyObject* result = NULL;
+    const int* order = (const int*)ord.buf;
+    const Py_ssize_t span = transposed ? cols : rows / 8;
+    if (check_order("awq_relayout", &ord)) {
+        // check_order said why
+    } else if (rows < 0 || cols < 0 || rows % 8)
+        PyErr_Format(PyExc_ValueError, "awq_relayout: %zd rows, not whole blocks of 8", rows);
+    else if (lo < 0 || hi < lo || hi > span)
+        PyErr_Format(PyExc_ValueError, "awq_relayout: %s [%zd, %zd) of %zd",
+                     transposed ? "word columns" : "row blocks", lo, hi, span);
+    else if (!holds(src.len, rows, cols, 4) || !holds(dst.len, rows, cols, 4))
+        PyErr_SetString(PyExc_ValueError, "awq_relayout: src and dst are not rows x cols words");
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        if (transposed)
+            awq_columns((const uint32_t*)src.buf, rows, cols, (uint32_t*)dst.buf, order, lo, hi);
+        else
+            awq_rows((const uint32_t*)src.buf, cols, (uint32_t*)dst.buf, order, lo, hi);
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&ord);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"cell_sums", cell_sums, METH_VARARGS, cell_sums_doc},
+    {"largest_change", largest_change, METH_VARARGS, largest_change_doc},
+    {"largest_magnitude", largest_magnitude, METH_VARARGS, largest_magnitude_doc},
+    {"transpose", transpose, METH_VARARGS, transpose_doc},
+    {"transposed_differ", transposed_differ_py, METH_VARARGS, transposed_differ_doc},
+    {"awq_relayout", awq_relayout, METH_VARARGS, awq_relayout_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+// The Python side (gptqfmt/bits/native.py) takes the extension only at this version: a build
+// left in place from older sources is never run. Raise it with every change to what a
+// function takes or gives.
+#define GQ_NATIVE_VERSION 1
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native",
+    "The per-cell code sums of kernels/gptq_sums.h, compiled for the host.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject* m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", GQ_NATIVE_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,376 @@
+"""The compiled loops of kernels/gptq_sums.h (gptqfmt.bits._native) against the codes unpacked
+one by one, the numpy loops' answers held equal to them, and verify's whole report equal with
+and without them on every fixture."""
+import shutil
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gptqfmt.bits import native
+from gptqfmt.bits.packing import pack, unpack
+from gptqfmt.detection.codestats import read_cell_sums
+from tests.support import CKPT, loops
+
+BUILT = native.available()
+needs_build = pytest.mark.skipif(not BUILT, reason="gptqfmt.bits._native was not built")
+
+
+def slow_sums(qweight, bits, g_idx, groups):
+    codes = unpack(qweight, bits, axis=0).astype(np.int64)
+    out = np.zeros((groups, qweight.shape[1]), np.int64)
+    np.add.at(out, np.asarray(g_idx), codes)
+    return out
+
+
+@needs_build
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_cell_sums_against_the_codes_one_by_one(bits, data):
+    """Both loops: groups of whole rows (shorter than, equal to and longer than a lane's run
+    of rows: 4-bit 17), and any g_idx (act-order, groups left empty); column counts across
+    the tiles' edges; every field maxq (each lane at its limit) or random."""
+    vpw = 32 // bits
+    rows = data.draw(st.sampled_from([1, 2, 5, 16, 17, 34, 40, 64, 300]))  # 8-bit lanes: 257
+    n = data.draw(st.sampled_from([1, 3, 17, 2048, 2049, 4100]))
+    k = rows * vpw
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    words = rng.integers(0, 2**32, (rows, n), dtype=np.uint64).astype(np.uint32)
+    if data.draw(st.booleans()):
+        words[:] = 0xFFFFFFFF
+    qweight = words.view(np.int32) if data.draw(st.booleans()) else words
+    qweight.flags.writeable = False   # a read-only mapping, as a file gives it
+    if data.draw(st.booleans()):   # groups of whole rows
+        rpg = data.draw(st.integers(1, rows))   # a last group of fewer rows when it does
+        g_idx = np.arange(k) // (rpg * vpw)     # not divide
+        groups = -(-rows // rpg)
+    else:
+        rpg = None
+        groups = data.draw(st.integers(1, k + 2))
+        g_idx = rng.integers(0, groups, k)
+    got = native.cell_sums(qweight, bits, g_idx, groups, rpg)
+    assert got is not None and got[0].dtype == np.uint64
+    assert np.array_equal(got[0], slow_sums(qweight, bits, g_idx, groups))
+    assert got[1].tolist() == np.bincount(g_idx, minlength=groups).tolist()
+
+
+@needs_build
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_the_numpy_loops_give_the_same_cells(bits, act_order):
+    rng = np.random.default_rng(bits)
+    k, n, gs = 1024, 300, 128
+    codes = rng.integers(0, 2**bits, (k, n)).astype(np.uint8)
+    qweight = pack(codes, bits, 32, axis=0)
+    g_idx = np.arange(k) // gs
+    if act_order:
+        g_idx = rng.permutation(g_idx)
+    with loops(compiled=True):
+        compiled = read_cell_sums(qweight, bits, g_idx, k // gs)
+    with loops(compiled=False):
+        plain = read_cell_sums(qweight, bits, g_idx, k // gs)
+    for a, b in zip(compiled, plain):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_the_cases_the_compiled_loops_leave_to_numpy():
+    """None, for the numpy loops to do: 3 bits, words other than native 32-bit ones, a g_idx
+    of another length or naming a group outside [0, groups), and GPTQFMT_NATIVE=0."""
+    q = np.zeros((2, 4), np.int32)
+    g = np.zeros(16, np.int64)
+    assert native.cell_sums(pack(np.zeros((32, 4), np.uint8), 3, 32, axis=0), 3,
+                            np.zeros(32, np.int64), 1, None) is None
+    assert native.cell_sums(q.astype(np.int64), 4, g, 1, None) is None
+    assert native.cell_sums(q.astype(">i4"), 4, g, 1, None) is None
+    assert native.cell_sums(q, 4, g[:15], 1, None) is None
+    assert native.cell_sums(q, 4, g + 1, 1, None) is None
+    assert native.cell_sums(q, 4, g - 1, 1, None) is None
+    with loops(compiled=False):
+        assert not native.available()
+        assert native.cell_sums(q, 4, g, 1, None) is None
+    with loops(compiled=True):
+        assert native.available() is BUILT
+    odd = np.zeros(4 * 2 * 4 + 1, np.uint8)[1:].view(np.int32).reshape(4, 2)  # not aligned
+    assert not odd.flags.aligned
+    assert native.cell_sums(odd, 4, np.zeros(32, np.int64), 1, None) is None
+    f16 = np.zeros(9, np.uint8)[1:].view(np.float16)
+    assert native.largest_change(f16, "F16", np.zeros(4, np.int32)) is None
+    assert native.largest_magnitude(f16, "F16") is None
+
+
+@needs_build
+@pytest.mark.parametrize(("args", "why"), [
+    ((np.zeros(4, np.int32), 1, 4, 3, np.zeros(0, np.int32), 1, 1, np.zeros(4, np.uint64)),
+     "bits must be 2, 4 or 8"),
+    ((np.zeros(4, np.int32), 2, 4, 4, np.zeros(0, np.int32), 1, 2, np.zeros(4, np.uint64)),
+     "qweight is not rows x n 32-bit words"),
+    ((np.zeros(4, np.int32), 1, 4, 4, np.zeros(0, np.int32), 2, 1, np.zeros(4, np.uint64)),
+     "out is not groups x n uint64"),
+    ((np.zeros(8, np.int32), 2, 4, 4, np.zeros(0, np.int32), 2, 2, np.zeros(8, np.uint64)),
+     "rows are not groups x rows_per_group"),
+    ((np.zeros(4, np.int32), 1, 4, 4, np.zeros(7, np.int32), 1, 0, np.zeros(4, np.uint64)),
+     "g_idx is not one int32 per input channel"),
+    ((np.zeros(4, np.int32), 1, 4, 4, np.full(8, 1, np.int32), 1, 0, np.zeros(4, np.uint64)),
+     "g_idx holds a group outside [0, groups)"),
+    ((np.zeros(0, np.int32), 2**62, 1, 4, np.zeros(0, np.int32), 0, 0, np.zeros(0, np.uint64)),
+     "qweight is not rows x n 32-bit words"),
+])
+def test_the_extension_checks_its_arguments(args, why):
+    from gptqfmt.bits import _native
+
+    with pytest.raises(ValueError) as e:
+        _native.cell_sums(*args)
+    assert str(e.value) == f"cell_sums: {why}"
+
+
+def test_an_install_with_a_compiler_builds_the_compiled_loops():
+    """setup.py marks the extension optional, so a failed build would go unnoticed but for
+    this: where the tests' interpreter has a C compiler and its headers, the build must have
+    given the extension (`pip install -e .` builds it in place)."""
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if shutil.which(cc) is None or not headers.is_file():
+        pytest.skip(f"no C compiler ({cc}) or no Python headers ({headers})")
+    with loops(compiled=True):
+        assert native.available(), "gptqfmt.bits._native was not built: pip install -e ."
+
+
+@needs_build
+@pytest.mark.parametrize("name", sorted(p.name for p in CKPT.iterdir() if p.is_dir()))
+def test_verify_reports_the_same_with_and_without_the_compiled_loops(name):
+    from gptqfmt.ops.verify import validate
+
+    with loops(compiled=True):
+        compiled = validate(CKPT / name).to_json()
+    with loops(compiled=False):
+        plain = validate(CKPT / name).to_json()
+    assert compiled == plain
+
+
+def every_scale(dtype):
+    """Every fp16 or bf16 bit pattern (subnormals, both zeros, infinities, NaNs), or float32
+    values across the range with its specials, as the store holds them."""
+    if dtype == "F32":
+        rng = np.random.default_rng(32)
+        bits = rng.integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32)
+        special = np.array([0, 0x80000000, 1, 0x007FFFFF, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000,
+                            0xFF800000, 0x7FC00000, 0x7F800001, 0x3F800000], np.uint32)
+        return np.concatenate([bits, special]).view(np.float32)
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    return bits.view(np.float16) if dtype == "F16" else bits
+
+
+@needs_build
+@pytest.mark.parametrize("dtype", ["F16", "BF16", "F32"])
+def test_largest_change_and_magnitude_against_numpy(dtype):
+    """The compiled pass against the numpy one (runtimes.verdicts), over every fp16 and bf16
+    bit pattern and float32 with its specials: changes of 0 (no change, whatever the scale),
+    negative ones, and ones that overflow float32 with the largest bf16 and float32 scales
+    (left out, the others still count)."""
+    from gptqfmt.runtimes.verdicts import finite_magnitudes, largest_change, largest_finite
+    from gptqfmt.safetensors_io.dtypes import to_float32
+
+    raw = every_scale(dtype)
+    s32 = to_float32(raw, dtype)
+    rng = np.random.default_rng(7)
+    for dz in (rng.integers(-16, 17, raw.shape).astype(np.int32),
+               np.where(rng.random(raw.shape) < 0.9, 0, 256).astype(np.int32),
+               np.full(raw.shape, -1, np.int32)):
+        moved = dz != 0   # the plain formula: every moved cell's product, the finite ones
+        with np.errstate(invalid="ignore", over="ignore"):
+            oracle = largest_finite(s32[moved] * dz[moved].astype(np.float32))
+        want = largest_change(s32, finite_magnitudes(s32), dz.copy())
+        assert want == oracle
+        assert native.largest_change(raw, dtype, dz) == want
+    assert native.largest_magnitude(raw, dtype) == largest_finite(s32)
+    assert native.largest_change(raw[:0], dtype, np.zeros(0, np.int32)) == 0.0
+    assert native.largest_magnitude(raw[:3].reshape(1, 3), dtype) == largest_finite(s32[:3])
+
+
+def test_the_scales_the_compiled_pass_leaves_to_numpy():
+    raw = np.ones(4, np.float16)
+    dz = np.ones(4, np.int32)
+    assert native.largest_change(raw, "F64", dz) is None
+    assert native.largest_change(raw.astype(np.float32), "F16", dz) is None
+    assert native.largest_change(raw, "F16", dz.astype(np.int64)) is None
+    assert native.largest_change(raw, "F16", dz[:3]) is None
+    assert native.largest_magnitude(raw, "BF16") is None   # bf16 arrives as uint16
+    with loops(compiled=False):
+        assert native.largest_change(raw, "F16", dz) is None
+        assert native.largest_magnitude(raw, "F16") is None
+
+
+@needs_build
+def test_the_scale_passes_check_their_arguments():
+    from gptqfmt.bits import _native
+
+    f16, dz = np.zeros(4, np.float16), np.zeros(4, np.int32)
+    cases = [
+        (lambda: _native.largest_change(f16, 3, dz), "largest_change: kind must be 0, 1 or 2"),
+        (lambda: _native.largest_change(f16, 0, dz), "largest_change: not one scale per dz"),
+        (lambda: _native.largest_magnitude(f16, 5), "largest_magnitude: kind must be 0, 1 or 2"),
+        (lambda: _native.largest_magnitude(f16[:3], 0), "largest_magnitude: not whole scales"),
+    ]
+    for call, why in cases:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == why
+
+
+SHAPES = [(1, 1), (3, 5), (4, 4), (16, 16), (17, 33), (64, 300), (130, 257)]
+
+
+@needs_build
+@pytest.mark.parametrize(("rows", "cols"), SHAPES)
+def test_transposes_and_their_comparison_against_numpy(rows, cols):
+    """The compiled transpose and transposed comparison (formats/relayout.py,
+    ops/differences.py) against numpy's, on shapes with and without whole 4 x 4 blocks and
+    tiles, a span of columns at a time, and words that differ in a few random places."""
+    rng = np.random.default_rng(rows * cols)
+    a = rng.integers(0, 2**32, (rows, cols), dtype=np.uint64).astype(np.uint32)
+    out = np.full((cols, rows), 7, np.uint32)
+    spans = [(0, cols)] if cols < 3 else [(0, 1), (1, cols // 2), (cols // 2, cols)]
+    for c0, c1 in spans:
+        assert native.transpose(a.view(np.int32), out, c0, c1)
+    assert np.array_equal(out, a.T)
+    halves = a.astype(np.uint16).view(np.float16)   # fp16 scales, as bits
+    out16 = np.zeros((cols, rows), np.float16)
+    for c0, c1 in spans:
+        assert native.transpose(halves, out16, c0, c1)
+    assert np.array_equal(out16.view(np.uint16), halves.T.view(np.uint16))
+    b = np.ascontiguousarray(a.T)
+    flips = rng.integers(0, b.size, min(b.size, 9))
+    b.reshape(-1)[flips] ^= 1
+    want = int(np.count_nonzero(a.T != b))
+    assert sum(native.transposed_differ(a, b, c0, c1) for c0, c1 in spans) == want
+    with loops(compiled=False):
+        assert not native.transpose(a, out, 0, cols)
+        assert native.transposed_differ(a, b, 0, cols) is None
+
+
+@needs_build
+@pytest.mark.parametrize("cols", [1, 3, 64])
+def test_the_awq_nibble_transpose_against_numpy(cols):
+    from gptqfmt.formats.relayout import AWQ_ORDER, awq_qweight_to_gptq
+
+    rng = np.random.default_rng(cols)
+    words = rng.integers(0, 2**32, (40, cols), dtype=np.uint64).astype(np.uint32).view(np.int32)
+    with loops(compiled=False):
+        want = awq_qweight_to_gptq(words)
+    got = np.full((5, 8 * cols), 7, np.int32)
+    assert native.awq_to_gptq(words, AWQ_ORDER, got, 0, 2)
+    assert native.awq_to_gptq(words, AWQ_ORDER, got, 2, 5)
+    assert np.array_equal(got, want)
+    # the docstring's worked example
+    rows = np.array([[0x75316420 + 0x11111111 * k] for k in range(8)], np.uint32)
+    one = np.zeros((1, 8), np.uint32)
+    assert native.awq_to_gptq(rows, AWQ_ORDER, one, 0, 1)
+    assert hex(int(one[0, 3])) == "0xa9876543"
+
+
+def test_the_relayouts_the_compiled_loops_leave_to_numpy():
+    a = np.zeros((4, 8), np.int32)
+    odd = np.zeros(4 * 8 * 4 + 1, np.uint8)[1:].view(np.int32).reshape(4, 8)
+    assert not native.transpose(odd, np.zeros((8, 4), np.int32), 0, 8)     # not aligned
+    square = np.zeros((4, 4), np.int32)
+    assert not native.transpose(square, square, 0, 4)                      # over itself
+    assert not native.transpose(a, np.zeros((4, 8), np.int32), 0, 8)      # not a's transpose
+    assert not native.transpose(a, np.zeros((8, 4), np.int64), 0, 8)
+    assert not native.transpose(a, np.zeros((8, 4), np.int16), 0, 8)       # other widths
+    assert not native.transpose(a.astype(np.int64), np.zeros((8, 4), np.int64), 0, 8)
+    assert not native.transpose(a[:, ::2], np.zeros((4, 4), np.int32), 0, 4)  # not C order
+    ro = np.zeros((8, 4), np.int32)
+    ro.flags.writeable = False
+    assert not native.transpose(a, ro, 0, 8)
+    assert native.transposed_differ(a, np.zeros((4, 8), np.int32), 0, 8) is None
+    assert not native.awq_to_gptq(np.zeros((12, 1), np.int32), (0, 2, 4, 6, 1, 3, 5, 7),
+                                  np.zeros((1, 8), np.int32), 0, 1)        # rows not 8k
+
+
+@needs_build
+def test_the_relayout_loops_check_their_arguments():
+    from gptqfmt.bits import _native
+
+    w = np.zeros((8, 2), np.int32)
+    order = np.arange(8, dtype=np.intc)
+    cases = [
+        (lambda: _native.transpose(w, 8, 2, np.zeros(16, np.int32), 1, 3, 4),
+         "transpose: columns [1, 3) of 8 x 2"),
+        (lambda: _native.transpose(w, 8, 2, np.zeros(15, np.int32), 0, 2, 4),
+         "transpose: src and dst are not rows x cols"),
+        (lambda: _native.transpose(w, 8, 2, np.zeros(16, np.int32), 0, 2, 8),
+         "transpose: itemsize must be 2 or 4"),
+        # sizes whose product wraps to the buffers' length (0) must not pass for it
+        (lambda: _native.transpose(np.zeros(0, np.int32), 2**62, 1, np.zeros(0, np.int32), 0,
+                                   1, 4), "transpose: src and dst are not rows x cols"),
+        (lambda: _native.transposed_differ(np.zeros(0, np.int32), 2**62, 4,
+                                           np.zeros(0, np.int32), 0, 4),
+         "transposed_differ: a and b are not rows x cols words"),
+        (lambda: _native.transposed_differ(w, 8, 2, np.zeros(16, np.int32), 2, 1),
+         "transposed_differ: columns [2, 1) of 8 x 2"),
+        (lambda: _native.transposed_differ(w, 4, 2, w, 0, 2),
+         "transposed_differ: a and b are not rows x cols words"),
+        (lambda: _native.awq_relayout(w, 8, 2, np.zeros(8, np.intc), np.zeros(16, np.int32),
+                                      0, 1, False),
+         "awq_relayout: order is not a permutation of 0..7"),
+        (lambda: _native.awq_relayout(w, 8, 2, order[:7], np.zeros(16, np.int32), 0, 1, True),
+         "awq_relayout: order is not a permutation of 0..7"),
+        (lambda: _native.awq_relayout(w[:6], 6, 2, order, np.zeros(12, np.int32), 0, 1, True),
+         "awq_relayout: 6 rows, not whole blocks of 8"),
+        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(16, np.int32), 0, 2, False),
+         "awq_relayout: row blocks [0, 2) of 1"),
+        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(16, np.int32), 0, 3, True),
+         "awq_relayout: word columns [0, 3) of 2"),
+        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(8, np.int32), 0, 1, True),
+         "awq_relayout: src and dst are not rows x cols words"),
+        (lambda: _native.awq_relayout(np.zeros(0, np.int32), 2**62, 2, order,
+                                      np.zeros(0, np.int32), 0, 1, False),
+         "awq_relayout: src and dst are not rows x cols words"),
+    ]
+    for call, why in cases:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == why
+
+
+@needs_build
+def test_the_plain_c_loops_without_simd(tmp_path):
+    """The extension built with GQ_NO_SIMD (the loops a compiler without SSE2 runs) against
+    numpy: transposes and transposed comparisons with tile and block edges, every bit
+    width's cell sums; and the built extension is the version native.py is written for."""
+    import importlib.util
+    import subprocess
+
+    from gptqfmt.bits import _native
+    from gptqfmt.resources import data_dir
+
+    assert _native.VERSION == native.VERSION
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    kernels = data_dir("kernels")
+    so = tmp_path / "_native.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-DGQ_NO_SIMD", "-I", str(kernels), "-I",
+                    sysconfig.get_paths()["include"], str(kernels / "native_module.c"), "-o",
+                    str(so)], check=True)
+    spec = importlib.util.spec_from_file_location("_native", so)
+    assert spec is not None and spec.loader is not None
+    plain = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plain)
+    rng = np.random.default_rng(11)
+    for rows, cols in SHAPES:
+        a = rng.integers(0, 2**32, (rows, cols), dtype=np.uint64).astype(np.uint32)
+        out = np.zeros((cols, rows), np.uint32)
+        plain.transpose(a, rows, cols, out, 0, cols, 4)
+        assert np.array_equal(out, a.T)
+        out.reshape(-1)[::7] ^= 1
+        want = int(np.count_nonzero(out != a.T))
+        assert plain.transposed_differ(a, rows, cols, out, 0, cols) == want
+    for bits in (2, 4, 8):
+        q = rng.integers(0, 2**32, (40, 9), dtype=np.uint64).astype(np.uint32)
+        g = np.arange(40 * 32 // bits) // (32 // bits * 8)
+        got = np.zeros((5, 9), np.uint64)
+        plain.cell_sums(q, 40, 9, bits, np.zeros(0, np.int32), 5, 8, got)
+        assert np.array_equal(got, slow_sums(q, bits, g, 5))
