@@ -160,25 +160,39 @@ GQ_INLINE void gq_awq_to_gptq_rows(const uint32_t* src, int64_t C, uint32_t* dst
 }
 
 // AutoAWQ qweight [K, C] -> GPTQ qweight's transpose [8C, K/8] (compressed-tensors'
-// weight_packed) for the word columns [c0, c1): gq_awq_to_gptq_rows' words, each written where
-// the transpose puts it, with no GPTQ copy between. Tiles of 16 row blocks by 16 word columns:
-// the tile's source lines stay in L1, and each destination row gets 16 consecutive words.
-GQ_INLINE void gq_awq_to_transposed(const uint32_t* src, int64_t K, int64_t C, uint32_t* dst,
-                                    const int* order, int64_t c0, int64_t c1) {
+// weight_packed) for the word columns [c0, c1): gq_awq_to_gptq_rows' words, each put where the
+// transpose puts it, with no GPTQ copy between; with `compare` (a constant at each call site),
+// nothing is written and the words of dst that differ from them are counted instead.
+// A tile of 16 row blocks by 16 word columns is built in a local buffer (128 destination rows
+// of 16 words, 8 KiB) and then written (or compared) a row of 16 words at a time: each source
+// line is read once, whole, and no two live lines compete for a cache set (source rows 4 KiB
+// apart, the rule with N = 8192, all fall in one set; written in place, a tile's rows did too).
+GQ_INLINE int64_t gq_awq_to_transposed(const uint32_t* src, int64_t K, int64_t C,
+                                       uint32_t* dst, const int* order, int64_t c0, int64_t c1,
+                                       int compare) {
+    enum { T = GQ_TRANSPOSE_TILE };
     const int64_t blocks = K / 8;   // the length of a destination row
-    const int64_t T = GQ_TRANSPOSE_TILE;
+    int64_t differ = 0;
+    uint32_t tile[8 * T][T];        // [destination row within the tile][row block]
     for (int64_t b0 = 0; b0 < blocks; b0 += T) {
-        const int64_t b1 = b0 + T < blocks ? b0 + T : blocks;
-        // 16 word columns at a time: the tile's 128 source and 128 destination rows each lie
-        // on their own page, and 256 pages stay within the TLB (all of [c0, c1) at once
-        // touched 2,048 destination rows and ran at half the speed)
-        for (int64_t t0 = c0; t0 < c1; t0 += T)
-            for (int64_t c = t0; c < (t0 + T < c1 ? t0 + T : c1); ++c)
-                for (int64_t b = b0; b < b1; ++b) {
+        const int64_t nb = b0 + T < blocks ? T : blocks - b0;
+        for (int64_t t0 = c0; t0 < c1; t0 += T) {
+            const int64_t nc = t0 + T < c1 ? T : c1 - t0;
+            for (int64_t b = 0; b < nb; ++b)
+                for (int64_t c = 0; c < nc; ++c) {
                     uint32_t x[8];
-                    for (int k = 0; k < 8; ++k) x[k] = src[(8 * b + k) * C + c];
+                    for (int k = 0; k < 8; ++k) x[k] = src[(8 * (b0 + b) + k) * C + t0 + c];
                     gq_nibble_transpose(x);
-                    for (int i = 0; i < 8; ++i) dst[(8 * c + order[i]) * blocks + b] = x[i];
+                    for (int i = 0; i < 8; ++i) tile[8 * c + order[i]][b] = x[i];
                 }
+            for (int64_t r = 0; r < 8 * nc; ++r) {
+                uint32_t* row = dst + (8 * t0 + r) * blocks + b0;
+                for (int64_t b = 0; b < nb; ++b) {
+                    if (compare) differ += row[b] != tile[r][b];
+                    else row[b] = tile[r][b];
+                }
+            }
+        }
     }
+    return differ;
 }

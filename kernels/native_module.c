@@ -341,45 +341,52 @@ GQ_CLONES static void awq_rows(const uint32_t* src, int64_t C, uint32_t* dst, co
     gq_awq_to_gptq_rows(src, C, dst, order, b0, b1);
 }
 
-GQ_CLONES static void awq_columns(const uint32_t* src, int64_t K, int64_t C, uint32_t* dst,
-                                  const int* order, int64_t c0, int64_t c1) {
-    gq_awq_to_transposed(src, K, C, dst, order, c0, c1);
+GQ_CLONES static int64_t awq_columns(const uint32_t* src, int64_t K, int64_t C, uint32_t* dst,
+                                     const int* order, int64_t c0, int64_t c1, int compare) {
+    if (compare) return gq_awq_to_transposed(src, K, C, dst, order, c0, c1, 1);
+    return gq_awq_to_transposed(src, K, C, dst, order, c0, c1, 0);
 }
 
 PyDoc_STRVAR(awq_relayout_doc,
-"awq_relayout(src, rows, cols, order, dst, lo, hi, transposed)\n\n"
-"AutoAWQ qweight src [rows, cols] -> GPTQ's qweight dst [rows / 8, 8 cols] for the blocks of\n"
-"eight rows [lo, hi); with `transposed`, its transpose dst [8 cols, rows / 8] for the word\n"
-"columns [lo, hi). order: the 8 channels of a word's nibbles 0..7 (int32).");
+"awq_relayout(src, rows, cols, order, dst, lo, hi, mode) -> int\n\n"
+"AutoAWQ qweight src [rows, cols] (32-bit words; order: the 8 channels of a word's nibbles\n"
+"0..7, int32). mode 0: GPTQ's qweight into dst [rows / 8, 8 cols] for the blocks of eight rows\n"
+"[lo, hi); 1: its transpose into dst [8 cols, rows / 8] for the word columns [lo, hi); 2: as\n"
+"1, but dst is only read, and the count of its words that differ is returned (0 otherwise).");
 
 static PyObject* awq_relayout(PyObject* self, PyObject* args) {
     Py_buffer src, ord, dst;
     Py_ssize_t rows, cols, lo, hi;
-    int transposed;
-    if (!PyArg_ParseTuple(args, "y*nny*w*nnp", &src, &rows, &cols, &ord, &dst, &lo, &hi,
-                          &transposed))
+    int mode;
+    // mode 2 only reads dst: a read-only buffer is taken for it (checked below)
+    if (!PyArg_ParseTuple(args, "y*nny*y*nni", &src, &rows, &cols, &ord, &dst, &lo, &hi, &mode))
         return NULL;
     PyObject* result = NULL;
     const int* order = (const int*)ord.buf;
-    const Py_ssize_t span = transposed ? cols : rows / 8;
-    if (check_order("awq_relayout", &ord)) {
+    const Py_ssize_t span = mode ? cols : rows / 8;
+    if (mode < 0 || mode > 2)
+        PyErr_SetString(PyExc_ValueError, "awq_relayout: mode must be 0, 1 or 2");
+    else if (mode < 2 && dst.readonly)
+        PyErr_SetString(PyExc_ValueError, "awq_relayout: dst is read-only");
+    else if (check_order("awq_relayout", &ord)) {
         // check_order said why
     } else if (rows < 0 || cols < 0 || rows % 8)
         PyErr_Format(PyExc_ValueError, "awq_relayout: %zd rows, not whole blocks of 8", rows);
     else if (lo < 0 || hi < lo || hi > span)
         PyErr_Format(PyExc_ValueError, "awq_relayout: %s [%zd, %zd) of %zd",
-                     transposed ? "word columns" : "row blocks", lo, hi, span);
+                     mode ? "word columns" : "row blocks", lo, hi, span);
     else if (!holds(src.len, rows, cols, 4) || !holds(dst.len, rows, cols, 4))
         PyErr_SetString(PyExc_ValueError, "awq_relayout: src and dst are not rows x cols words");
     else {
+        int64_t n = 0;
         Py_BEGIN_ALLOW_THREADS
-        if (transposed)
-            awq_columns((const uint32_t*)src.buf, rows, cols, (uint32_t*)dst.buf, order, lo, hi);
+        if (mode)
+            n = awq_columns((const uint32_t*)src.buf, rows, cols, (uint32_t*)dst.buf, order, lo,
+                            hi, mode == 2);
         else
             awq_rows((const uint32_t*)src.buf, cols, (uint32_t*)dst.buf, order, lo, hi);
         Py_END_ALLOW_THREADS
-        Py_INCREF(Py_None);
-        result = Py_None;
+        result = PyLong_FromLongLong((long long)n);
     }
     PyBuffer_Release(&src);
     PyBuffer_Release(&ord);
@@ -400,7 +407,7 @@ static PyMethodDef methods[] = {
 // The Python side (gptqfmt/bits/native.py) takes the extension only at this version: a build
 // left in place from older sources is never run. Raise it with every change to what a
 // function takes or gives.
-#define GQ_NATIVE_VERSION 1
+#define GQ_NATIVE_VERSION 2
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native",

@@ -22,7 +22,7 @@ OFF = ("0", "false", "no", "off")
 
 
 # the extension's VERSION these functions are written for (kernels/native_module.c)
-VERSION = 1
+VERSION = 2
 
 
 def _load() -> ModuleType | None:
@@ -162,7 +162,7 @@ def awq_to_gptq(words: Array, order: tuple[int, ...], out: Array, b0: int, b1: i
         return False
     assert _NATIVE is not None
     _NATIVE.awq_relayout(words, words.shape[0], words.shape[1],
-                         np.asarray(order, dtype=np.intc), out, b0, b1, False)
+                         np.asarray(order, dtype=np.intc), out, b0, b1, 0)
     return True
 
 
@@ -176,5 +176,18 @@ def awq_to_transposed(words: Array, order: tuple[int, ...], out: Array, c0: int,
         return False
     assert _NATIVE is not None
     _NATIVE.awq_relayout(words, words.shape[0], words.shape[1],
-                         np.asarray(order, dtype=np.intc), out, c0, c1, True)
+                         np.asarray(order, dtype=np.intc), out, c0, c1, 1)
     return True
+
+
+def awq_transposed_differ(words: Array, order: tuple[int, ...], other: Array, c0: int,
+                          c1: int) -> int | None:
+    """How many words of `other` [8C, K/8] differ from awq_to_transposed's words of AutoAWQ
+    qweight `words` [K, C], over the word columns [c0, c1), with nothing laid out in memory;
+    None where the compiled loops do not take the case."""
+    if not available() or not _words(words) or not _words(other) or words.shape[0] % 8 or \
+            other.shape != (words.shape[1] * 8, words.shape[0] // 8):
+        return None
+    assert _NATIVE is not None
+    return int(_NATIVE.awq_relayout(words, words.shape[0], words.shape[1],
+                                    np.asarray(order, dtype=np.intc), other, c0, c1, 2))

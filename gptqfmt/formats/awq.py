@@ -33,9 +33,11 @@ from ..safetensors_io.index import TensorStore
 from .model import AWQ, QuantModule, discover
 from .relayout import (
     AWQ_BITS,
+    awq_qweight_differ,
     awq_qweight_to_gptq,
     awq_qweight_transposed,
     awq_words_to_gptq,
+    words_differ,
 )
 from .source import ExactSource
 
@@ -146,6 +148,16 @@ class AwqSource(ExactSource):
         layout, which a conversion writes and its gate compares word for word, so the words
         are never laid out twice."""
         return awq_qweight_transposed(self.store.view(m.tensors["qweight"])), True
+
+    def qweight_differ(self, m: QuantModule, words: np.ndarray, transposed: bool) -> int:
+        """Against a transpose (compressed-tensors' layout, a conversion's output), the AWQ
+        words are compared in place, never laid out; else as every source does."""
+        qweight = self.store.view(m.tensors["qweight"])
+        if transposed:
+            counted = awq_qweight_differ(qweight, words)
+            if counted is not None:
+                return counted
+        return words_differ(*self.stored_qweight(m), words, transposed)
 
     def qweight_columns(self, m: QuantModule, cols: np.ndarray) -> np.ndarray:
         """Only the AWQ word columns that hold `cols` are re-laid out: column n of the one

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..bits import ct_layouts, native
-from ..bits.packing import unpack
+from ..bits.packing import unpack, unsigned
 from ..parallel import cpus
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)               # nibble i holds channel AWQ_ORDER[i]
@@ -76,6 +76,49 @@ def transposed_values(a: np.ndarray, workers: int | None = None) -> np.ndarray:
     done = blocks(lambda i: native.transpose(a, out, i, min(i + BLOCK, a.shape[1])),
                   a.shape[1], a.nbytes, workers)
     return out if all(done) else np.ascontiguousarray(a.T)
+
+
+def words_differ(a: np.ndarray, at: bool, b: np.ndarray, bt: bool) -> int:
+    """How many words of two qweights differ, each as Source.stored_qweight gives it (the one
+    model's [K*bits/32, N], or with `at` / `bt` its transpose); -1 when the shapes differ. In
+    blocks of BLOCK rows or columns on threads (memory: one block); a transposed side is read
+    row-contiguously, against tiles of the other (compiled where built)."""
+    a, b = unsigned(np.asarray(a)), unsigned(np.asarray(b))
+    if at == bt:  # the same layout
+        if a.shape != b.shape:
+            return -1
+        return sum(blocks(lambda i: int(np.count_nonzero(a[i:i + BLOCK] != b[i:i + BLOCK])),
+                          a.shape[0], a.nbytes))
+    if at:
+        a, b = b, a   # a: the one model's [K*bits/32, N]; b: its transpose as stored
+    if a.shape != b.shape[::-1]:
+        return -1
+
+    def part(n: int) -> int:   # BLOCK columns, TILE rows of them at once (as transposed)
+        compiled = native.transposed_differ(a, b, n, min(n + BLOCK, a.shape[1]))
+        if compiled is not None:
+            return compiled
+        right = b[n:n + BLOCK]
+        return sum(int(np.count_nonzero(right[:, r:r + tile.shape[1]] != tile))
+                   for r, tile in tiles(a[:, n:n + BLOCK]))
+    return sum(blocks(part, a.shape[1], a.nbytes))
+
+
+def awq_qweight_differ(words: np.ndarray, other: np.ndarray, workers: int | None = None
+                       ) -> int | None:
+    """How many words of `other` (GPTQ qweight's transpose, [N, K/8]) differ from AutoAWQ
+    qweight `words` [K, N/8] laid out as awq_qweight_transposed does, with no copy laid out
+    (BLOCK word columns at a time, on threads); -1 when the shapes differ; None where the
+    compiled loops do not take it (then words_differ on the laid-out copy)."""
+    w = np.asarray(words).view(np.uint32)
+    o = unsigned(np.asarray(other))
+    k, c = w.shape
+    if k % 8 or o.shape != (8 * c, k // 8):
+        return -1
+    counts = blocks(lambda i: native.awq_transposed_differ(w, AWQ_ORDER, o, i,
+                                                           min(i + BLOCK, c)),
+                    c, w.nbytes, workers)
+    return None if None in counts else sum(counts)
 
 
 def tiles(block: np.ndarray):

@@ -30,7 +30,7 @@ from .model import (
     mixed,
     uniform,
 )
-from .relayout import transposed
+from .relayout import transposed, words_differ
 
 
 class OneModel(Protocol):
@@ -108,6 +108,11 @@ only: a reader's attributes or properties)."""
 
     def qweight_columns(self, m: QuantModule, cols: Array) -> Array:
         """qweight()[:, cols], reading (and re-laying out) only the words of those columns."""
+
+    def qweight_differ(self, m: QuantModule, words: Array, transposed: bool) -> int:
+        """How many words of qweight() differ from `words` (qweight's layout, or with
+        `transposed` its transpose, as stored_qweight gives them); -1 when the shapes
+        differ."""
 
     def operands(self, m: QuantModule, gptq_rule: ZeroRule | None = None
                  ) -> tuple[ModuleTensors, ZeroRule]:
@@ -193,6 +198,9 @@ class ExactSource(ABC):
     def qweight_columns(self, m: QuantModule, cols: Array) -> Array:
         words, t = self.stored_qweight(m)
         return transposed(np.asarray(words)[cols]) if t else np.asarray(words)[:, cols]
+
+    def qweight_differ(self, m: QuantModule, words: Array, transposed: bool) -> int:
+        return words_differ(*self.stored_qweight(m), words, transposed)
 
     def operands(self, m: QuantModule, gptq_rule: ZeroRule | None = None
                  ) -> tuple[ModuleTensors, ZeroRule]:

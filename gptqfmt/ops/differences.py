@@ -14,11 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..bits import native
-from ..bits.packing import unsigned
 from ..formats import QuantModule, Source
 from ..formats.configs import CONFIG_JSON, CONFIG_KEY, TGI_SCALARS
-from ..formats.relayout import BLOCK, blocks, tiles
 
 CMP_CHUNK = 4 << 20    # bytes of each side compared per step
 SIDES = ("SRC", "DST")
@@ -47,29 +44,9 @@ def scheme_differences(m: QuantModule, mb: QuantModule) -> list[str]:
 
 def codes_differ(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> int:
     """How many 32-bit words of qweight differ (the one model's [K*bits/32, N]; -1 when the
-    shapes differ), in blocks of BLOCK output channels (memory: one block; a transposed side
-    is read row-contiguously)."""
-    a, at = src.stored_qweight(m)
-    b, bt = out.stored_qweight(mo)
-    a, b = unsigned(np.asarray(a)), unsigned(np.asarray(b))
-    if at == bt:  # the same layout
-        if a.shape != b.shape:
-            return -1
-        return sum(blocks(lambda i: int(np.count_nonzero(a[i:i + BLOCK] != b[i:i + BLOCK])),
-                          a.shape[0], a.nbytes))
-    if at:
-        a, b = b, a   # a: the one model's [K*bits/32, N]; b: its transpose as stored
-    if a.shape != b.shape[::-1]:
-        return -1
-
-    def part(n: int) -> int:   # BLOCK columns, TILE rows of them at once (as transposed)
-        compiled = native.transposed_differ(a, b, n, min(n + BLOCK, a.shape[1]))
-        if compiled is not None:
-            return compiled
-        right = b[n:n + BLOCK]
-        return sum(int(np.count_nonzero(right[:, r:r + tile.shape[1]] != tile))
-                   for r, tile in tiles(a[:, n:n + BLOCK]))
-    return sum(blocks(part, a.shape[1], a.nbytes))
+    shapes differ): `out`'s words as it stores them, against `src`'s in that layout
+    (Source.qweight_differ: relayout.words_differ, in blocks, one block in memory)."""
+    return src.qweight_differ(m, *out.stored_qweight(mo))
 
 
 def field_differences(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> list[str]:

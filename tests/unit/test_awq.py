@@ -73,5 +73,12 @@ def test_qweight_columns_are_the_columns_of_qweight(name):
                 assert np.array_equal(got, np.asarray(src.qweight(m))[:, cols])
             words, t = src.stored_qweight(m)   # qweight, or (True) the words of its transpose
             assert np.array_equal(np.asarray(words).T if t else words, src.qweight(m))
+            # compared against either layout: nothing differs, then one flipped word does
+            for other, flag in ((np.array(src.qweight(m)), False),
+                                (np.ascontiguousarray(np.asarray(src.qweight(m)).T), True)):
+                assert src.qweight_differ(m, other, flag) == 0
+                other[-1, 0] ^= 1
+                assert src.qweight_differ(m, other, flag) == 1
+                assert src.qweight_differ(m, other[:-1], flag) == -1
     finally:
         src.close()

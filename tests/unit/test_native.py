@@ -265,6 +265,19 @@ def test_the_awq_nibble_transpose_against_numpy(cols):
     assert native.awq_to_gptq(words, AWQ_ORDER, got, 0, 2)
     assert native.awq_to_gptq(words, AWQ_ORDER, got, 2, 5)
     assert np.array_equal(got, want)
+    # straight to the transpose, and compared in place against it, a span at a time
+    t = np.full((8 * cols, 5), 7, np.int32)
+    halves = [(0, cols // 2), (cols // 2, cols)]
+    for c0, c1 in halves:
+        assert native.awq_to_transposed(words, AWQ_ORDER, t, c0, c1)
+    assert np.array_equal(t, want.T)
+    assert sum(native.awq_transposed_differ(words, AWQ_ORDER, t, c0, c1)
+               for c0, c1 in halves) == 0
+    t.reshape(-1)[[0, t.size - 1, t.size // 2]] ^= 1 << 30
+    assert sum(native.awq_transposed_differ(words, AWQ_ORDER, t, c0, c1)
+               for c0, c1 in halves) == min(3, t.size)
+    with loops(compiled=False):
+        assert native.awq_transposed_differ(words, AWQ_ORDER, t, 0, cols) is None
     # the docstring's worked example
     rows = np.array([[0x75316420 + 0x11111111 * k] for k in range(8)], np.uint32)
     one = np.zeros((1, 8), np.uint32)
@@ -315,21 +328,25 @@ def test_the_relayout_loops_check_their_arguments():
         (lambda: _native.transposed_differ(w, 4, 2, w, 0, 2),
          "transposed_differ: a and b are not rows x cols words"),
         (lambda: _native.awq_relayout(w, 8, 2, np.zeros(8, np.intc), np.zeros(16, np.int32),
-                                      0, 1, False),
+                                      0, 1, 0),
          "awq_relayout: order is not a permutation of 0..7"),
-        (lambda: _native.awq_relayout(w, 8, 2, order[:7], np.zeros(16, np.int32), 0, 1, True),
+        (lambda: _native.awq_relayout(w, 8, 2, order[:7], np.zeros(16, np.int32), 0, 1, 1),
          "awq_relayout: order is not a permutation of 0..7"),
-        (lambda: _native.awq_relayout(w[:6], 6, 2, order, np.zeros(12, np.int32), 0, 1, True),
+        (lambda: _native.awq_relayout(w[:6], 6, 2, order, np.zeros(12, np.int32), 0, 1, 1),
          "awq_relayout: 6 rows, not whole blocks of 8"),
-        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(16, np.int32), 0, 2, False),
+        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(16, np.int32), 0, 2, 0),
          "awq_relayout: row blocks [0, 2) of 1"),
-        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(16, np.int32), 0, 3, True),
+        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(16, np.int32), 0, 3, 2),
          "awq_relayout: word columns [0, 3) of 2"),
-        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(8, np.int32), 0, 1, True),
+        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(8, np.int32), 0, 1, 1),
          "awq_relayout: src and dst are not rows x cols words"),
         (lambda: _native.awq_relayout(np.zeros(0, np.int32), 2**62, 2, order,
-                                      np.zeros(0, np.int32), 0, 1, False),
+                                      np.zeros(0, np.int32), 0, 1, 0),
          "awq_relayout: src and dst are not rows x cols words"),
+        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(16, np.int32), 0, 1, 3),
+         "awq_relayout: mode must be 0, 1 or 2"),
+        (lambda: _native.awq_relayout(w, 8, 2, order, bytes(64), 0, 1, 1),
+         "awq_relayout: dst is read-only"),
     ]
     for call, why in cases:
         with pytest.raises(ValueError) as e:

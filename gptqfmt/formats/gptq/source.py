@@ -25,6 +25,7 @@ from ...bits.conventions import (
 from ...bits.packing import pack, unpack, unsigned
 from ...findings import Finding
 from ..model import ModuleRecord, ModuleTensors, QuantModule, is_lm_head, mixed, uniform
+from ..relayout import words_differ
 from .checkpoint import Checkpoint, Module
 
 
@@ -90,6 +91,9 @@ class GptqSource:
 
     def qweight_columns(self, m: QuantModule, cols: np.ndarray) -> np.ndarray:
         return np.asarray(self.qweight(m))[:, cols]
+
+    def qweight_differ(self, m: QuantModule, words: np.ndarray, transposed: bool) -> int:
+        return words_differ(self.qweight(m), False, words, transposed)
 
     def qzeros(self, m: QuantModule) -> np.ndarray:
         stored = self.ckpt.stored_fields(self._module(m))
