@@ -113,7 +113,9 @@ def awq_qweight_differ(words: np.ndarray, other: np.ndarray, workers: int | None
     w = np.asarray(words).view(np.uint32)
     o = unsigned(np.asarray(other))
     k, c = w.shape
-    if k % 8 or o.shape != (8 * c, k // 8):
+    if k % 8:   # laid out, it would be refused: say so as the layout does
+        raise ValueError(f"AWQ qweight has {k} rows; 4-bit GPTQ packs 8 rows to a word")
+    if o.shape != (8 * c, k // 8):
         return -1
     counts = blocks(lambda i: native.awq_transposed_differ(w, AWQ_ORDER, o, i,
                                                            min(i + BLOCK, c)),

@@ -7,10 +7,11 @@ import pytest
 
 from gptqfmt.bits.packing import pack, unpack
 from gptqfmt.conversion import convert
+from gptqfmt.formats import open_source
 from gptqfmt.ops.equivalence import compare
 from gptqfmt.resources import validator
 from gptqfmt.safetensors_io import SafetensorsFile, save_file
-from tests.support import CKPT, MANIFEST, loops
+from tests.support import CKPT, FORMATS, MANIFEST, loops
 
 LOSSLESS = [("b4-sym-act-gptq-sharded", "gptq_v2"), ("b3-sym-noact-gptq_v2-single", "gptq"),
             ("int64-b2-sym-gptq", "gptq_v2"), ("bf16-b4-asym-gptq_v2", "gptq_v2"),
@@ -313,14 +314,16 @@ def test_reference_names_each_reading_and_agrees_with_the_runtimes_section(run_c
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
-def test_a_word_that_differs_across_layouts_is_counted(tmp_path, compiled):
-    """GPTQ's qweight against compressed-tensors' transposed weight_packed: the transposed
-    comparison (compiled, and numpy's tiles) finds one changed word, and nothing in an
-    unchanged copy."""
-    src = CKPT / "b4-asym-noact-gptq_v2-single"
+@pytest.mark.parametrize(("src", "mod", "words"), [
+    (CKPT / "b4-asym-noact-gptq_v2-single", "model.layers.0.mlp.gate_proj", 1024),
+    (FORMATS / "awq-b4-g32", "model.layers.0.mlp.gate_proj", None),
+], ids=["gptq", "awq"])
+def test_a_word_that_differs_across_layouts_is_counted(tmp_path, compiled, src, mod, words):
+    """GPTQ's and AutoAWQ's qweight against compressed-tensors' transposed weight_packed: the
+    comparison (compiled: tiles compared in place, AWQ's words never laid out; and numpy's)
+    finds one changed word, and nothing in an unchanged copy."""
     ct = tmp_path / "ct"
     convert(src, ct, to="compressed-tensors")
-    mod = "model.layers.0.mlp.gate_proj"
     with loops(compiled):
         assert compare(src, ct, backend="cpu").equivalent
 
@@ -330,4 +333,9 @@ def test_a_word_that_differs_across_layouts_is_counted(tmp_path, compiled):
         rep = compare(src, ct, backend="cpu")
     m = {m.name: m for m in rep.modules}[mod]
     assert not rep.equivalent and not m.equal
-    assert m.differences == ["qweight: 1 of 1024 words differ"]
+    if words is None:   # the module's words, as the output's model says
+        out = open_source(ct)
+        q = {q.name: q for q in out.modules}[mod]
+        words = q.in_features * q.bits // 32 * q.out_features
+        out.close()
+    assert m.differences == [f"qweight: 1 of {words} words differ"]

@@ -9,7 +9,7 @@ import pytest
 
 from gptqfmt.formats import open_source
 from gptqfmt.ops.verify import validate
-from tests.support import FORMATS, edit_config
+from tests.support import FORMATS, edit_config, loops
 
 
 def test_awq_gemv_is_refused_with_its_reason(tmp_path):
@@ -57,28 +57,34 @@ def test_awq_marlin_version_is_still_refused(tmp_path):
     assert len(msgs) == 1 and "'marlin'" in msgs[0]
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
 @pytest.mark.parametrize("name", ["awq-b4-g32", "autoround-awq-b4-sym-g32", "ct-b4-asym-g32",
                                   "ct-b3-asym-g32-padded"])
-def test_qweight_columns_are_the_columns_of_qweight(name):
+def test_qweight_columns_are_the_columns_of_qweight(name, compiled):
     """The gate's sample of columns reads only their words (AWQ: the word columns that hold
     them, re-laid out; compressed-tensors: their rows, transposed), and gives qweight's; the
     stored words are qweight or its transpose, as said."""
     src = open_source(FORMATS / name)
     try:
-        for m in src.modules:
-            n = m.out_features
-            for cols in (np.arange(n), np.array([0]), np.array([n - 1, 3, 9, 10, 17]) % n,
-                         np.arange(5, n, 7)):
-                got = src.qweight_columns(m, cols)
-                assert np.array_equal(got, np.asarray(src.qweight(m))[:, cols])
-            words, t = src.stored_qweight(m)   # qweight, or (True) the words of its transpose
-            assert np.array_equal(np.asarray(words).T if t else words, src.qweight(m))
-            # compared against either layout: nothing differs, then one flipped word does
-            for other, flag in ((np.array(src.qweight(m)), False),
-                                (np.ascontiguousarray(np.asarray(src.qweight(m)).T), True)):
-                assert src.qweight_differ(m, other, flag) == 0
-                other[-1, 0] ^= 1
-                assert src.qweight_differ(m, other, flag) == 1
-                assert src.qweight_differ(m, other[:-1], flag) == -1
+        with loops(compiled):
+            check_columns_and_layouts(src)
     finally:
         src.close()
+
+
+def check_columns_and_layouts(src):
+    for m in src.modules:
+        n = m.out_features
+        for cols in (np.arange(n), np.array([0]), np.array([n - 1, 3, 9, 10, 17]) % n,
+                     np.arange(5, n, 7)):
+            got = src.qweight_columns(m, cols)
+            assert np.array_equal(got, np.asarray(src.qweight(m))[:, cols])
+        words, t = src.stored_qweight(m)   # qweight, or (True) the words of its transpose
+        assert np.array_equal(np.asarray(words).T if t else words, src.qweight(m))
+        # compared against either layout: nothing differs, then one flipped word does
+        for other, flag in ((np.array(src.qweight(m)), False),
+                            (np.ascontiguousarray(np.asarray(src.qweight(m)).T), True)):
+            assert src.qweight_differ(m, other, flag) == 0
+            other[-1, 0] ^= 1
+            assert src.qweight_differ(m, other, flag) == 1
+            assert src.qweight_differ(m, other[:-1], flag) == -1

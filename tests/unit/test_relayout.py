@@ -109,6 +109,19 @@ def test_awq_qweight_to_gptq_in_blocks_on_threads():
     assert np.array_equal(relayout.awq_qweight_to_gptq(words, workers=2), ref)
     assert np.array_equal(relayout.awq_qweight_to_gptq(words, workers=1), ref)
     assert np.array_equal(relayout.awq_qweight_transposed(words, workers=2), ref.T)
+    # compared in place against the transpose: several row tiles and column blocks, threads
+    other = np.ascontiguousarray(ref.T)
+    compiled = relayout.awq_qweight_differ(words, other, workers=2) is not None
+    flips = [(0, 0), (other.shape[0] - 1, other.shape[1] - 1), (8 * relayout.BLOCK + 3, 17),
+             (5, relayout.BLOCK + 1)]
+    for r, c in flips:
+        other[r, c] ^= 1
+    for workers in (1, 2):
+        got = relayout.awq_qweight_differ(words, other, workers=workers)
+        assert got == (len(flips) if compiled else None)
+    assert relayout.awq_qweight_differ(words, other[:-1]) == -1
+    with pytest.raises(ValueError, match="12 rows"):
+        relayout.awq_qweight_differ(words[:12], other)
     with pytest.raises(ValueError, match="12 rows"):
         relayout.awq_qweight_to_gptq(words[:12])
 
