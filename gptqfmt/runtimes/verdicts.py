@@ -559,8 +559,11 @@ def _tallies(ckpt: Checkpoint, mods: list[Module], by_name: dict[str, ModuleVerd
             ckpt.store.release(m.tensors.values())  # resident memory: one module a thread
 
     advance = progress(len(mods)) if progress is not None else None
+    # most modules' misreads follow from their verdict without reading (microseconds): a
+    # task per module would cost more to hand over than to run, so a task takes many
+    batch = max(1, len(mods) // (16 * cpus()))
     with ThreadPoolExecutor(max_workers=cpus()) as pool:
-        for m, found in zip(mods, bounded_map(pool, module, mods)):
+        for m, found in zip(mods, bounded_map(pool, module, mods, batch=batch)):
             for key, r in found.items():
                 out[key].add(m.name, r)
             if advance is not None:
