@@ -157,13 +157,7 @@ def awq_to_gptq(words: Array, order: tuple[int, ...], out: Array, b0: int, b1: i
     """AutoAWQ qweight words [K, C] -> GPTQ qweight out [K/8, 8C] for the blocks of eight rows
     [b0, b1) (`order`: the channel of each nibble of a word); False where the compiled loops
     do not take the case (then nothing is written)."""
-    if not available() or not _words(words) or not _words(out) or words.shape[0] % 8 or \
-            out.shape != (words.shape[0] // 8, words.shape[1] * 8) or not _into(out, words):
-        return False
-    assert _NATIVE is not None
-    _NATIVE.awq_relayout(words, words.shape[0], words.shape[1],
-                         np.asarray(order, dtype=np.intc), out, b0, b1, 0)
-    return True
+    return _awq(words, order, out, b0, b1, _AWQ_ROWS) is not None
 
 
 def awq_to_transposed(words: Array, order: tuple[int, ...], out: Array, c0: int,
@@ -171,13 +165,7 @@ def awq_to_transposed(words: Array, order: tuple[int, ...], out: Array, c0: int,
     """AutoAWQ qweight words [K, C] -> the transpose of GPTQ's qweight, out [8C, K/8], for the
     word columns [c0, c1) (compressed-tensors' weight_packed, with no GPTQ copy between);
     False where the compiled loops do not take the case (then nothing is written)."""
-    if not available() or not _words(words) or not _words(out) or words.shape[0] % 8 or \
-            out.shape != (words.shape[1] * 8, words.shape[0] // 8) or not _into(out, words):
-        return False
-    assert _NATIVE is not None
-    _NATIVE.awq_relayout(words, words.shape[0], words.shape[1],
-                         np.asarray(order, dtype=np.intc), out, c0, c1, 1)
-    return True
+    return _awq(words, order, out, c0, c1, _AWQ_TRANSPOSED) is not None
 
 
 def awq_transposed_differ(words: Array, order: tuple[int, ...], other: Array, c0: int,
@@ -185,9 +173,24 @@ def awq_transposed_differ(words: Array, order: tuple[int, ...], other: Array, c0
     """How many words of `other` [8C, K/8] differ from awq_to_transposed's words of AutoAWQ
     qweight `words` [K, C], over the word columns [c0, c1), with nothing laid out in memory;
     None where the compiled loops do not take the case."""
-    if not available() or not _words(words) or not _words(other) or words.shape[0] % 8 or \
-            other.shape != (words.shape[1] * 8, words.shape[0] // 8):
+    return _awq(words, order, other, c0, c1, _AWQ_COMPARED)
+
+
+# the extension's awq_relayout modes: into GPTQ's layout, into its transpose, compared with it
+_AWQ_ROWS, _AWQ_TRANSPOSED, _AWQ_COMPARED = 0, 1, 2
+
+
+def _awq(words: Array, order: tuple[int, ...], dst: Array, lo: int, hi: int,
+         mode: int) -> int | None:
+    """awq_relayout in `mode` over [lo, hi) where the compiled loops take the case (the count
+    of differing words, 0 where nothing is compared), else None. dst's shape follows from
+    words' and the mode; a dst that is written must not overlap words."""
+    if not available() or not _words(words) or not _words(dst) or words.shape[0] % 8:
+        return None
+    k, c = words.shape
+    shape = (k // 8, c * 8) if mode == _AWQ_ROWS else (c * 8, k // 8)
+    if dst.shape != shape or (mode != _AWQ_COMPARED and not _into(dst, words)):
         return None
     assert _NATIVE is not None
-    return int(_NATIVE.awq_relayout(words, words.shape[0], words.shape[1],
-                                    np.asarray(order, dtype=np.intc), other, c0, c1, 2))
+    return int(_NATIVE.awq_relayout(words, k, c, np.asarray(order, dtype=np.intc), dst, lo,
+                                    hi, mode))
