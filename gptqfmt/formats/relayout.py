@@ -49,33 +49,29 @@ TILE = 32
 
 
 def transposed(words: np.ndarray, workers: int | None = None) -> np.ndarray:
-    """A C-contiguous int32 copy of words.T (GPTQ <-> compressed-tensors, both directions),
-    BLOCK columns at a time, TILE rows of them at once, on `workers` threads (default: the
-    CPUs this process may use; numpy's copies release the GIL)."""
-    w = np.asarray(words).view(np.int32)
-    out = np.empty(w.shape[::-1], dtype=np.int32)
-
-    def part(i: int) -> None:
-        if native.transpose(w, out, i, min(i + BLOCK, w.shape[1])):
-            return
-        dst = out[i:i + BLOCK]
-        for r, tile in tiles(w[:, i:i + BLOCK]):
-            dst[:, r:r + TILE] = tile
-    blocks(part, w.shape[1] if w.ndim == 2 else 0, w.nbytes, workers)
-    return out
+    """A C-contiguous int32 copy of words.T (GPTQ <-> compressed-tensors, both directions):
+    transposed_values of the words as int32."""
+    return transposed_values(np.asarray(words).view(np.int32), workers)
 
 
 def transposed_values(a: np.ndarray, workers: int | None = None) -> np.ndarray:
-    """A C-contiguous copy of a.T of the same dtype (scales between GPTQ's [G, N] and
-    compressed-tensors' [N, G]): by the compiled loops for 2- and 4-byte elements, BLOCK
-    columns at a time on `workers` threads, else numpy's copy."""
+    """A C-contiguous copy of a.T of the same dtype (words, and scales between GPTQ's [G, N]
+    and compressed-tensors' [N, G]), BLOCK columns at a time on `workers` threads (default:
+    the CPUs this process may use): by the compiled loops where they take the elements, else
+    TILE rows of a block at once (numpy's copies release the GIL)."""
     a = np.asarray(a)
-    if a.ndim != 2 or a.itemsize not in (2, 4) or not a.flags.c_contiguous:
+    if a.ndim != 2:
         return np.ascontiguousarray(a.T)
     out = np.empty(a.shape[::-1], dtype=a.dtype)
-    done = blocks(lambda i: native.transpose(a, out, i, min(i + BLOCK, a.shape[1])),
-                  a.shape[1], a.nbytes, workers)
-    return out if all(done) else np.ascontiguousarray(a.T)
+
+    def part(i: int) -> None:
+        if native.transpose(a, out, i, min(i + BLOCK, a.shape[1])):
+            return
+        dst = out[i:i + BLOCK]
+        for r, tile in tiles(a[:, i:i + BLOCK]):
+            dst[:, r:r + TILE] = tile
+    blocks(part, a.shape[1], a.nbytes, workers)
+    return out
 
 
 def words_differ(a: np.ndarray, at: bool, b: np.ndarray, bt: bool) -> int:
@@ -110,11 +106,8 @@ def awq_qweight_differ(words: np.ndarray, other: np.ndarray, workers: int | None
     qweight `words` [K, N/8] laid out as awq_qweight_transposed does, with no copy laid out
     (BLOCK word columns at a time, on threads); -1 when the shapes differ; None where the
     compiled loops do not take it (then words_differ on the laid-out copy)."""
-    w = np.asarray(words).view(np.uint32)
+    w, k, c = _awq_words(words)   # refused as the layout refuses it
     o = unsigned(np.asarray(other))
-    k, c = w.shape
-    if k % 8:   # laid out, it would be refused: say so as the layout does
-        raise ValueError(f"AWQ qweight has {k} rows; 4-bit GPTQ packs 8 rows to a word")
     if o.shape != (8 * c, k // 8):
         return -1
     counts = blocks(lambda i: native.awq_transposed_differ(w, AWQ_ORDER, o, i,
@@ -139,6 +132,16 @@ def blocks(fn, n: int, nbytes: int, workers: int | None = None) -> list:
         return [fn(i) for i in starts]
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(fn, starts))
+
+
+def _awq_words(words: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """AutoAWQ qweight as C-ordered uint32 words [K, C], with K and C; K must be whole blocks of
+    the 8 rows a GPTQ word packs."""
+    w = np.ascontiguousarray(np.asarray(words).view(np.uint32))
+    k, c = w.shape
+    if k % 8:
+        raise ValueError(f"AWQ qweight has {k} rows; 4-bit GPTQ packs 8 rows to a word")
+    return w, k, c
 
 
 def awq_fields(words: np.ndarray) -> np.ndarray:
@@ -198,10 +201,7 @@ def awq_qweight_to_gptq(words: np.ndarray, workers: int | None = None) -> np.nda
         '0xa9876543'
 
     (channel 3 sits in nibble 5 of every row: 3 + k at input k.)"""
-    w = np.ascontiguousarray(np.asarray(words).view(np.uint32))
-    k, c = w.shape
-    if k % 8:
-        raise ValueError(f"AWQ qweight has {k} rows; 4-bit GPTQ packs 8 rows to a word")
+    w, k, c = _awq_words(words)
     blocks3 = w.reshape(k // 8, 8, c)
     out = np.empty((k // 8, c, 8), dtype=np.uint32)   # (r, c, channel within the word)
 
@@ -225,10 +225,7 @@ def awq_qweight_transposed(words: np.ndarray, workers: int | None = None) -> np.
     """AutoAWQ qweight [K, N/8] -> GPTQ qweight's transpose [N, K/8] (int32: what
     compressed-tensors stores as weight_packed): awq_qweight_to_gptq(words).T, in one pass by
     the compiled loops (BLOCK word columns at a time, on `workers` threads), else as that."""
-    w = np.ascontiguousarray(np.asarray(words).view(np.uint32))
-    k, c = w.shape
-    if k % 8:
-        raise ValueError(f"AWQ qweight has {k} rows; 4-bit GPTQ packs 8 rows to a word")
+    w, k, c = _awq_words(words)
     out = np.empty((8 * c, k // 8), dtype=np.uint32)
     done = blocks(lambda i: native.awq_to_transposed(w, AWQ_ORDER, out, i, min(i + BLOCK, c)),
                   c, w.nbytes, workers)
