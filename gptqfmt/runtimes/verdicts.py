@@ -280,7 +280,9 @@ def _compare_fields(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
         at = high[(high >= r0 * n) & (high < (r0 + len(part)) * n)] - r0 * n
         want = truth_zeros(stored, m.bits, truth, at)
         raw = sc[r0:r0 + rows] if sc is not None else None
-        s32 = mag = None   # widened where the compiled loop does not take the scales
+        # (float32 scales, their finite magnitudes): made where the compiled loop does not
+        # take the scales, once a chunk
+        widened: tuple[np.ndarray, np.ndarray] | None = None
         for key in todo:
             reading = modelled(key[0], m.bits)
             got = (effective_zeros(stored, m.bits, reading.rule) if reading.rule is not None
@@ -292,10 +294,10 @@ def _compare_fields(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
                 continue
             change = native.largest_change(raw, sc_dtype, got)
             if change is None:
-                if s32 is None or mag is None:
+                if widened is None:
                     s32 = to_float32(raw, sc_dtype)
-                    mag = finite_magnitudes(s32)
-                change = largest_change(s32, mag, got)
+                    widened = (s32, finite_magnitudes(s32))
+                change = largest_change(*widened, got)
             worst[key] = max(worst[key], change)
     return {key: Misread(cells[key], worst[key] if scales else None,
                          todo[key] if cells[key] else None) if cells[key] else
