@@ -150,7 +150,7 @@ def _snapshot(repo_id: str, revision: str, arg: str, download: bool,
         path = hh.snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,
                                     local_files_only=not download, allow_patterns=PATTERNS)
     except Exception as e:  # noqa: BLE001 - every Hub failure becomes one line and exit 2
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         if incomplete is not None and isinstance(e, incomplete):
             raise UsageError(f"{repo_id}@{revision}: the cached snapshot {e.snapshot_path} is "
                              f"incomplete (an interrupted download?); complete it with: "
@@ -309,3 +309,9 @@ def _refetch(repo: tuple[str, str] | None, rel: str) -> str:
         return ("the local copy is damaged; fetch it again: "
                 f"{download_command(repo[0], repo[1], rel)} --force-download")
     return "the local copy is damaged; download the file again"
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message, its first line (its type's name where it has none): what a
+    one-line error quotes of a library's failure."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

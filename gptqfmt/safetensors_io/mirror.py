@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .index import INDEX_NAME, SUFFIX
-from .remote import HEAD_GUESS, Filler, Hub, fetch_all, filler_for, parallel, register, unregister
+from .remote import HEAD_GUESS, Filler, Hub, fetch_all, parallel, register, unregister
 
 
 @dataclass
@@ -40,14 +40,15 @@ class Mirror:
         m = cls(repo_id, revision, commit, root, hub, files, shards, holder)
         try:
             m.fetch_whole([n for n in (*configs, INDEX_NAME) if n in files])
+            fillers = []
             for n in shards:
                 path = root / n
                 with open(path, "wb") as f:
                     f.truncate(files[n])
-                filler = Filler(hub, repo_id, commit, n, path, files[n])
-                register(path, filler)
+                fillers.append(Filler(hub, repo_id, commit, n, path, files[n]))
+                register(path, fillers[-1])
             # every shard's first bytes at once: its length and (nearly always) its header
-            m.prefetch({n: [(0, HEAD_GUESS)] for n in shards})
+            fetch_all([(f, [(0, HEAD_GUESS)]) for f in fillers])
         except BaseException:
             m.close()
             raise
@@ -64,13 +65,6 @@ class Mirror:
                    self.files[name]).fetch(0, self.files[name])
         parallel(one, names, self.hub.in_flight)
 
-    def prefetch(self, ranges: dict[str, list[tuple[int, int]]]) -> None:
-        """Fetch byte ranges of several shards ({file name: [(start, stop)]}) in parallel."""
-        fetch_all([(f, r) for n, r in ranges.items() if (f := self.filler(n)) is not None])
-
-    def filler(self, name: str) -> Filler | None:
-        return filler_for(self.root / name)
-
     @property
     def size(self) -> int:
         """The bytes of the files a checkpoint read here could read: the safetensors files and
@@ -82,11 +76,5 @@ class Mirror:
         for n in self.shards:
             unregister(self.root / n)
         shutil.rmtree(self.holder, ignore_errors=True)
-
-    def __enter__(self) -> Mirror:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 

@@ -41,7 +41,7 @@ from urllib.parse import quote
 
 from ..errors import RemoteError, UsageError
 from ..version import __version__
-from .hub import HUB_EXTRA, download_command
+from .hub import HUB_EXTRA, download_command, first_line
 
 GAP = 64 << 10        # ranges closer than this are read in one request (the gap is read too)
 PIECE = 16 << 20      # the most bytes one request asks for
@@ -153,11 +153,11 @@ class Hub:
             except (http.NetworkError, http.RemoteProtocolError, http.ProxyError) as e:
                 if tries > RETRIES or isinstance(e, http.ConnectError) and tries > 1:
                     raise RemoteError(f"{what}: cannot reach {self.endpoint}: "
-                                      f"{_first_line(e)}; check the network, the proxy "
+                                      f"{first_line(e)}; check the network, the proxy "
                                       "(HTTPS_PROXY) or HF_ENDPOINT") from None
                 status = None
             except http.HTTPError as e:   # too many redirects, a body that cannot be decoded
-                raise RemoteError(f"{what}: {type(e).__name__}: {_first_line(e)}") from None
+                raise RemoteError(f"{what}: {type(e).__name__}: {first_line(e)}") from None
             if status is not None and tries > RETRIES:
                 if status == 429:
                     raise RemoteError(f"{what}: the Hub limits the request rate (429) and "
@@ -239,10 +239,6 @@ def _retry_after(headers) -> float | None:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:
         return None
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 # ---- ranges ------------------------------------------------------------------------------------
@@ -339,7 +335,8 @@ class Filler:
     def _claim(self, want: list[tuple[int, int]]) -> list[tuple[int, int]]:
         with self.lock:
             gaps = [g for a, b in want if b > a for g in missing(self.have, a, b)]
-            gaps = [g for a, b in gaps for g in missing(sorted(self.pending), a, b)]
+            pending = sorted(self.pending)
+            gaps = [g for a, b in gaps for g in missing(pending, a, b)]
             todo = coalesce(gaps)
             self.pending.extend(todo)
             return todo
