@@ -364,3 +364,12 @@ def loops(compiled: bool):
             del os.environ["GPTQFMT_NATIVE"]
         else:
             os.environ["GPTQFMT_NATIVE"] = saved
+
+
+def c_compiler() -> str | None:
+    """The C compiler this interpreter builds extensions with, where it and Python.h are at
+    hand (else None): where `pip install` builds gptqfmt.bits._native."""
+    import sysconfig
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    return cc if shutil.which(cc) is not None and headers.is_file() else None

@@ -56,7 +56,8 @@ def hub(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def endpoint(hub, monkeypatch, tmp_path):
     """Every test talks to the local Hub only, with no token of the user's, and counts from
-    zero; the retries record their waits instead of sleeping."""
+    zero; the retries record their waits instead of sleeping; the Hub raised nothing of its
+    own."""
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -68,7 +69,10 @@ def endpoint(hub, monkeypatch, tmp_path):
     hub.ignore_range = False
     hub.etag_salt.clear()
     hub.redirect_lfs = False
-    return waits
+    hub.errors.clear()
+    yield waits
+    # a failure of the stand-in Hub itself would be answered 500 and retried: never silently
+    assert hub.errors == []
 
 
 def local_copy(name: str, into: Path, monkeypatch) -> str:

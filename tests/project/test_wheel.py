@@ -7,13 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
-from pathlib import Path
 
 import pytest
 
-from tests.support import CKPT, ROOT
+from tests.support import CKPT, ROOT, c_compiler
 
 
 def source_modules() -> list[str]:
@@ -58,13 +56,6 @@ def installed(tmp_path_factory):
             "env": env, "cwd": tmp}
 
 
-def compiler() -> bool:
-    """Whether this interpreter's build of an extension finds a C compiler and Python.h."""
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    return shutil.which(cc) is not None and \
-        (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file()
-
-
 def run(installed, *args, ok=(0,)):
     r = subprocess.run([str(a) for a in args], capture_output=True, text=True,
                        cwd=installed["cwd"], env=installed["env"])
@@ -98,7 +89,7 @@ def test_the_wheel_ships_data_files_and_py_typed(installed):
     assert {f"gptqfmt/kernels/{n}" for n in kernels} <= names
     assert "gptqfmt/py.typed" in names
     # the compiled loops, where this machine's build could compile them
-    if compiler():
+    if c_compiler():
         assert any(n.startswith("gptqfmt/bits/_native.") for n in names), sorted(names)
     assert not any(n.startswith(("tests/", "fixtures/", "bench/")) for n in names)
     probe = ("import gptqfmt.resources as r; print(r.data_dir('schemas')); "

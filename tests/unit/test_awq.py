@@ -7,9 +7,11 @@ import shutil
 import numpy as np
 import pytest
 
+from gptqfmt.bits.packing import pack
 from gptqfmt.formats import open_source
+from gptqfmt.formats.relayout import awq_fields
 from gptqfmt.ops.verify import validate
-from tests.support import FORMATS, edit_config, loops
+from tests.support import FORMATS, edit_config, loops, slow_ct_values
 
 
 def test_awq_gemv_is_refused_with_its_reason(tmp_path):
@@ -72,8 +74,22 @@ def test_qweight_columns_are_the_columns_of_qweight(name, compiled):
         src.close()
 
 
+def slow_qweight(src, m):
+    """qweight of the one model from the stored words, code by code: AutoAWQ's nibbles in
+    channel order (awq_fields, held to make_formats.py's writer), compressed-tensors' rows
+    value by value (slow_ct_values), packed down the input channels."""
+    raw = np.asarray(src.store.view(m.tensors["qweight"]))
+    if src.format == "awq":
+        return pack(awq_fields(raw), 4, 32, axis=0)
+    layout = "padded" if raw.shape[1] * 32 // m.bits > m.in_features else "dense"
+    codes = np.array([slow_ct_values(row, m.bits, m.in_features, layout) for row in raw],
+                     dtype=np.uint8)
+    return pack(codes.T, m.bits, 32, axis=0)
+
+
 def check_columns_and_layouts(src):
     for m in src.modules:
+        assert np.array_equal(src.qweight(m), slow_qweight(src, m))
         n = m.out_features
         for cols in (np.arange(n), np.array([0]), np.array([n - 1, 3, 9, 10, 17]) % n,
                      np.arange(5, n, 7)):

@@ -1,9 +1,7 @@
 """The compiled loops of kernels/gptq_sums.h (gptqfmt.bits._native) against the codes unpacked
 one by one, the numpy loops' answers held equal to them, and verify's whole report equal with
 and without them on every fixture."""
-import shutil
 import sysconfig
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +11,7 @@ from hypothesis import strategies as st
 from gptqfmt.bits import native
 from gptqfmt.bits.packing import pack, unpack
 from gptqfmt.detection.codestats import read_cell_sums
-from tests.support import CKPT, loops
+from tests.support import CKPT, c_compiler, loops
 
 BUILT = native.available()
 needs_build = pytest.mark.skipif(not BUILT, reason="gptqfmt.bits._native was not built")
@@ -131,10 +129,8 @@ def test_an_install_with_a_compiler_builds_the_compiled_loops():
     """setup.py marks the extension optional, so a failed build would go unnoticed but for
     this: where the tests' interpreter has a C compiler and its headers, the build must have
     given the extension (`pip install -e .` builds it in place)."""
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
-    if shutil.which(cc) is None or not headers.is_file():
-        pytest.skip(f"no C compiler ({cc}) or no Python headers ({headers})")
+    if c_compiler() is None:
+        pytest.skip("no C compiler or no Python headers")
     with loops(compiled=True):
         assert native.available(), "gptqfmt.bits._native was not built: pip install -e ."
 
@@ -366,7 +362,8 @@ def test_the_plain_c_loops_without_simd(tmp_path):
     from gptqfmt.resources import data_dir
 
     assert _native.VERSION == native.VERSION
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    cc = c_compiler()
+    assert cc is not None   # the extension was built, so the compiler is at hand
     kernels = data_dir("kernels")
     so = tmp_path / "_native.so"
     subprocess.run([cc, "-O2", "-shared", "-fPIC", "-DGQ_NO_SIMD", "-I", str(kernels), "-I",
@@ -391,3 +388,7 @@ def test_the_plain_c_loops_without_simd(tmp_path):
         got = np.zeros((5, 9), np.uint64)
         plain.cell_sums(q, 40, 9, bits, np.zeros(0, np.int32), 5, 8, got)
         assert np.array_equal(got, slow_sums(q, bits, g, 5))
+        scattered = rng.permutation(g).astype(np.int32)   # act-order: each channel's group
+        got[:] = 0
+        plain.cell_sums(q, 40, 9, bits, scattered, 5, 0, got)
+        assert np.array_equal(got, slow_sums(q, bits, scattered, 5))

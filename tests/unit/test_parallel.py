@@ -42,13 +42,16 @@ def test_results_in_order_from_tasks_of_batch_calls(batch):
     assert pool.most <= 4
 
 
-@pytest.mark.parametrize("batch", [1, 4])
-def test_calls_not_started_are_cancelled_when_the_caller_stops(batch):
-    """The caller takes 5 results and stops: of 1000 calls, only those of the tasks already
-    submitted (at most `ahead` tasks past what was taken) ever run."""
+@pytest.mark.parametrize(("batch", "blocked"), [(1, 5), (4, 8)])
+def test_calls_not_started_are_cancelled_when_the_caller_stops(batch, blocked):
+    """The caller takes 5 results and stops while the next task is held running: of 1000
+    calls, none past that task's ever runs (the tasks submitted ahead are cancelled)."""
     ran = []
+    release = threading.Event()
 
     def call(i):
+        if i == blocked:   # the first call of the task after those taken: held until closed
+            release.wait(timeout=60)
         ran.append(i)
         return i
 
@@ -56,5 +59,6 @@ def test_calls_not_started_are_cancelled_when_the_caller_stops(batch):
         results = bounded_map(pool, call, range(1000), ahead=3, batch=batch)
         taken = [next(results) for _ in range(5)]
         results.close()
+        release.set()
     assert taken == [0, 1, 2, 3, 4]
-    assert len(ran) <= 5 + 3 * batch + batch
+    assert max(ran) < blocked + batch

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gptqfmt.bits import native
 from gptqfmt.bits.packing import pack
 from gptqfmt.formats import relayout
 from tests.support import HAVE_CT, load_generator, loops, needs_ct
@@ -16,14 +17,17 @@ if HAVE_CT:
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
 
-@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+@pytest.fixture(params=["compiled", "numpy"])
 def both_loops(request):
-    """Every test here twice: with the compiled loops (gptqfmt.bits.native, where built) and
-    with the numpy ones."""
+    """The test twice: with the compiled loops (gptqfmt.bits.native; skipped where not built)
+    and with the numpy ones."""
+    if request.param == "compiled" and not native.available():
+        pytest.skip("gptqfmt.bits._native was not built")
     with loops(request.param == "compiled"):
         yield
 
 
+@pytest.mark.usefixtures("both_loops")
 @pytest.mark.parametrize("shape", [(1, 1), (33, 7), (300, 1000), (2100, 2100)])
 def test_transposed_is_the_transpose(shape):
     """Blocks of BLOCK columns (on threads past PARALLEL_BYTES: the largest shape), tiles of
@@ -34,6 +38,7 @@ def test_transposed_is_the_transpose(shape):
     assert got.dtype == np.int32 and got.flags.c_contiguous and np.array_equal(got, words.T)
 
 
+@pytest.mark.usefixtures("both_loops")
 @pytest.mark.parametrize("dtype", [np.float16, np.uint16, np.float32, np.float64])
 def test_transposed_values_keep_their_dtype_and_bits(dtype):
     """Scales between [G, N] and [N, G]: every bit pattern kept (NaN payloads too)."""
@@ -73,6 +78,7 @@ def test_awq_layout_matches_the_slow_writer():
     assert np.array_equal(relayout.awq_fields(words), codes)
 
 
+@pytest.mark.usefixtures("both_loops")
 @pytest.mark.parametrize("k,n", [(8, 8), (16, 24), (64, 1024), (2056, 56), (4096, 8)])
 def test_awq_qweight_to_gptq_is_the_slow_relayout(k, n):
     """The word transpose (three delta swaps) against make_formats.py's writer and the
@@ -86,18 +92,21 @@ def test_awq_qweight_to_gptq_is_the_slow_relayout(k, n):
     assert np.array_equal(got, pack(relayout.awq_fields(words), 4, 32, axis=0))
 
 
+@pytest.mark.usefixtures("both_loops")
 @pytest.mark.parametrize("k,n", [(8, 8), (16, 24), (136, 1024), (2056, 56)])
 def test_awq_qweight_transposed_is_the_transpose_of_the_relayout(k, n):
     """compressed-tensors' layout straight from AutoAWQ's words (one pass where compiled)."""
     rng = np.random.default_rng(k * n)
-    words = FGEN.awq_pack(rng.integers(0, 16, (k, n)).astype(np.uint8)).view(np.int32)
+    codes = rng.integers(0, 16, (k, n)).astype(np.uint8)
+    words = FGEN.awq_pack(codes).view(np.int32)
     got = relayout.awq_qweight_transposed(words)
     assert got.dtype == np.int32 and got.flags.c_contiguous
-    assert np.array_equal(got, relayout.awq_qweight_to_gptq(words).T)
+    assert np.array_equal(got, pack(codes, 4, 32, axis=0).T)
     with pytest.raises(ValueError, match=f"has {k - 4} rows; 4-bit GPTQ packs 8 rows"):
         relayout.awq_qweight_transposed(words[:k - 4])
 
 
+@pytest.mark.usefixtures("both_loops")
 def test_awq_qweight_to_gptq_in_blocks_on_threads():
     """Many blocks of rows (BLOCK at a time, on threads past PARALLEL_BYTES) give the words a
     single pass gives, on random words (every bit pattern, not only valid codes)."""
@@ -111,7 +120,7 @@ def test_awq_qweight_to_gptq_in_blocks_on_threads():
     assert np.array_equal(relayout.awq_qweight_transposed(words, workers=2), ref.T)
     # compared in place against the transpose: several row tiles and column blocks, threads
     other = np.ascontiguousarray(ref.T)
-    compiled = relayout.awq_qweight_differ(words, other, workers=2) is not None
+    compiled = native.available()
     flips = [(0, 0), (other.shape[0] - 1, other.shape[1] - 1), (8 * relayout.BLOCK + 3, 17),
              (5, relayout.BLOCK + 1)]
     for r, c in flips:
@@ -119,6 +128,8 @@ def test_awq_qweight_to_gptq_in_blocks_on_threads():
     for workers in (1, 2):
         got = relayout.awq_qweight_differ(words, other, workers=workers)
         assert got == (len(flips) if compiled else None)
+    # what an AWQ source falls back to without them: the laid-out words compared
+    assert relayout.words_differ(ref, False, other, True) == len(flips)
     assert relayout.awq_qweight_differ(words, other[:-1]) == -1
     with pytest.raises(ValueError, match="12 rows"):
         relayout.awq_qweight_differ(words[:12], other)
@@ -126,6 +137,7 @@ def test_awq_qweight_to_gptq_in_blocks_on_threads():
         relayout.awq_qweight_to_gptq(words[:12])
 
 
+@pytest.mark.usefixtures("both_loops")
 @needs_ct
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_ct_words_are_gptq_words_transposed(bits):
