@@ -26,8 +26,10 @@ Requests go through huggingface_hub's own HTTP session, headers (the user's toke
 """
 from __future__ import annotations
 
+import bisect
 import importlib
 import json
+import math
 import os
 import re
 import threading
@@ -273,7 +275,10 @@ def missing(have: list[tuple[int, int]], a: int, b: int) -> list[tuple[int, int]
         []
     """
     out, at = [], a
-    for s, e in have:
+    # ranges are disjoint and sorted, so ends are too: start at the last one beginning at or
+    # before `a` (thousands of ranges in a shard read a few at a time)
+    first = max(0, bisect.bisect_right(have, (a, math.inf)) - 1)
+    for s, e in have[first:]:
         if e <= at:
             continue
         if s >= b:
@@ -290,13 +295,12 @@ def missing(have: list[tuple[int, int]], a: int, b: int) -> list[tuple[int, int]
 
 def _add(have: list[tuple[int, int]], a: int, b: int) -> list[tuple[int, int]]:
     """`have` with [a, b) added, merged (sorted, disjoint, touching ranges joined)."""
-    out: list[tuple[int, int]] = []
-    for s, e in sorted([*have, (a, b)]):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
+    # the ranges that touch [a, b) are one run of `have` (sorted, disjoint): merged into one
+    lo = bisect.bisect_left(have, a, key=lambda r: r[1])     # the first ending at or past a
+    hi = bisect.bisect_right(have, b, key=lambda r: r[0])    # past the last starting by b
+    if lo < hi:
+        a, b = min(a, have[lo][0]), max(b, have[hi - 1][1])
+    return [*have[:lo], (a, b), *have[hi:]]
 
 
 class Filler:
