@@ -270,12 +270,12 @@ def _bytes(words: np.ndarray) -> memoryview:
 
 def _write(ckpt: Checkpoint, root: Path, changed, fds: dict[str, int], from_conv, to,
            allow_lossy, progress) -> int:
-    """Overwrite each changed qzeros range with its new words, then fsync each shard; returns
-    the bytes written. The words are computed again from the old ones, still on disk (one
-    tensor in memory at a time): their CRC-32 must be the proven words' (else GQ503 and the
-    rollback), and each range is read back right after its write and compared byte for byte
-    with what was written. The writes are unbuffered (pwrite): no byte of a range can reach the
-    file after a rollback has written the old ones back."""
+    """Overwrite each changed qzeros range with its new words (its writeback started at once),
+    then fsync each shard; returns the bytes written. The words are computed again from the
+    old ones, still on disk (one tensor in memory at a time): their CRC-32 must be the proven
+    words' (else GQ503 and the rollback), and each range is read back right after its write
+    and compared byte for byte with what was written. The writes are unbuffered (pwrite): no
+    byte of a range can reach the file after a rollback has written the old ones back."""
     total = sum(ckpt.store.info(qz).nbytes for _, qz, _, _, _, _ in changed)
     advance = start(progress, WRITE, total)
     for i, (m, qz, name, offset, proven, clean) in enumerate(changed):
@@ -296,6 +296,7 @@ def _write(ckpt: Checkpoint, root: Path, changed, fds: dict[str, int], from_conv
                 raise FindingError(Finding("GQ503", "holds other bytes than the ones just "
                                            "written; rolled back", file=name, tensor=qz))
             faults.point("inplace-range", i)
+            journal.start_writeback(fd, offset, len(new))  # while the next range is computed
         advance(len(new))
     advance = start(progress, SYNC, sum(os.fstat(fd).st_size for fd in fds.values()))
     for name, fd in fds.items():

@@ -73,6 +73,24 @@ NAMES = (JOURNAL, COMPLETE, PENDING)
 PAGE = mmap.PAGESIZE   # the page cache's unit: a write cut short by a kill stops between pages
 
 
+#: the journal starts each this many bytes on their way to the disk as it is written
+WRITEBACK_EVERY = 32 << 20
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing `fd`'s dirty pages in [offset, offset + length) to the disk, without
+    waiting for them. Linux otherwise leaves them in the page cache until the dirty share of
+    memory reaches its background threshold (gigabytes on a large machine), so the fsync that
+    makes a change durable would wait for every byte at once; started as each part is written,
+    the disk works while the CPU computes the next part, and the fsync waits for what is left.
+    POSIX_FADV_DONTNEED starts that writeback (WB_SYNC_NONE) and drops only pages that are
+    clean and unmapped, which just-written pages are not, so nothing is read again. A hint: where
+    the call is missing (not Linux) or refused, the fsync does it all, as before."""
+    if hasattr(os, "posix_fadvise"):
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+
 def fsync_path(path: Path) -> None:
     """fsync a file or a directory (a directory: the names in it, after a rename) by its path.
     The one such helper: conversion.atomic uses it too."""
@@ -130,7 +148,7 @@ class Writer:
             self._f.close()
             path.unlink(missing_ok=True)
             raise _busy(PENDING, "is locked") from None
-        self._pos = 0
+        self._pos = self._flushed = 0  # bytes written; bytes whose writeback is started
         self.staged: dict[str, Path] = {}   # file -> its new copy beside it
         ACTIVE.add(self.root.resolve())
 
@@ -154,6 +172,10 @@ class Writer:
         with naming(self.root / PENDING):
             self._f.write(old)
             self._pos += len(old)
+            if self._pos - self._flushed >= WRITEBACK_EVERY:
+                self._f.flush()
+                start_writeback(self._f.fileno(), self._flushed, self._pos - self._flushed)
+                self._flushed = self._pos
             if digests:
                 e.pages_at = self._pos
                 self._f.write(digests)

@@ -77,3 +77,43 @@ def test_a_journal_being_written_is_never_truncated(tmp_path):
         journal.Writer(root, "test")
     assert e.value.finding.code == "GQ421" and "appeared while" in e.value.finding.message
     assert (root / journal.PENDING).read_bytes() == b"another gptqfmt's journal"
+
+
+def recorded_writeback(monkeypatch):
+    """Each start of writeback as (file name, offset, length, the file's size then)."""
+    calls = []
+
+    def fadvise(fd, offset, length, advice):
+        assert advice == os.POSIX_FADV_DONTNEED   # the advice that starts writeback
+        calls.append((os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), offset, length,
+                      os.fstat(fd).st_size))
+    monkeypatch.setattr(os, "posix_fadvise", fadvise, raising=False)
+    return calls
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names open files by /proc")
+def test_the_journal_starts_writeback_as_it_grows(tmp_path, monkeypatch):
+    monkeypatch.setattr(journal, "WRITEBACK_EVERY", 100)
+    calls = recorded_writeback(monkeypatch)
+    root = tmp_path / "c"
+    journaled(root, ranges=5)   # 5 x 64 old bytes and 4 bytes of page digests each
+    # every 100 bytes or more as they are written, flushed first (the kernel has them),
+    # from the start, with no gap and no overlap; the rest is left to the seal's fsync
+    assert calls == [(journal.PENDING, 0, 132, 132), (journal.PENDING, 132, 136, 268)]
+    # the sealed journal still reads back whole, and rolls back
+    with open(root / "shard", "r+b") as f:
+        f.write(NEW)
+    assert journal.rollback(root)[1] == 1
+
+
+def test_writeback_is_a_hint(tmp_path, monkeypatch):
+    """Where posix_fadvise is missing or refuses, the journal is written as before."""
+    def refuse(*a):
+        raise OSError(errno.EINVAL, "refused")
+    monkeypatch.setattr(journal, "WRITEBACK_EVERY", 1)
+    monkeypatch.setattr(os, "posix_fadvise", refuse, raising=False)
+    journaled(tmp_path / "a")
+    monkeypatch.delattr(os, "posix_fadvise", raising=False)
+    journaled(tmp_path / "b")
+    for d in ("a", "b"):
+        assert journal.read(tmp_path / d / journal.JOURNAL)[0]["what"] == "test"
