@@ -4,11 +4,12 @@ the qzeros byte ranges and the configs, megabytes of a model of many gigabytes, 
 copy on disk.
 
     plan (plan.py, as convert) -> refuse shared files -> per module: new words computed and
-    proven (gate.check_words: effective zeros per cell, Y = X @ W on lossy columns), old bytes
-    put in the undo journal -> shards opened for writing, configs' new copies written beside
-    them -> journal sealed (journal.py) -> each range's words computed again (their CRC-32 the
-    proven words'), written and read back, fsynced -> configs' copies renamed over them, read
-    back and hashed against the journal's record -> journal marked complete and removed
+    proven (gate.check_words: effective zeros per cell, Y = X @ W on lossy columns), the change
+    put in the undo journal (the old bytes, unless they are the new ones less one byte delta) ->
+    shards opened for writing, configs' new copies written beside them -> journal sealed
+    (journal.py) -> each range's words computed again (their CRC-32 the proven words'), written
+    and read back, fsynced -> configs' copies renamed over them, read back and hashed against
+    the journal's record -> journal marked complete and removed
 
 Every byte the change needs on disk (the journal, the configs' new copies) is written before
 the first overwrite, so a full disk or a read-only mount stops it with nothing changed and

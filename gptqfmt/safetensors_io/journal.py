@@ -6,12 +6,12 @@ and says so (GQ420).
 
 The protocol, in the checkpoint directory:
 
-1. `.gptqfmt-journal.tmp` gets the old bytes of every range and the old content of every file,
-   then a trailer that says where each is; each replaced file's new content is written beside
-   it (`.NAME.gptqfmt-journal-new`) and fsynced, so that the space the change needs is taken
-   before anything is changed; the journal is fsynced, renamed to `.gptqfmt-journal`, the
-   directory fsynced. From here on the change can be undone. (A .tmp or a -new copy left over:
-   nothing was changed yet; they are removed.)
+1. `.gptqfmt-journal.tmp` gets the old bytes of every range (where they do not follow from the new
+   ones, below) and the old content of every file, then a trailer that says where each is; each
+   replaced file's new content is written beside it (`.NAME.gptqfmt-journal-new`) and fsynced, so
+   that the space the change needs is taken before anything is changed; the journal is fsynced,
+   renamed to `.gptqfmt-journal`, the directory fsynced. From here on the change can be undone. (A
+   .tmp or a -new copy left over: nothing was changed yet; they are removed.)
 2. The ranges are overwritten and the files fsynced; each new copy is renamed over its file;
    the directory fsynced.
 3. `.gptqfmt-journal` is renamed to `.gptqfmt-journal-complete` (directory fsynced): the new
@@ -31,11 +31,19 @@ bytes (pages at file offsets that are multiples of the page size, the granularit
 cache): a range is whole when every page holds its old bytes or its new page. Anything else
 was written by something else, and the rollback refuses (GQ421) rather than guess.
 
-File layout: per entry its old bytes, and for a range the CRC-32 of each page of its new bytes
-(uint32, little-endian), one entry after another; then the trailer (UTF-8 JSON: what was done,
-the page size, and per entry its file, offset and length in the target, its place in the
-journal, where its page digests start, and the CRC-32 of its old and new bytes), then the
-trailer's length (8 bytes, little-endian) and the magic `GQJRNL02`.
+A range whose new bytes are its old ones plus one constant d (mod 256) in every byte keeps no
+old bytes here: the old ones are the new ones minus d, page by page, whatever mix of pages a kill
+left. Moving every zero point of a clean checkpoint by one is such a change at 2, 4 and 8 bits
+(no field carries into the next byte: at 4 bits 0x37 -> 0x48 is +0x11), so converting in place
+writes the qzeros once, not twice. Every other range (3 bits, whose fields straddle bytes; a
+lossy field) keeps its old bytes.
+
+File layout: per entry its old bytes (none for a range with a delta), and for a range the
+CRC-32 of each page of its new bytes (uint32, little-endian), one entry after another; then
+the trailer (UTF-8 JSON: what was done, the page size, and per entry its file, offset and
+length in the target, its place in the journal, where its page digests start, its delta if
+any, and the CRC-32 of its old and new bytes), then the trailer's length (8 bytes,
+little-endian) and the magic `GQJRNL03` (`GQJRNL02`, written before deltas, is read too).
 
 Why CRC-32 and not a cryptographic hash: the digests tell which state a range is in (old, new,
 or something else) after a crash, and that the bytes written are the ones proven. That is
@@ -56,6 +64,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from .. import faults
 from ..errors import FindingError, naming
 from ..findings import Finding
@@ -67,7 +77,8 @@ ACTIVE: set[Path] = set()
 JOURNAL = ".gptqfmt-journal"
 COMPLETE = ".gptqfmt-journal-complete"
 PENDING = ".gptqfmt-journal.tmp"
-MAGIC = b"GQJRNL02"
+MAGIC = b"GQJRNL03"
+READS = (b"GQJRNL02", MAGIC)   # journals this version rolls back: 02 is 03 without deltas
 NEW_TAG = ".gptqfmt-journal-new"   # a replaced file's new content, beside it until renamed
 NAMES = (JOURNAL, COMPLETE, PENDING)
 PAGE = mmap.PAGESIZE   # the page cache's unit: a write cut short by a kill stops between pages
@@ -113,6 +124,8 @@ class Entry:
     new_crc32: int
     at: int = 0          # where the old bytes start in the journal
     pages_at: int | None = None  # where the new bytes' page digests start (ranges)
+    delta: int | None = None     # a range's new bytes minus its old, the same d in every byte:
+    #                              its old bytes are not in the journal (byte_delta)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -157,10 +170,10 @@ class Writer:
         """Record that `file`'s bytes at `offset` go from `old` to `new` (any bytes-like
         object: a memoryview of the tensor saves a copy); returns the entry."""
         assert len(old) == len(new), "a range keeps its length"
-        e = Entry(file, offset, len(old), crc32(old), crc32(new))
+        e = Entry(file, offset, len(old), crc32(old), crc32(new), delta=byte_delta(old, new))
         cut = pages(offset, len(new))
         digests = struct.pack(f"<{len(cut)}I", *(crc32(new[a:b]) for a, b in cut))
-        self._add(e, old, digests)
+        self._add(e, old if e.delta is None else b"", digests)
         return e
 
     def whole(self, file: str, old: bytes | None, new: bytes) -> None:
@@ -172,14 +185,14 @@ class Writer:
         with naming(self.root / PENDING):
             self._f.write(old)
             self._pos += len(old)
-            if self._pos - self._flushed >= WRITEBACK_EVERY:
-                self._f.flush()
-                start_writeback(self._f.fileno(), self._flushed, self._pos - self._flushed)
-                self._flushed = self._pos
             if digests:
                 e.pages_at = self._pos
                 self._f.write(digests)
                 self._pos += len(digests)
+            if self._pos - self._flushed >= WRITEBACK_EVERY:
+                self._f.flush()
+                start_writeback(self._f.fileno(), self._flushed, self._pos - self._flushed)
+                self._flushed = self._pos
             self.entries.append(e)
             faults.point("inplace-journal", len(self.entries))
 
@@ -250,7 +263,7 @@ def read(path: Path) -> tuple[dict, int]:
             raise _unusable(path, "shorter than its trailer")
         f.seek(size - 16)
         n, magic = struct.unpack("<Q", f.read(8))[0], f.read(8)
-        if magic != MAGIC or n > size - 16:
+        if magic not in READS or n > size - 16:
             raise _unusable(path, "no journal trailer at its end")
         f.seek(size - 16 - n)
         try:
@@ -272,13 +285,17 @@ def rollback(root: Path) -> tuple[dict, int]:
         doc, _ = read(path)
     entries = [Entry(**e) for e in doc["entries"]]
     remove_strays(root)
+    page = doc.get("page", PAGE)
     with open(path, "rb") as j:
-        undo = [(i, e) for i, e in enumerate(entries) if _changed(root, e, j, doc, path)]
+        undo = [(i, e) for i, e in enumerate(entries) if _changed(root, e, j, page, path)]
         for i, e in undo:
             target = root / e.file
             with naming(path):
-                j.seek(e.at)
-                old = j.read(e.length)
+                old = _stored(e, j) if e.offset is None else _old_bytes(_now(target, e), e, j,
+                                                                        page)
+            if old is None:   # changed since _changed read it: by something else
+                raise _unusable(path, f"{e.file} at {e.offset}: changed during the rollback; "
+                                "restore the checkpoint from a copy")
             with naming(target):
                 if e.offset is not None:
                     with open(target, "r+b") as f:
@@ -303,7 +320,7 @@ def undone(n: int) -> str:
     return f"rolled back ({n} change{'s' if n != 1 else ''} undone)"
 
 
-def _changed(root: Path, e: Entry, journal_file, doc: dict, path: Path) -> bool:
+def _changed(root: Path, e: Entry, journal_file, page: int, path: Path) -> bool:
     """Whether change `e` has to be written back: its target does not hold the old bytes.
     FindingError GQ421 for a range that holds neither its old nor its new bytes."""
     target = root / e.file
@@ -313,17 +330,65 @@ def _changed(root: Path, e: Entry, journal_file, doc: dict, path: Path) -> bool:
         except FileNotFoundError:
             return e.old_crc32 is not None
         return e.old_crc32 is None or crc32(now) != e.old_crc32
-    with open(target, "rb") as f, naming(target):
-        f.seek(e.offset)
-        now = f.read(e.length)
+    now = _now(target, e)
     if len(now) == e.length and crc32(now) == e.old_crc32:
         return False
     with naming(path):
-        whole = len(now) == e.length and _whole(now, e, journal_file, doc.get("page", PAGE))
+        whole = len(now) == e.length and _old_bytes(now, e, journal_file, page) is not None
     if not whole:
         raise _unusable(path, f"{e.file} at {e.offset}: holds neither the old nor the new "
                         "bytes; restore the checkpoint from a copy")
     return True
+
+
+def _stored(e: Entry, journal_file) -> bytes:
+    """The old bytes the journal keeps for `e`."""
+    journal_file.seek(e.at)
+    return journal_file.read(e.length)
+
+
+def _now(target: Path, e: Entry) -> bytes:
+    """What range `e` of `target` holds now (shorter where the file is)."""
+    assert e.offset is not None
+    with open(target, "rb") as f, naming(target):
+        f.seek(e.offset)
+        return f.read(e.length)
+
+
+def byte_delta(old: bytes | memoryview, new: bytes | memoryview) -> int | None:
+    """The d in 1..255 with new[i] == (old[i] + d) % 256 for every byte i, or None where no
+    one d does (or nothing changes). Worked example, 4 bits, gptq -> gptq_v2: zero points
+    7, 3 stored 6, 2 are the byte 0x26; stored 7, 3 it is 0x37: d = 0x11, in every byte of
+    every word while no field is 15 (which would carry)."""
+    o, n = np.frombuffer(old, np.uint8), np.frombuffer(new, np.uint8)
+    if not o.size:
+        return None
+    d = (int(n[0]) - int(o[0])) % 256
+    return d if d and np.array_equal(o + np.uint8(d), n) else None
+
+
+def _old_bytes(now: bytes, e: Entry, journal_file, page: int) -> bytes | None:
+    """Range `e`'s old bytes, given what it holds `now`: page by page its old bytes or its new
+    ones (all old, all new, or a mix left by a kill inside a write); None when it holds
+    anything else."""
+    assert e.offset is not None and e.pages_at is not None
+    cut = pages(e.offset, e.length, page)
+    journal_file.seek(e.pages_at)
+    digests = struct.unpack(f"<{len(cut)}I", journal_file.read(4 * len(cut)))
+    if e.delta is None:
+        old = _stored(e, journal_file)
+        whole = crc32(now) in (e.old_crc32, e.new_crc32) or all(
+            now[a:b] == old[a:b] or crc32(now[a:b]) == d for (a, b), d in zip(cut, digests))
+        return old if whole else None
+    # no old bytes kept: a page is new where its digest says so, old where adding the delta
+    # gives the new page's digest
+    out = np.frombuffer(now, np.uint8).copy()
+    for (a, b), digest in zip(cut, digests):
+        if crc32(now[a:b]) == digest:
+            out[a:b] -= np.uint8(e.delta)
+        elif crc32((out[a:b] + np.uint8(e.delta)).tobytes()) != digest:
+            return None
+    return out.tobytes() if crc32(out) == e.old_crc32 else None
 
 
 def pages(offset: int, length: int, size: int | None = None) -> list[tuple[int, int]]:
@@ -333,21 +398,6 @@ def pages(offset: int, length: int, size: int | None = None) -> list[tuple[int, 
     cuts = list(range(-offset % size, length, size))
     edges = sorted({0, *cuts, length})
     return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
-
-
-def _whole(now: bytes, e: Entry, journal_file, page: int) -> bool:
-    """Whether range `e` holds, page by page, its old bytes or its new ones: all old, all new,
-    or a mix left by a kill inside a write."""
-    if crc32(now) in (e.old_crc32, e.new_crc32):
-        return True
-    if e.pages_at is None or e.offset is None:
-        return False
-    journal_file.seek(e.at)
-    old = journal_file.read(e.length)
-    cut = pages(e.offset, e.length, page)
-    journal_file.seek(e.pages_at)
-    new = struct.unpack(f"<{len(cut)}I", journal_file.read(4 * len(cut)))
-    return all(now[a:b] == old[a:b] or crc32(now[a:b]) == d for (a, b), d in zip(cut, new))
 
 
 def beside(target: Path) -> Path:

@@ -311,19 +311,25 @@ def test_words_not_proven_or_not_landed_roll_back(tmp_path, monkeypatch, want, f
 
 
 @pytest.mark.faults
+@pytest.mark.parametrize("kind", ["delta", "stored"])
 @pytest.mark.parametrize("torn", ["new prefix", "every other page", "old prefix",
                                   "a foreign page"])
-def test_a_range_torn_by_a_kill_inside_its_write(tmp_path, run_cli, monkeypatch, want, torn):
+def test_a_range_torn_by_a_kill_inside_its_write(tmp_path, run_cli, monkeypatch, want, torn,
+                                                 kind):
     """A kill can cut a write short between pages, in the convert (new pages, then old ones) or
     in a recovery (old, then new): that range holds both, and is rolled back like any other. A
     page that is neither its old bytes nor its new ones was written by something else: GQ421,
-    nothing touched. The journal is written here as convert writes it, with 16-byte pages so
-    the fixture's 64-byte ranges span several."""
+    nothing touched. The journal is written here as convert writes it, with 14-byte pages so
+    the fixture's 64-byte ranges span several and cut words in two. Every zero point moves by
+    one here, so the journal keeps no old bytes (delta: they are the new ones less 0x11 a byte);
+    `stored` makes it keep them, as for a lossy or 3-bit range."""
     from gptqfmt.safetensors_io.journal import pages
+    if kind == "stored":
+        monkeypatch.setattr(journal, "byte_delta", lambda old, new: None)
     d = copy(tmp_path)
     converted = tmp_path / "converted"
     assert run_cli("convert", SRC, converted, "--to", "gptq", "-q").exit_code == 0
-    monkeypatch.setattr(journal, "PAGE", 16)
+    monkeypatch.setattr(journal, "PAGE", 14)
     ranges = sorted((p.name, SafetensorsFile(p).header.data_start + i.begin, i.end - i.begin)
                     for p in d.glob("*.safetensors")
                     for n, i in SafetensorsFile(p).tensors.items() if n.endswith(".qzeros"))
@@ -334,7 +340,9 @@ def test_a_range_torn_by_a_kill_inside_its_write(tmp_path, run_cli, monkeypatch,
     w.seal()
     w.close()  # as a killed convert leaves it: journal sealed, its lock gone
     doc, _ = journal.read(d / journal.JOURNAL)
-    assert doc["page"] == 16
+    assert doc["page"] == 14
+    assert {e["delta"] for e in doc["entries"] if e["offset"] is not None} == \
+        ({0xEF} if kind == "delta" else {None})   # gptq_v2 -> gptq: 0x88 -> 0x77
     for k, (name, offset, length) in enumerate(ranges[:4]):  # 0 to 2 written, 3 in flight
         new = (converted / name).read_bytes()[offset:offset + length]
         cut = pages(offset, length)

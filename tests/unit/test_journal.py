@@ -11,10 +11,13 @@ from gptqfmt import faults
 from gptqfmt.errors import FindingError
 from gptqfmt.safetensors_io import journal
 
-OLD, NEW = bytes(range(64)), bytes(range(64, 128))
+OLD = bytes(range(64))
+# the new bytes of a range: every byte its old one plus 0x40 (the journal keeps no old bytes),
+# or not (it keeps them)
+NEW = {"delta": bytes(range(64, 128)), "stored": bytes(range(127, 63, -1))}
 
 
-def journaled(root, ranges=3):
+def journaled(root, ranges=3, kind="delta"):
     """A file of `ranges` 64-byte ranges and a config, their changes journaled and sealed (as
     convert --in-place leaves it before its first overwrite); the file's bytes and the
     config's before."""
@@ -24,7 +27,7 @@ def journaled(root, ranges=3):
     (root / "cfg.json").write_bytes(b'{"a": 1}')
     w = journal.Writer(root, "test")
     for i in range(ranges):
-        w.range("shard", 64 * i, OLD, NEW)
+        w.range("shard", 64 * i, OLD, NEW[kind])
     w.whole("cfg.json", b'{"a": 1}', b'{"a": 2}')
     w.stage("cfg.json", b'{"a": 2}')
     w.seal()
@@ -32,14 +35,17 @@ def journaled(root, ranges=3):
     return data
 
 
+@pytest.mark.parametrize("kind", NEW)
 @pytest.mark.parametrize("written", [0, 1, 3])
-def test_a_rollback_counts_only_what_was_written(tmp_path, written):
+def test_a_rollback_counts_only_what_was_written(tmp_path, written, kind):
     root = tmp_path / "c"
-    data = journaled(root)
+    data = journaled(root, kind=kind)
+    # the journal's body: per range its old bytes (or none) and one page digest; the config's
+    assert journal.read(root / journal.JOURNAL)[1] == 3 * ((64 if kind == "stored" else 0) + 4) + 8
     with open(root / "shard", "r+b") as f:  # the first `written` ranges overwritten
         for i in range(written):
             f.seek(64 * i)
-            f.write(NEW)
+            f.write(NEW[kind])
     doc, n = journal.rollback(root)
     assert (doc["what"], n) == ("test", written)
     assert (root / "shard").read_bytes() == data
@@ -96,13 +102,13 @@ def test_the_journal_starts_writeback_as_it_grows(tmp_path, monkeypatch):
     monkeypatch.setattr(journal, "WRITEBACK_EVERY", 100)
     calls = recorded_writeback(monkeypatch)
     root = tmp_path / "c"
-    journaled(root, ranges=5)   # 5 x 64 old bytes and 4 bytes of page digests each
+    journaled(root, ranges=5, kind="stored")   # 5 x 64 old bytes and 4 of page digests each
     # every 100 bytes or more as they are written, flushed first (the kernel has them),
     # from the start, with no gap and no overlap; the rest is left to the seal's fsync
-    assert calls == [(journal.PENDING, 0, 132, 132), (journal.PENDING, 132, 136, 268)]
+    assert calls == [(journal.PENDING, 0, 136, 136), (journal.PENDING, 136, 136, 272)]
     # the sealed journal still reads back whole, and rolls back
     with open(root / "shard", "r+b") as f:
-        f.write(NEW)
+        f.write(NEW["stored"])
     assert journal.rollback(root)[1] == 1
 
 
@@ -112,8 +118,34 @@ def test_writeback_is_a_hint(tmp_path, monkeypatch):
         raise OSError(errno.EINVAL, "refused")
     monkeypatch.setattr(journal, "WRITEBACK_EVERY", 1)
     monkeypatch.setattr(os, "posix_fadvise", refuse, raising=False)
-    journaled(tmp_path / "a")
+    journaled(tmp_path / "a", kind="stored")
     monkeypatch.delattr(os, "posix_fadvise", raising=False)
-    journaled(tmp_path / "b")
+    journaled(tmp_path / "b", kind="stored")
     for d in ("a", "b"):
         assert journal.read(tmp_path / d / journal.JOURNAL)[0]["what"] == "test"
+
+
+@pytest.mark.parametrize("old,new,delta", [
+    (b"\x26\x62", b"\x37\x73", 0x11),      # 4 bits, gptq -> gptq_v2: every field + 1
+    (b"\x37\x73", b"\x26\x62", 0xEF),      # and back: - 0x11
+    (b"\x00\x7f\xfe", b"\x01\x80\xff", 1),  # 8 bits
+    (b"\xff\x00", b"\x00\x01", 1),          # wraps mod 256 like the bytes do
+    (b"\x26\x62", b"\x37\x72", None),      # one byte off
+    (b"\x26", b"\x26", None),                # nothing changes
+    (b"", b"", None)])
+def test_byte_delta(old, new, delta):
+    assert journal.byte_delta(old, new) == delta
+
+
+def test_a_journal_before_deltas_is_rolled_back(tmp_path):
+    """A journal an earlier gptqfmt left (GQJRNL02: old bytes for every range) is read and
+    applied as before."""
+    root = tmp_path / "c"
+    data = journaled(root, kind="stored")
+    p = root / journal.JOURNAL
+    body = p.read_bytes()
+    assert body.endswith(b"GQJRNL03")
+    p.write_bytes(body[:-8] + b"GQJRNL02")
+    with open(root / "shard", "r+b") as f:
+        f.write(NEW["stored"])
+    assert journal.rollback(root)[1] == 1 and (root / "shard").read_bytes() == data
