@@ -67,7 +67,8 @@ def main():
                 d = src if big else tmp / f"ip-{i}"
                 if not big:
                     fresh_copy(src, d)
-                frm, to = ("gptq", "gptq_v2") if i % 2 == 0 else ("gptq_v2", "gptq")
+                # a fresh copy is gptq each time; the big one goes there and back
+                frm, to = ("gptq", "gptq_v2") if i % 2 == 0 or not big else ("gptq_v2", "gptq")
                 argv = ["gptqfmt", "convert", "--in-place", str(d), "--to", to, "--from", frm,
                         "--quiet"]
                 r = timed([py, "-c", RSS.format(argv=argv, mod="gptqfmt")], env)
