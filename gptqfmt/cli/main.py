@@ -49,6 +49,7 @@ def run(argv: list[str] | None = None, command: click.Command | None = None,
     (interrupted_at_start). A closed stdout (`| head -1`) exits 141 quietly."""
     import sys
 
+    single_threaded_blas()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         restore = _handle_signals()
@@ -67,6 +68,23 @@ def run(argv: list[str] | None = None, command: click.Command | None = None,
     finally:
         restore()
     raise SystemExit(code or 0)
+
+
+#: the BLAS libraries numpy may be built with, and the variables that set their thread count
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def single_threaded_blas() -> None:
+    """Run numpy's BLAS on the calling thread, where the user has not said otherwise; before
+    numpy is imported, which reads these once. gptqfmt spreads its work over the cores
+    itself (modules, tiles, shards), and its only matrix products are small (Y = X @ W on 16
+    rows and a few columns): a BLAS thread pool gains nothing there, and OpenBLAS's threads
+    spin for a while after each product, taking the cores from gptqfmt's own threads (a
+    seventh of the CPU time of a convert between formats, in a profile)."""
+    import os
+
+    for name in BLAS_THREADS:
+        os.environ.setdefault(name, "1")
 
 
 def _invoke(args: list[str], command: click.Command, prog_name: str) -> int:

@@ -271,3 +271,33 @@ def test_the_pre_commit_hooks_help_loads_no_library():
     end = json.loads(r.stderr.splitlines()[-1])
     assert end["code"] == 0 and r.stdout.startswith("Usage: gptqfmt-pre-commit")
     assert heavy(end["modules"]) == []
+
+
+# runs the CLI, then prints the BLAS thread variables numpy read at its import, on stderr
+RUN_THEN_BLAS = """
+import json, os, sys
+from gptqfmt.cli import run
+from gptqfmt.cli.main import BLAS_THREADS
+try:
+    run(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps({"numpy": "numpy" in sys.modules,
+                  "blas": {v: os.environ.get(v) for v in BLAS_THREADS}}), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("given", [None, "3"])
+def test_numpy_blas_runs_on_one_thread_unless_the_user_says(given):
+    """gptqfmt's own threads share the cores; a BLAS pool (whose OpenBLAS threads spin after
+    each small product) would take them. Set before numpy loads, and a user's value wins."""
+    env = {k: v for k, v in ENV.items() if k not in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                                     "OMP_NUM_THREADS")}
+    if given:
+        env["OPENBLAS_NUM_THREADS"] = given
+    r = subprocess.run([sys.executable, "-c", RUN_THEN_BLAS, "inspect", str(PATH)],
+                       capture_output=True, text=True, env=env)
+    end = json.loads(r.stderr.splitlines()[-1])
+    assert end["numpy"]   # the command loaded numpy after the variables were set
+    assert end["blas"] == {"OPENBLAS_NUM_THREADS": given or "1", "MKL_NUM_THREADS": "1",
+                           "OMP_NUM_THREADS": "1"}
