@@ -29,6 +29,8 @@ def escape(s: str | None) -> str:
     where untrusted text meets the terminal (note() and finding_line() do)."""
     if s is None:
         return ""
+    if s.isprintable():   # nearly every name: one pass in C, not one a character in Python
+        return s
     out = []
     for ch in s:
         if ch.isprintable():
