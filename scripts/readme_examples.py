@@ -30,6 +30,7 @@ tests/project/test_readme.py runs --check.
 from __future__ import annotations
 
 import argparse
+import difflib
 import hashlib
 import os
 import re
@@ -181,9 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         new = rendered(text, {name: out for (p, name), out in outs.items() if p == page})
         if new == text:
             continue
-        differ += [f"{page.relative_to(ROOT)}: example {name!r}"
-                   for name, _ in examples(text)
-                   if rendered_block(text, name) != f"```console\n{outs[page, name]}```\n"]
+        for name, _ in examples(text):
+            block, now = rendered_block(text, name), f"```console\n{outs[page, name]}```\n"
+            if block != now:
+                where = f"{page.relative_to(ROOT)}: example {name!r}"
+                differ.append(where if a.write else where + "\n" + "\n".join(
+                    difflib.unified_diff(block.splitlines(), now.splitlines(), "written",
+                                         "printed now", lineterm="")))
         if a.write:
             page.write_text(new, "utf-8")
     verb = "rewrote" if a.write else "differs:"
