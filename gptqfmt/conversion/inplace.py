@@ -251,8 +251,8 @@ def _undo(root: Path, cause: BaseException, commands: Commands) -> None:
         what = (f"{cause.filename or root}: cannot write: {cause.strerror or cause}"
                 if isinstance(cause, OSError) else str(cause))
         raise OutputError(f"{what}; then {e.filename or root}: cannot write it back: "
-                          f"{e.strerror or e}; the journal {root / journal.JOURNAL} keeps the "
-                          f"old bytes of what is left to undo: once that is fixed, gptqfmt "
+                          f"{e.strerror or e}; the journal {root / journal.JOURNAL} keeps what "
+                          f"it needs to undo the rest: once that is fixed, gptqfmt "
                           f"verify {root} rolls it back") from None
     if isinstance(cause, OSError):
         raise commands.failed(cause, n, root) from None

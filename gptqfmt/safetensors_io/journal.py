@@ -95,8 +95,9 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     makes a change durable would wait for every byte at once; started as each part is written,
     the disk works while the CPU computes the next part, and the fsync waits for what is left.
     POSIX_FADV_DONTNEED starts that writeback (WB_SYNC_NONE) and drops only pages that are
-    clean and unmapped, which just-written pages are not, so nothing is read again. A hint: where
-    the call is missing (not Linux) or refused, the fsync does it all, as before."""
+    clean and unmapped: just-written pages stay until their writeback has ended, and one dropped
+    after it is read again from the disk, the same bytes. A hint: where the call is missing (not
+    Linux) or refused, the fsync does it all, as before."""
     if hasattr(os, "posix_fadvise"):
         with contextlib.suppress(OSError):
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)

@@ -3,7 +3,9 @@ back and counts only the changes that no longer hold their old bytes; a file's n
 never left behind by a failed write and keeps the file's permissions; a journal another
 process is writing is never truncated."""
 import errno
+import json
 import os
+import struct
 
 import pytest
 
@@ -138,14 +140,37 @@ def test_byte_delta(old, new, delta):
 
 
 def test_a_journal_before_deltas_is_rolled_back(tmp_path):
-    """A journal an earlier gptqfmt left (GQJRNL02: old bytes for every range) is read and
-    applied as before."""
+    """A journal an earlier gptqfmt left (GQJRNL02: old bytes for every range, entries without
+    a delta key) is read and applied as before."""
     root = tmp_path / "c"
     data = journaled(root, kind="stored")
     p = root / journal.JOURNAL
-    body = p.read_bytes()
-    assert body.endswith(b"GQJRNL03")
-    p.write_bytes(body[:-8] + b"GQJRNL02")
+    doc, size = journal.read(p)
+    assert p.read_bytes().endswith(b"GQJRNL03")
+    for e in doc["entries"]:
+        del e["delta"]
+    trailer = json.dumps(doc).encode()
+    p.write_bytes(p.read_bytes()[:size] + trailer + struct.pack("<Q", len(trailer))
+                  + b"GQJRNL02")
     with open(root / "shard", "r+b") as f:
         f.write(NEW["stored"])
     assert journal.rollback(root)[1] == 1 and (root / "shard").read_bytes() == data
+
+
+def test_a_range_changed_during_the_rollback_is_not_written(tmp_path, monkeypatch):
+    """The rollback reads a range again as it writes it back: bytes that changed since it was
+    judged (something else writing the shard) are refused, GQ421, not overwritten."""
+    root = tmp_path / "c"
+    journaled(root, ranges=1)
+    with open(root / "shard", "r+b") as f:
+        f.write(NEW["delta"])
+    reads, now = [], journal._now
+
+    def foreign_second_time(target, e):
+        reads.append(e.offset)
+        return now(target, e) if len(reads) == 1 else bytes(x ^ 0x5A for x in now(target, e))
+    monkeypatch.setattr(journal, "_now", foreign_second_time)
+    with pytest.raises(FindingError) as e:
+        journal.rollback(root)
+    assert e.value.finding.code == "GQ421" and "changed during the rollback" in str(e.value)
+    assert (root / "shard").read_bytes() == NEW["delta"] and (root / journal.JOURNAL).exists()
