@@ -17,18 +17,26 @@
 
 #if defined(__SSE2__) && defined(__GNUC__) && !defined(GQ_NO_SIMD)
 #include <emmintrin.h>
-// dst[j..j+3, r..r+3] = src[r..r+3, j..j+3]^T: four rows in, four out, by unpacking.
-GQ_INLINE void gq_transpose_4x4(const uint32_t* src, int64_t cols, uint32_t* dst, int64_t rows) {
+// t[i] = column i of src[r..r+3, j..j+3] (src's rows `cols` words apart): four rows in, four
+// columns out, by unpacking.
+GQ_INLINE void gq_load_transposed_4x4(const uint32_t* src, int64_t cols, __m128i t[4]) {
     const __m128i a = _mm_loadu_si128((const __m128i*)(src));
     const __m128i b = _mm_loadu_si128((const __m128i*)(src + cols));
     const __m128i c = _mm_loadu_si128((const __m128i*)(src + 2 * cols));
     const __m128i d = _mm_loadu_si128((const __m128i*)(src + 3 * cols));
     const __m128i ab0 = _mm_unpacklo_epi32(a, b), ab1 = _mm_unpackhi_epi32(a, b);
     const __m128i cd0 = _mm_unpacklo_epi32(c, d), cd1 = _mm_unpackhi_epi32(c, d);
-    _mm_storeu_si128((__m128i*)(dst), _mm_unpacklo_epi64(ab0, cd0));
-    _mm_storeu_si128((__m128i*)(dst + rows), _mm_unpackhi_epi64(ab0, cd0));
-    _mm_storeu_si128((__m128i*)(dst + 2 * rows), _mm_unpacklo_epi64(ab1, cd1));
-    _mm_storeu_si128((__m128i*)(dst + 3 * rows), _mm_unpackhi_epi64(ab1, cd1));
+    t[0] = _mm_unpacklo_epi64(ab0, cd0);
+    t[1] = _mm_unpackhi_epi64(ab0, cd0);
+    t[2] = _mm_unpacklo_epi64(ab1, cd1);
+    t[3] = _mm_unpackhi_epi64(ab1, cd1);
+}
+
+// dst[j..j+3, r..r+3] = src[r..r+3, j..j+3]^T (dst's rows `rows` words apart).
+GQ_INLINE void gq_transpose_4x4(const uint32_t* src, int64_t cols, uint32_t* dst, int64_t rows) {
+    __m128i t[4];
+    gq_load_transposed_4x4(src, cols, t);
+    for (int i = 0; i < 4; ++i) _mm_storeu_si128((__m128i*)(dst + i * rows), t[i]);
 }
 #endif
 
@@ -50,14 +58,8 @@ GQ_INLINE void gq_transpose_halves(const uint16_t* src, int64_t rows, int64_t co
 #if defined(__SSE2__) && defined(__GNUC__) && !defined(GQ_NO_SIMD)
 // How many of the 16 words of src[r..r+3, j..j+3]^T differ from dst[j..j+3, r..r+3].
 GQ_INLINE int gq_differ_4x4(const uint32_t* a, int64_t cols, const uint32_t* b, int64_t rows) {
-    const __m128i w = _mm_loadu_si128((const __m128i*)(a));
-    const __m128i x = _mm_loadu_si128((const __m128i*)(a + cols));
-    const __m128i y = _mm_loadu_si128((const __m128i*)(a + 2 * cols));
-    const __m128i z = _mm_loadu_si128((const __m128i*)(a + 3 * cols));
-    const __m128i wx0 = _mm_unpacklo_epi32(w, x), wx1 = _mm_unpackhi_epi32(w, x);
-    const __m128i yz0 = _mm_unpacklo_epi32(y, z), yz1 = _mm_unpackhi_epi32(y, z);
-    const __m128i t[4] = {_mm_unpacklo_epi64(wx0, yz0), _mm_unpackhi_epi64(wx0, yz0),
-                          _mm_unpacklo_epi64(wx1, yz1), _mm_unpackhi_epi64(wx1, yz1)};
+    __m128i t[4];
+    gq_load_transposed_4x4(a, cols, t);
     int same = 0;
     for (int i = 0; i < 4; ++i) {
         const __m128i eq =
