@@ -174,6 +174,13 @@ GQ_CLONES static uint32_t largest_magnitude_bits(const void* sc, int kind, int64
     return best;
 }
 
+// 0, or sets a ValueError naming `fn` and returns -1: `kind` is not a scale kind
+static int check_kind(const char* fn, int kind) {
+    if (kind == GQ_F32 || kind == GQ_F16 || kind == GQ_BF16) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: kind must be 0, 1 or 2", fn);
+    return -1;
+}
+
 static double bits_to_double(uint32_t u) {
     union { uint32_t u; float f; } c;
     c.u = u;
@@ -192,9 +199,9 @@ static PyObject* largest_change(PyObject* self, PyObject* args) {
     if (!PyArg_ParseTuple(args, "y*iy*", &sc, &kind, &dz)) return NULL;
     PyObject* result = NULL;
     const Py_ssize_t n = dz.len / 4;
-    if (kind != GQ_F32 && kind != GQ_F16 && kind != GQ_BF16)
-        PyErr_SetString(PyExc_ValueError, "largest_change: kind must be 0, 1 or 2");
-    else if (dz.len % 4 || sc.len != n * (kind == GQ_F32 ? 4 : 2))
+    if (check_kind("largest_change", kind)) {
+        // check_kind said why
+    } else if (dz.len % 4 || sc.len != n * (kind == GQ_F32 ? 4 : 2))
         PyErr_SetString(PyExc_ValueError, "largest_change: not one scale per dz");
     else {
         uint32_t best;
@@ -218,9 +225,9 @@ static PyObject* largest_magnitude(PyObject* self, PyObject* args) {
     if (!PyArg_ParseTuple(args, "y*i", &sc, &kind)) return NULL;
     PyObject* result = NULL;
     const Py_ssize_t width = kind == GQ_F32 ? 4 : 2;
-    if (kind != GQ_F32 && kind != GQ_F16 && kind != GQ_BF16)
-        PyErr_SetString(PyExc_ValueError, "largest_magnitude: kind must be 0, 1 or 2");
-    else if (sc.len % width)
+    if (check_kind("largest_magnitude", kind)) {
+        // check_kind said why
+    } else if (sc.len % width)
         PyErr_SetString(PyExc_ValueError, "largest_magnitude: not whole scales");
     else {
         uint32_t best;
