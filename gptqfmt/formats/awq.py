@@ -151,13 +151,13 @@ class AwqSource(ExactSource):
 
     def qweight_differ(self, m: QuantModule, words: np.ndarray, transposed: bool) -> int:
         """Against a transpose (compressed-tensors' layout, a conversion's output), the AWQ
-        words are compared in place, never laid out; else as every source does."""
-        qweight = self.store.view(m.tensors["qweight"])
+        words are compared in place, never laid out; else (GPTQ's layout, or no compiled
+        loops) laid out as GPTQ's qweight, the layout a GPTQ output has as it is."""
         if transposed:
-            counted = awq_qweight_differ(qweight, words)
+            counted = awq_qweight_differ(self.store.view(m.tensors["qweight"]), words)
             if counted is not None:
                 return counted
-        return words_differ(*self.stored_qweight(m), words, transposed)
+        return words_differ(self.qweight(m), False, words, transposed)
 
     def qweight_columns(self, m: QuantModule, cols: np.ndarray) -> np.ndarray:
         """Only the AWQ word columns that hold `cols` are re-laid out: column n of the one

@@ -110,6 +110,8 @@ def awq_qweight_differ(words: np.ndarray, other: np.ndarray, workers: int | None
     o = unsigned(np.asarray(other))
     if o.shape != (8 * c, k // 8):
         return -1
+    if not native.available():
+        return None
     counts = blocks(lambda i: native.awq_transposed_differ(w, AWQ_ORDER, o, i,
                                                            min(i + BLOCK, c)),
                     c, w.nbytes, workers)
@@ -226,11 +228,12 @@ def awq_qweight_transposed(words: np.ndarray, workers: int | None = None) -> np.
     compressed-tensors stores as weight_packed): awq_qweight_to_gptq(words).T, in one pass by
     the compiled loops (BLOCK word columns at a time, on `workers` threads), else as that."""
     w, k, c = _awq_words(words)
-    out = np.empty((8 * c, k // 8), dtype=np.uint32)
-    done = blocks(lambda i: native.awq_to_transposed(w, AWQ_ORDER, out, i, min(i + BLOCK, c)),
-                  c, w.nbytes, workers)
-    if all(done):
-        return out.view(np.int32)
+    if native.available():
+        out = np.empty((8 * c, k // 8), dtype=np.uint32)
+        if all(blocks(lambda i: native.awq_to_transposed(w, AWQ_ORDER, out, i,
+                                                         min(i + BLOCK, c)),
+                      c, w.nbytes, workers)):
+            return out.view(np.int32)
     return transposed(awq_qweight_to_gptq(words, workers), workers)
 
 
