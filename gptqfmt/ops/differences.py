@@ -59,11 +59,9 @@ def field_differences(src: Source, m: QuantModule, out: Source, mo: QuantModule)
                    f"qweight: {n} of {m.in_features * m.bits // 32 * m.out_features} words "
                    "differ")
     sa, sb = np.asarray(src.scales(m)), np.asarray(out.scales(mo))
-    if sa.dtype == sb.dtype and sa.itemsize in (1, 2, 4, 8):  # bit for bit, a value a step
-        n = count_differ(sa.view(f"u{sa.itemsize}"), sb.view(f"u{sb.itemsize}"))
-    else:
-        n = count_differ(sa.view(np.uint8).reshape(sa.shape[0], -1),
-                         sb.view(np.uint8).reshape(sb.shape[0], -1), sa.itemsize)
+    # the same scheme: the same scales dtype (F16, BF16 or F32), compared as unsigned integers,
+    # bit for bit, a value a step
+    n = count_differ(sa.view(f"u{sa.itemsize}"), sb.view(f"u{sb.itemsize}"))
     if n:
         why.append(f"scales: {n} of {sa.size} values differ")
     ga, gb = np.asarray(src.g_idx(m)), np.asarray(out.g_idx(mo))
@@ -73,15 +71,11 @@ def field_differences(src: Source, m: QuantModule, out: Source, mo: QuantModule)
     return why
 
 
-def count_differ(a: np.ndarray, b: np.ndarray, unit: int = 1) -> int:
-    """How many elements differ (of `unit` consecutive bytes when the arrays are byte views);
-    -1 when the shapes differ."""
+def count_differ(a: np.ndarray, b: np.ndarray) -> int:
+    """How many elements differ; -1 when the shapes differ."""
     if a.shape != b.shape:
         return -1
-    if unit == 1:
-        return int(np.count_nonzero(a != b))
-    d = (a != b).reshape(-1, unit)
-    return int(np.count_nonzero(d.any(axis=1)))
+    return int(np.count_nonzero(a != b))
 
 
 def bytes_differ(src: Source, out: Source, t: str) -> tuple[str | None, int]:
