@@ -223,9 +223,7 @@ def _misread_closed(ckpt, m, v, truth, reading, label_right, scales, scale_max):
 def largest_finite(x: np.ndarray) -> float:
     """max |x| over the finite values (0 when none): a weight change, whose non-finite scales
     are GQ501's to report, never a NaN in a report."""
-    with np.errstate(invalid="ignore"):   # signalling NaNs from mutated bytes
-        a = np.abs(np.asarray(x, dtype=np.float32))
-    return float(a[np.isfinite(a)].max(initial=0.0))
+    return float(finite_magnitudes(np.asarray(x, dtype=np.float32)).max(initial=0.0))
 
 
 def finite_magnitudes(s32: np.ndarray) -> np.ndarray:
@@ -237,22 +235,17 @@ def finite_magnitudes(s32: np.ndarray) -> np.ndarray:
     return mag
 
 
-def largest_change(s32: np.ndarray, mag: np.ndarray, dz: np.ndarray) -> float:
+def largest_change(mag: np.ndarray, dz: np.ndarray) -> float:
     """max |scale x dZ| in float32 over the cells whose Z changes (dZ: int32, a scratch array
-    this overwrites), finite products only: what largest_finite(s32[moved] * dZ[moved]) gives,
-    from `mag` (finite_magnitudes(s32)) and without gathering the moved cells. A float32
+    this overwrites), finite products only, from `mag` (finite_magnitudes of the scales): what
+    largest_finite(s32[moved] * dZ[moved]) gives without gathering the moved cells. A float32
     product rounds the same whatever the signs, an unmoved cell adds 0 and a non-finite scale's
-    magnitude is 0; where a product overflows (a bf16 scale near the float32 limit) the cells
-    are multiplied as they are, so that the overflowing products are left out and the others
-    count. Worked example: scales [2, 3, -5], dZ [1, 0, -15]: 2, 0 and 75: 75."""
-    a = np.abs(dz, out=dz)
+    magnitude is 0; a product that overflows (a bf16 scale near the float32 limit) is left out
+    and the others count. Worked example: scales [2, 3, -5], dZ [1, 0, -15]: 2, 0 and 75: 75."""
     with np.errstate(over="ignore"):
-        top = float(np.multiply(mag, a, dtype=np.float32).max(initial=0.0))
-    if np.isfinite(top):
-        return top
-    moved = a != 0
-    with np.errstate(invalid="ignore", over="ignore"):
-        return largest_finite(s32[moved] * a[moved].astype(np.float32))
+        products = np.multiply(mag, np.abs(dz, out=dz), dtype=np.float32)
+    top = float(products.max(initial=0.0))
+    return top if np.isfinite(top) else largest_finite(products)
 
 
 def _compare_fields(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
@@ -280,9 +273,9 @@ def _compare_fields(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
         at = high[(high >= r0 * n) & (high < (r0 + len(part)) * n)] - r0 * n
         want = truth_zeros(stored, m.bits, truth, at)
         raw = sc[r0:r0 + rows] if sc is not None else None
-        # (float32 scales, their finite magnitudes): made where the compiled loop does not
-        # take the scales, once a chunk
-        widened: tuple[np.ndarray, np.ndarray] | None = None
+        # the scales' finite magnitudes: made where the compiled loop does not take the
+        # scales, once a chunk
+        mag: np.ndarray | None = None
         for key in todo:
             reading = modelled(key[0], m.bits)
             got = (effective_zeros(stored, m.bits, reading.rule) if reading.rule is not None
@@ -294,10 +287,9 @@ def _compare_fields(ckpt: Checkpoint, m: Module, v: ModuleVerdict, truth: str,
                 continue
             change = native.largest_change(raw, sc_dtype, got)
             if change is None:
-                if widened is None:
-                    s32 = to_float32(raw, sc_dtype)
-                    widened = (s32, finite_magnitudes(s32))
-                change = largest_change(*widened, got)
+                if mag is None:
+                    mag = finite_magnitudes(to_float32(raw, sc_dtype))
+                change = largest_change(mag, got)
             worst[key] = max(worst[key], change)
     return {key: Misread(cells[key], worst[key] if scales else None,
                          todo[key] if cells[key] else None) if cells[key] else
