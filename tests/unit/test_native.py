@@ -57,6 +57,27 @@ def test_cell_sums_against_the_codes_one_by_one(bits, data):
 
 
 @needs_build
+@pytest.mark.parametrize("bits,lane", [(2, 5), (4, 17), (8, 257)])
+def test_the_whole_rows_loop_at_its_lanes_limit(bits, lane):
+    """Groups of whole rows, every field maxq, so each lane of the even and odd sums reaches
+    exactly its limit (`lane` rows: (2^(2 bits) - 1) / maxq) before it is folded, and one row
+    past it, across the four-rows-a-pass loop and its single-row tail. Called through the
+    binding with no g_idx at all, so it is this loop that answers, not the scattered one."""
+    from gptqfmt.bits import _native
+
+    vpw = 32 // bits
+    for rpg in sorted({3, 4, 5, lane, lane + 1, 2 * lane + 1}):
+        for n in (3, 2049):
+            rows = 2 * rpg
+            words = np.full((rows, n), 0xFFFFFFFF, np.uint32)
+            out = np.zeros((2, n), np.uint64)
+            _native.cell_sums(words, rows, n, bits, np.zeros(0, np.int32), 2, rpg, out)
+            g_idx = np.arange(rows * vpw) // (rpg * vpw)
+            assert np.array_equal(out, slow_sums(words, bits, g_idx, 2)), (rpg, n)
+            assert int(out[0, 0]) == rpg * vpw * (2 ** bits - 1)
+
+
+@needs_build
 @pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_the_numpy_loops_give_the_same_cells(bits, act_order):
