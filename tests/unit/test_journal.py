@@ -157,13 +157,15 @@ def test_a_journal_before_deltas_is_rolled_back(tmp_path):
     assert journal.rollback(root)[1] == 1 and (root / "shard").read_bytes() == data
 
 
-def test_a_range_changed_during_the_rollback_is_not_written(tmp_path, monkeypatch):
-    """The rollback reads a range again as it writes it back: bytes that changed since it was
-    judged (something else writing the shard) are refused, GQ421, not overwritten."""
+@pytest.mark.parametrize("kind", NEW)
+def test_a_range_changed_during_the_rollback_is_not_written(tmp_path, monkeypatch, kind):
+    """The rollback reads a range again as it writes it back, whether the journal keeps its
+    old bytes or not: bytes that changed since it was judged (something else writing the
+    shard) are refused, GQ421, not overwritten."""
     root = tmp_path / "c"
-    journaled(root, ranges=1)
+    journaled(root, ranges=1, kind=kind)
     with open(root / "shard", "r+b") as f:
-        f.write(NEW["delta"])
+        f.write(NEW[kind])
     reads, now = [], journal._now
 
     def foreign_second_time(target, e):
@@ -173,4 +175,4 @@ def test_a_range_changed_during_the_rollback_is_not_written(tmp_path, monkeypatc
     with pytest.raises(FindingError) as e:
         journal.rollback(root)
     assert e.value.finding.code == "GQ421" and "changed during the rollback" in str(e.value)
-    assert (root / "shard").read_bytes() == NEW["delta"] and (root / journal.JOURNAL).exists()
+    assert (root / "shard").read_bytes() == NEW[kind] and (root / journal.JOURNAL).exists()
