@@ -71,13 +71,24 @@ def test_only_qzeros_ranges_change(tmp_path, run_cli):
 def test_each_range_starts_its_writeback_once_written(tmp_path, run_cli, monkeypatch):
     """The fsync at the end waits only for what is left: each rewritten range is handed to
     the disk as soon as it is written and read back, while the next one is computed."""
-    started = []
+    started, events = [], []   # events: ("write" or "start", shard, offset), in order
+    pwrite = os.pwrite
+
+    def shard(fd):
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        return name if name.endswith(".safetensors") else None
 
     def fadvise(fd, offset, length, advice):
-        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
-        if name.endswith(".safetensors"):
-            started.append((name, offset, os.pread(fd, length, offset)))
+        if shard(fd):
+            started.append((shard(fd), offset, os.pread(fd, length, offset)))
+            events.append(("start", shard(fd), offset))
+
+    def spied_pwrite(fd, data, offset):
+        if shard(fd):
+            events.append(("write", shard(fd), offset))
+        return pwrite(fd, data, offset)
     monkeypatch.setattr(os, "posix_fadvise", fadvise, raising=False)
+    monkeypatch.setattr(os, "pwrite", spied_pwrite)
     d = copy(tmp_path)
     assert run_cli("convert", "--in-place", d, "--to", "gptq", "-q").exit_code == 0
     qzeros = []
@@ -89,6 +100,8 @@ def test_each_range_starts_its_writeback_once_written(tmp_path, run_cli, monkeyp
                     f.header.data_start + f.tensors[n].end
                 qzeros.append((shard.name, at, (d / shard.name).read_bytes()[at:end]))
     assert len(qzeros) == RANGES and started == qzeros  # the new bytes, when started
+    # each range's writeback starts right after its write, before the next range is written
+    assert events == [(kind, name, at) for name, at, _ in qzeros for kind in ("write", "start")]
 
 
 def test_text_report_and_dry_run(tmp_path, run_cli):
