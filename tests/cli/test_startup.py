@@ -278,12 +278,17 @@ RUN_THEN_BLAS = """
 import json, os, sys
 from gptqfmt.cli import run
 from gptqfmt.cli.main import BLAS_THREADS
+seen = {}
+class AtNumpy:   # the variables as numpy's import finds them, the moment it starts
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" and not seen:
+            seen.update({v: os.environ.get(v) for v in BLAS_THREADS})
+sys.meta_path.insert(0, AtNumpy())
 try:
     run(sys.argv[1:])
 except SystemExit:
     pass
-print(json.dumps({"numpy": "numpy" in sys.modules,
-                  "blas": {v: os.environ.get(v) for v in BLAS_THREADS}}), file=sys.stderr)
+print(json.dumps({"numpy": "numpy" in sys.modules, "blas": seen}), file=sys.stderr)
 """
 
 
@@ -298,6 +303,6 @@ def test_numpy_blas_runs_on_one_thread_unless_the_user_says(given):
     r = subprocess.run([sys.executable, "-c", RUN_THEN_BLAS, "inspect", str(PATH)],
                        capture_output=True, text=True, env=env)
     end = json.loads(r.stderr.splitlines()[-1])
-    assert end["numpy"]   # the command loaded numpy after the variables were set
+    assert end["numpy"]   # the command loaded numpy, and found the variables set:
     assert end["blas"] == {"OPENBLAS_NUM_THREADS": given or "1", "MKL_NUM_THREADS": "1",
                            "OMP_NUM_THREADS": "1"}
