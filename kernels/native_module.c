@@ -282,8 +282,9 @@ static int check_order(const char* fn, const Py_buffer* ord) {
 
 PyDoc_STRVAR(transpose_doc,
 "transpose(src, rows, cols, dst, c0, c1, itemsize)\n\n"
-"dst[c, r] = src[r, c] for the columns [c0, c1): src [rows, cols] and dst [cols, rows], both\n"
-"in C order, of 4-byte (words) or 2-byte (fp16 or bf16) elements.");
+"dst[c - c0, r] = src[r, c] for the columns [c0, c1): src [rows, cols], and dst the rows\n"
+"[c0, c1) of its transpose [cols, rows] (all of it for [0, cols)), both in C order, of 4-byte\n"
+"(words) or 2-byte (fp16 or bf16) elements.");
 
 static PyObject* transpose(PyObject* self, PyObject* args) {
     Py_buffer src, dst;
@@ -295,8 +296,11 @@ static PyObject* transpose(PyObject* self, PyObject* args) {
     if (check_span("transpose", rows, cols, c0, c1) == 0) {
         if (itemsize != 2 && itemsize != 4)
             PyErr_SetString(PyExc_ValueError, "transpose: itemsize must be 2 or 4");
-        else if (!holds(src.len, rows, cols, itemsize) || !holds(dst.len, rows, cols, itemsize))
-            PyErr_SetString(PyExc_ValueError, "transpose: src and dst are not rows x cols");
+        else if (!holds(src.len, rows, cols, itemsize))
+            PyErr_SetString(PyExc_ValueError, "transpose: src is not rows x cols");
+        else if (!holds(dst.len, c1 - c0, rows, itemsize))
+            PyErr_SetString(PyExc_ValueError,
+                            "transpose: dst is not the rows [c0, c1) of the transpose");
         else {
             Py_BEGIN_ALLOW_THREADS
             if (itemsize == 4)
@@ -358,8 +362,9 @@ PyDoc_STRVAR(awq_relayout_doc,
 "awq_relayout(src, rows, cols, order, dst, lo, hi, mode) -> int\n\n"
 "AutoAWQ qweight src [rows, cols] (32-bit words; order: the 8 channels of a word's nibbles\n"
 "0..7, int32). mode 0: GPTQ's qweight into dst [rows / 8, 8 cols] for the blocks of eight rows\n"
-"[lo, hi); 1: its transpose into dst [8 cols, rows / 8] for the word columns [lo, hi); 2: as\n"
-"1, but dst is only read, and the count of its words that differ is returned (0 otherwise).");
+"[lo, hi); 1: its transpose [8 cols, rows / 8] for the word columns [lo, hi), whose rows\n"
+"[8 lo, 8 hi) dst holds (and only those); 2: as 1, but dst is only read, and the count of\n"
+"its words that differ is returned (0 otherwise).");
 
 static PyObject* awq_relayout(PyObject* self, PyObject* args) {
     Py_buffer src, ord, dst;
@@ -382,8 +387,12 @@ static PyObject* awq_relayout(PyObject* self, PyObject* args) {
     else if (lo < 0 || hi < lo || hi > span)
         PyErr_Format(PyExc_ValueError, "awq_relayout: %s [%zd, %zd) of %zd",
                      mode ? "word columns" : "row blocks", lo, hi, span);
-    else if (!holds(src.len, rows, cols, 4) || !holds(dst.len, rows, cols, 4))
-        PyErr_SetString(PyExc_ValueError, "awq_relayout: src and dst are not rows x cols words");
+    else if (!holds(src.len, rows, cols, 4))
+        PyErr_SetString(PyExc_ValueError, "awq_relayout: src is not rows x cols words");
+    else if (mode ? !holds(dst.len, 8 * (hi - lo), rows / 8, 4) : !holds(dst.len, rows, cols, 4))
+        PyErr_SetString(PyExc_ValueError, mode ? "awq_relayout: dst is not the rows [8 lo, 8 hi) "
+                                                 "of the transpose"
+                                               : "awq_relayout: dst is not rows x cols words");
     else {
         int64_t n = 0;
         Py_BEGIN_ALLOW_THREADS
@@ -414,7 +423,7 @@ static PyMethodDef methods[] = {
 // The Python side (gptqfmt/bits/native.py) takes the extension only at this version: a build
 // left in place from older sources is never run. Raise it with every change to what a
 // function takes or gives.
-#define GQ_NATIVE_VERSION 2
+#define GQ_NATIVE_VERSION 3
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native",

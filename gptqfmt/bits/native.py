@@ -22,7 +22,7 @@ OFF = ("0", "false", "no", "off")
 
 
 # the extension's VERSION these functions are written for (kernels/native_module.c)
-VERSION = 2
+VERSION = 3
 
 
 def _load() -> ModuleType | None:
@@ -132,11 +132,12 @@ def _into(out: Array, src: Array) -> bool:
 
 
 def transpose(words: Array, out: Array, c0: int, c1: int) -> bool:
-    """out[c, r] = words[r, c] for the columns [c0, c1) (words [R, C], out [C, R], C order;
-    32-bit words, or 16-bit values such as fp16 or bf16 scales); False where the compiled
-    loops do not take the case (then nothing is written)."""
+    """out[c - c0, r] = words[r, c] for the columns [c0, c1) (words [R, C]; out [c1 - c0, R],
+    the rows [c0, c1) of the transpose; C order; 32-bit words, or 16-bit values such as fp16
+    or bf16 scales); False where the compiled loops do not take the case (then nothing is
+    written)."""
     if not available() or not _words(words, (2, 4)) or not _words(out, (2, 4)) or \
-            out.shape != words.shape[::-1] or out.itemsize != words.itemsize or \
+            out.shape != (c1 - c0, words.shape[0]) or out.itemsize != words.itemsize or \
             not _into(out, words):
         return False
     assert _NATIVE is not None
@@ -162,17 +163,18 @@ def awq_to_gptq(words: Array, order: tuple[int, ...], out: Array, b0: int, b1: i
 
 def awq_to_transposed(words: Array, order: tuple[int, ...], out: Array, c0: int,
                       c1: int) -> bool:
-    """AutoAWQ qweight words [K, C] -> the transpose of GPTQ's qweight, out [8C, K/8], for the
-    word columns [c0, c1) (compressed-tensors' weight_packed, with no GPTQ copy between);
+    """AutoAWQ qweight words [K, C] -> the rows [8 c0, 8 c1) of the transpose of GPTQ's
+    qweight [8C, K/8], which `out` [8 (c1 - c0), K/8] holds, from the word columns [c0, c1)
+    (compressed-tensors' weight_packed, with no GPTQ copy between; a band of it at a time);
     False where the compiled loops do not take the case (then nothing is written)."""
     return _awq(words, order, out, c0, c1, _AWQ_TRANSPOSED) is not None
 
 
 def awq_transposed_differ(words: Array, order: tuple[int, ...], other: Array, c0: int,
                           c1: int) -> int | None:
-    """How many words of `other` [8C, K/8] differ from awq_to_transposed's words of AutoAWQ
-    qweight `words` [K, C], over the word columns [c0, c1), with nothing laid out in memory;
-    None where the compiled loops do not take the case."""
+    """How many words of `other` (the rows [8 c0, 8 c1) of a transpose [8C, K/8]) differ from
+    awq_to_transposed's words of AutoAWQ qweight `words` [K, C] for the word columns [c0, c1),
+    with nothing laid out in memory; None where the compiled loops do not take the case."""
     return _awq(words, order, other, c0, c1, _AWQ_COMPARED)
 
 
@@ -184,11 +186,11 @@ def _awq(words: Array, order: tuple[int, ...], dst: Array, lo: int, hi: int,
          mode: int) -> int | None:
     """awq_relayout in `mode` over [lo, hi) where the compiled loops take the case (the count
     of differing words, 0 where nothing is compared), else None. dst's shape follows from
-    words' and the mode; a dst that is written must not overlap words."""
+    words', the mode and the span; a dst that is written must not overlap words."""
     if not available() or not _words(words) or not _words(dst) or words.shape[0] % 8:
         return None
     k, c = words.shape
-    shape = (k // 8, c * 8) if mode == _AWQ_ROWS else (c * 8, k // 8)
+    shape = (k // 8, c * 8) if mode == _AWQ_ROWS else (8 * (hi - lo), k // 8)
     if dst.shape != shape or (mode != _AWQ_COMPARED and not _into(dst, words)):
         return None
     assert _NATIVE is not None

@@ -12,19 +12,21 @@ target formats is their Writer's (formats/model.py).
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
 from .. import faults
 from ..findings import Finding
-from ..formats import QuantModule, Source, Writer
+from ..formats import Banded, QuantModule, Source, Writer
 from ..formats.configs import CONFIG_FILES, CONFIG_JSON, CONFIG_KEY
 from ..formats.model import outside_words
 from ..ops.reports import WRITE, Progress, start
+from ..parallel import cpus
 from ..safetensors_io.dtypes import DTYPES, nbytes
 from ..safetensors_io.index import INDEX_NAME
 from ..safetensors_io.writer import Entry, layout
@@ -113,6 +115,10 @@ def shard_layout(src: Source, shard: str, tensors: list[OutTensor], w: Writer
     return layout([Entry(t.name, t.dtype, t.shape, t.nbytes) for t in tensors], meta)
 
 
+# Bands in flight while a Banded tensor is written: one being made, two being written
+RING = 3
+
+
 def write_shard(src: Source, shard: str, tensors: list[OutTensor], w: Writer, out: Path,
                 index: int, advance: Callable[[int], Any] | None = None) -> int:
     """Write one output shard (shard_layout); `advance(n)` as each n of its bytes are written.
@@ -122,7 +128,7 @@ def write_shard(src: Source, shard: str, tensors: list[OutTensor], w: Writer, ou
     by_name = {t.name: t for t in tensors}
     written = len(prefix)
     # a module tensor is written by a second thread while the next one is built (the write
-    # releases the GIL): at most two tensors in memory
+    # releases the GIL): at most two tensors in memory; a Banded one a few bands at a time
     pending: list[tuple[Any, int, int]] = []
 
     def settle() -> None:
@@ -133,7 +139,9 @@ def write_shard(src: Source, shard: str, tensors: list[OutTensor], w: Writer, ou
             faults.point("mid-shard", index, i)
         pending.clear()
 
-    with open(f.path, "rb") as fin, atomic.create(out) as fout, ThreadPoolExecutor(1) as io:
+    workers = cpus()
+    with open(f.path, "rb") as fin, atomic.create(out) as fout, ThreadPoolExecutor(1) as io, \
+            ThreadPoolExecutor(workers) as makers:
         fout.write(prefix)
         if advance:
             advance(len(prefix))
@@ -144,20 +152,60 @@ def write_shard(src: Source, shard: str, tensors: list[OutTensor], w: Writer, ou
                 info = f.tensors[t.name]
                 copy_range(fin, fout, f.header.data_start + info.begin, info.nbytes, advance)
                 faults.point("mid-shard", index, i)
+                written += e.nbytes
+                continue
+            assert t.role is not None
+            built = w.tensor(t.role, src, t.module)
+            planned(t, built.shape, 4 if isinstance(built, Banded) else built.dtype.itemsize)
+            settle()
+            if isinstance(built, Banded):
+                write_banded(built, fout, io, makers, workers, advance)
+                faults.point("mid-shard", index, i)
             else:
-                assert t.role is not None
-                arr = np.ascontiguousarray(w.tensor(t.role, src, t.module))
-                want = DTYPES[t.dtype].numpy
-                if arr.shape != t.shape or arr.dtype.itemsize != want.itemsize:
-                    raise AssertionError(f"{t.name}: built {arr.dtype}{list(arr.shape)}, "
-                                         f"planned {t.dtype}{list(t.shape)}")
-                settle()
+                arr = np.ascontiguousarray(built)
                 if arr.size:   # (a zero-size array has no bytes, and no buffer to cast)
                     pending.append((io.submit(fout.write, arr.data.cast("B")), i, e.nbytes))
-                src.store.release(t.module.tensors.values())
+            src.store.release(t.module.tensors.values())
             written += e.nbytes
         settle()
     return written
+
+
+def planned(t: OutTensor, shape: tuple[int, ...], itemsize: int) -> None:
+    """A built tensor has the shape and element size its header entry was written with."""
+    if shape != t.shape or itemsize != DTYPES[t.dtype].numpy.itemsize:
+        raise AssertionError(f"{t.name}: built {itemsize}-byte elements {list(shape)}, "
+                             f"planned {t.dtype}{list(t.shape)}")
+
+
+def write_banded(t: Banded, fout: BinaryIO, io: Executor, makers: Executor, parts: int,
+                 advance: Callable[[int], Any] | None = None) -> None:
+    """Write `t` band by band: each band is made on `makers` (up to `parts` spans at once)
+    into one of RING reused buffers, and written by `io` in order while the next is made; a
+    buffer is made into again only once its write has returned. `advance(n)` as each band is
+    written."""
+    bands = t.bands(parts)
+    if not bands:
+        return
+    rows = max(b[-1][1] - b[0][0] for b in bands)
+    ring = [np.empty((rows, t.shape[1]), dtype=np.int32) for _ in range(min(RING, len(bands)))]
+    writing: deque[tuple[Future[Any], int]] = deque()
+
+    def done() -> None:
+        fut, n = writing.popleft()
+        fut.result()
+        if advance:
+            advance(n)
+    for j, spans in enumerate(bands):
+        if len(writing) == len(ring):
+            done()
+        r0 = spans[0][0]
+        buf = ring[j % len(ring)][:spans[-1][1] - r0]
+        for fut in [makers.submit(t.fill, buf[a - r0:b - r0], a, b) for a, b in spans]:
+            fut.result()
+        writing.append((io.submit(fout.write, buf.data.cast("B")), buf.nbytes))
+    while writing:
+        done()
 
 
 def write_index(src: Source, shards: dict[str, list[OutTensor]], tmp: Path) -> None:

@@ -15,6 +15,7 @@ from .ct import CtWriter
 from .gptq.writer import GptqWriter
 from .model import AWQ, COMPRESSED_TENSORS, FORMATS, GPTQ, GPTQ_V2, QuantModule
 from .open import open_source
+from .relayout import Banded
 from .source import Source, Writer, module_tensors
 
 # The formats convert re-lays a module out into (its tensors, its config); between gptq and
@@ -23,4 +24,4 @@ WRITERS: dict[str, Writer] = {w.format: w for w in (GptqWriter(), CtWriter())}
 TARGETS = CONVENTIONS + tuple(f for f in WRITERS if f not in CONVENTIONS)  # what convert writes
 
 __all__ = ["AWQ", "COMPRESSED_TENSORS", "FORMATS", "GPTQ", "GPTQ_V2", "TARGETS", "WRITERS",
-           "QuantModule", "Source", "Writer", "module_tensors", "open_source"]
+           "Banded", "QuantModule", "Source", "Writer", "module_tensors", "open_source"]

@@ -33,6 +33,8 @@ from ..safetensors_io.index import TensorStore
 from .model import AWQ, QuantModule, discover
 from .relayout import (
     AWQ_BITS,
+    Banded,
+    awq_qweight_bands,
     awq_qweight_differ,
     awq_qweight_to_gptq,
     awq_qweight_transposed,
@@ -148,6 +150,10 @@ class AwqSource(ExactSource):
         layout, which a conversion writes and its gate compares word for word, so the words
         are never laid out twice."""
         return awq_qweight_transposed(self.store.view(m.tensors["qweight"])), True
+
+    def qweight_bands(self, m: QuantModule) -> Banded:
+        """stored_qweight's words a band at a time, each from its AWQ word columns."""
+        return awq_qweight_bands(self.store.view(m.tensors["qweight"]))
 
     def qweight_differ(self, m: QuantModule, words: np.ndarray, transposed: bool) -> int:
         """Against a transpose (compressed-tensors' layout, a conversion's output), the AWQ

@@ -38,7 +38,7 @@ from ..findings import Finding
 from ..safetensors_io.index import TensorStore
 from .configs import CONFIG_JSON, TGI_SCALARS
 from .model import COMPRESSED_TENSORS, QuantModule, discover
-from .relayout import padded_to_dense, transposed, transposed_values
+from .relayout import Banded, padded_to_dense, transposed, transposed_values
 from .source import ExactSource, Source
 from .targets import any_match, kind, matches, patterns
 
@@ -605,11 +605,11 @@ class CtWriter:
             out.append((f"{p}.weight_zero_point", "I32", (n * b // 32, m.groups), "qzeros"))
         return out
 
-    def tensor(self, role: str, src: Source, m: QuantModule) -> np.ndarray:
-        """One output tensor of module `m`, from `src` in the one model."""
-        if role == "qweight":   # qweight's transpose, as the source stores or makes it best
-            words, t = src.stored_qweight(m)
-            return np.asarray(words).view(np.int32) if t else transposed(words)
+    def tensor(self, role: str, src: Source, m: QuantModule) -> np.ndarray | Banded:
+        """One output tensor of module `m`, from `src` in the one model; qweight's transpose
+        a band at a time, as the source makes it best."""
+        if role == "qweight":
+            return src.qweight_bands(m)
         if role == "scales":
             return transposed_values(src.scales(m))
         if role == "qzeros":

@@ -27,7 +27,9 @@ AWQ_ORDER[i] = [0, 2, 4, 6, 1, 3, 5, 7], so nibbles 7..0 read 7 5 3 1 6 4 2 0: t
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,6 +48,89 @@ BLOCK = 256                 # columns moved (or compared) per step: a cache-size
 # caches (a whole BLOCK of a 1024-row qweight, moved at once, ran at 0.7 GB/s on two threads;
 # tiles of 32 rows at 1.3 to 1.5 GB/s)
 TILE = 32
+# Bands (Banded): about this many bytes made at once, within a core's L2 cache, so that the
+# write copying a band into the page cache reads it from the caches
+BAND_BYTES = 2 << 20
+AWQ_TILE = 32               # word columns of a tile of the compiled AWQ re-layout
+TRANSPOSE_TILE = 16         # columns of a tile of the compiled transpose
+
+
+@dataclass(frozen=True)
+class Banded:
+    """An int32 tensor [rows, width] made a band of rows at a time, into buffers the caller
+    reuses: no copy of it all is ever in memory, and no fresh pages are zeroed for it (writing
+    2.35 GB from fresh 112 MiB arrays took 2.5 to 3.8 s here, from one reused array 1.1 to
+    1.6 s). fill(out, r0, r1) writes the rows [r0, r1) into out [r1 - r0, width]; r0 and r1
+    are multiples of `step` (r1 may be the last row). `grain`: the rows one call should take
+    at least to run at speed (a tile of the loops that make them)."""
+    shape: tuple[int, int]
+    fill: Callable[[np.ndarray, int, int], None]
+    step: int = 1
+    grain: int = 1
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.shape[0] * self.shape[1]
+
+    def band_rows(self, parts: int = 1, nbytes: int | None = None) -> int:
+        """Rows a band: about `nbytes` (default BAND_BYTES), whole grains, at least a grain
+        for each of `parts` threads, no more than the tensor."""
+        rows, width = self.shape
+        grains = max(parts, (nbytes or BAND_BYTES) // max(1, 4 * width * self.grain))
+        return max(self.step, min(rows, grains * self.grain))
+
+    def bands(self, parts: int = 1, nbytes: int | None = None) -> list[list[tuple[int, int]]]:
+        """The bands in order, each as up to `parts` spans of whole grains (whole steps) that
+        threads can fill at once, in order."""
+        n, rows = self.band_rows(parts, nbytes), self.shape[0]
+        out = []
+        for r0 in range(0, rows, n):
+            r1 = min(rows, r0 + n)
+            each = max(self.grain, -(-(r1 - r0) // parts // self.grain) * self.grain)
+            out.append([(a, min(r1, a + each)) for a in range(r0, r1, each)])
+        return out
+
+    def whole(self, workers: int | None = None) -> np.ndarray:
+        """All of it in one new array (BLOCK rows a call, on `workers` threads)."""
+        out = np.empty(self.shape, dtype=np.int32)
+        step = -(-BLOCK // self.step) * self.step
+
+        def part(r0: int) -> None:
+            r1 = min(self.shape[0], r0 + step)
+            self.fill(out[r0:r1], r0, r1)
+        starts = range(0, self.shape[0], step)
+        workers = cpus() if workers is None else workers
+        if workers <= 1 or self.nbytes < PARALLEL_BYTES:
+            for r0 in starts:
+                part(r0)
+        else:
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(part, starts))
+        return out
+
+
+def bands_of(words: np.ndarray, is_transposed: bool) -> Banded:
+    """qweight's transpose (compressed-tensors' weight_packed) a band at a time, from words as
+    Source.stored_qweight gives them: rows of them as they are where they are the transpose
+    already, else the transpose of their columns."""
+    a = np.asarray(words).view(np.int32)
+    if is_transposed:
+        def rows(out: np.ndarray, r0: int, r1: int) -> None:
+            out[...] = a[r0:r1]
+        return Banded(a.shape, rows, 1, TRANSPOSE_TILE)
+
+    def columns(out: np.ndarray, r0: int, r1: int) -> None:
+        _transpose_into(a, out, r0, r1)
+    return Banded(a.shape[::-1], columns, 1, TRANSPOSE_TILE)
+
+
+def _transpose_into(a: np.ndarray, out: np.ndarray, c0: int, c1: int) -> None:
+    """out = a[:, c0:c1].T (the rows [c0, c1) of a's transpose): by the compiled loops where
+    they take the elements, else TILE rows at once (numpy's copies release the GIL)."""
+    if native.transpose(a, out, c0, c1):
+        return
+    for r, tile in tiles(a[:, c0:c1]):
+        out[:, r:r + TILE] = tile
 
 
 def transposed(words: np.ndarray, workers: int | None = None) -> np.ndarray:
@@ -65,11 +150,8 @@ def transposed_values(a: np.ndarray, workers: int | None = None) -> np.ndarray:
     out = np.empty(a.shape[::-1], dtype=a.dtype)
 
     def part(i: int) -> None:
-        if native.transpose(a, out, i, min(i + BLOCK, a.shape[1])):
-            return
         dst = out[i:i + BLOCK]
-        for r, tile in tiles(a[:, i:i + BLOCK]):
-            dst[:, r:r + TILE] = tile
+        _transpose_into(a, dst, i, i + len(dst))
     blocks(part, a.shape[1], a.nbytes, workers)
     return out
 
@@ -112,8 +194,8 @@ def awq_qweight_differ(words: np.ndarray, other: np.ndarray, workers: int | None
         return -1
     if not native.available():
         return None
-    counts = blocks(lambda i: native.awq_transposed_differ(w, AWQ_ORDER, o, i,
-                                                           min(i + BLOCK, c)),
+    counts = blocks(lambda i: native.awq_transposed_differ(
+        w, AWQ_ORDER, o[8 * i:8 * min(i + BLOCK, c)], i, min(i + BLOCK, c)),
                     c, w.nbytes, workers)
     return None if None in counts else sum(counts)
 
@@ -227,14 +309,20 @@ def awq_qweight_transposed(words: np.ndarray, workers: int | None = None) -> np.
     """AutoAWQ qweight [K, N/8] -> GPTQ qweight's transpose [N, K/8] (int32: what
     compressed-tensors stores as weight_packed): awq_qweight_to_gptq(words).T, in one pass by
     the compiled loops (BLOCK word columns at a time, on `workers` threads), else as that."""
+    return awq_qweight_bands(words).whole(workers)
+
+
+def awq_qweight_bands(words: np.ndarray) -> Banded:
+    """awq_qweight_transposed a band at a time: its rows [8 c0, 8 c1) come from the AWQ word
+    columns [c0, c1), by the compiled loops in one pass, else as awq_qweight_to_gptq of those
+    columns, transposed."""
     w, k, c = _awq_words(words)
-    if native.available():
-        out = np.empty((8 * c, k // 8), dtype=np.uint32)
-        if all(blocks(lambda i: native.awq_to_transposed(w, AWQ_ORDER, out, i,
-                                                         min(i + BLOCK, c)),
-                      c, w.nbytes, workers)):
-            return out.view(np.int32)
-    return transposed(awq_qweight_to_gptq(words, workers), workers)
+
+    def fill(out: np.ndarray, r0: int, r1: int) -> None:
+        c0, c1 = r0 // 8, r1 // 8
+        if not native.awq_to_transposed(w, AWQ_ORDER, out, c0, c1):
+            out[...] = awq_qweight_to_gptq(w[:, c0:c1], workers=1).T
+    return Banded((8 * c, k // 8), fill, 8, 8 * AWQ_TILE)
 
 
 def padded_to_dense(words: np.ndarray, bits: int, values: int, axis: int,

@@ -30,7 +30,7 @@ from .model import (
     mixed,
     uniform,
 )
-from .relayout import transposed, words_differ
+from .relayout import Banded, bands_of, transposed, words_differ
 
 
 class OneModel(Protocol):
@@ -106,6 +106,10 @@ only: a reader's attributes or properties)."""
         """qweight(), or the words the file stores when qweight() would be their transpose
         (then True): what comparisons read to need no transposed copy."""
 
+    def qweight_bands(self, m: QuantModule) -> Banded:
+        """qweight()'s transpose (compressed-tensors' weight_packed), made a band at a time
+        from the words the file stores, never whole in memory."""
+
     def qweight_columns(self, m: QuantModule, cols: Array) -> Array:
         """qweight()[:, cols], reading (and re-laying out) only the words of those columns."""
 
@@ -165,8 +169,9 @@ class Writer(Protocol):
     def entries(self, m: QuantModule) -> list[tuple[str, str, tuple[int, ...], str]]:
         """(tensor name, dtype, shape, role) of module `m` as the format stores it."""
 
-    def tensor(self, role: str, src: Source, m: QuantModule) -> Array:
-        """One of those tensors, from `src` in the one model."""
+    def tensor(self, role: str, src: Source, m: QuantModule) -> Array | Banded:
+        """One of those tensors, from `src` in the one model: an array, or one made a band at
+        a time (the large ones a re-layout makes)."""
 
     def config(self, modules: list[QuantModule], universe: list[str], unquantized: list[str],
                provenance: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +199,9 @@ class ExactSource(ABC):
 
     def stored_qweight(self, m: QuantModule) -> tuple[Array, bool]:
         return self.qweight(m), False
+
+    def qweight_bands(self, m: QuantModule) -> Banded:
+        return bands_of(*self.stored_qweight(m))
 
     def qweight_columns(self, m: QuantModule, cols: Array) -> Array:
         words, t = self.stored_qweight(m)

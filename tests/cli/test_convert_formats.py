@@ -147,6 +147,31 @@ def test_awq_to_compressed_tensors_through_the_one_model(tmp_path):
     assert not validate(tmp_path / "ct").failed()
 
 
+@pytest.mark.parametrize("src", [FORMATS / "awq-b4-g32", CKPT / "b4-asym-noact-gptq_v2-sharded"])
+def test_weight_packed_made_in_small_bands_is_the_same_file(src, monkeypatch, tmp_path):
+    """weight_packed is made a band at a time (formats/relayout.py: Banded): with bands of a
+    few rows, each tensor takes many bands and several of them wait on the writer, and every
+    output file is byte for byte the one whole-sized bands make."""
+    convert(src, tmp_path / "whole", to="compressed-tensors", backend="cpu")
+    for constant, value in (("BAND_BYTES", 64), ("AWQ_TILE", 1), ("TRANSPOSE_TILE", 1)):
+        monkeypatch.setattr(f"gptqfmt.formats.relayout.{constant}", value)
+    seen: list[int] = []
+    real = formats.relayout.Banded.bands
+
+    def counted(self, *a, **k):
+        out = real(self, *a, **k)
+        seen.append(len(out))
+        return out
+    monkeypatch.setattr(formats.relayout.Banded, "bands", counted)
+    convert(src, tmp_path / "bands", to="compressed-tensors", backend="cpu")
+    assert seen and min(seen) > 3   # every weight_packed in several bands
+    files = sorted(p.name for p in (tmp_path / "whole").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "bands").iterdir())
+    for name in files:
+        assert (tmp_path / "whole" / name).read_bytes() == \
+            (tmp_path / "bands" / name).read_bytes(), name
+
+
 def test_awq_keeps_zero_points_of_zero(tmp_path):
     """The case every AWQ -> GPTQ converter loses: Z = 0 stays 0 in gptq_v2."""
     truth = FMANIFEST["awq-b4-g32"]["modules"]

@@ -251,13 +251,15 @@ def test_transposes_and_their_comparison_against_numpy(rows, cols):
     a = rng.integers(0, 2**32, (rows, cols), dtype=np.uint64).astype(np.uint32)
     out = np.full((cols, rows), 7, np.uint32)
     spans = [(0, cols)] if cols < 3 else [(0, 1), (1, cols // 2), (cols // 2, cols)]
-    for c0, c1 in spans:
-        assert native.transpose(a.view(np.int32), out, c0, c1)
+    for c0, c1 in spans:   # each span into a buffer of its band alone
+        band = np.full((c1 - c0, rows), 7, np.uint32)
+        assert native.transpose(a.view(np.int32), band, c0, c1)
+        out[c0:c1] = band
     assert np.array_equal(out, a.T)
     halves = a.astype(np.uint16).view(np.float16)   # fp16 scales, as bits
     out16 = np.zeros((cols, rows), np.float16)
     for c0, c1 in spans:
-        assert native.transpose(halves, out16, c0, c1)
+        assert native.transpose(halves, out16[c0:c1], c0, c1)
     assert np.array_equal(out16.view(np.uint16), halves.T.view(np.uint16))
     b = np.ascontiguousarray(a.T)
     flips = rng.integers(0, b.size, min(b.size, 9))
@@ -285,13 +287,13 @@ def test_the_awq_nibble_transpose_against_numpy(cols):
     # straight to the transpose, and compared in place against it, a span at a time
     t = np.full((8 * cols, 5), 7, np.int32)
     halves = [(0, cols // 2), (cols // 2, cols)]
-    for c0, c1 in halves:
-        assert native.awq_to_transposed(words, AWQ_ORDER, t, c0, c1)
+    for c0, c1 in halves:   # each span's band: its rows of the transpose, no more
+        assert native.awq_to_transposed(words, AWQ_ORDER, t[8 * c0:8 * c1], c0, c1)
     assert np.array_equal(t, want.T)
-    assert sum(native.awq_transposed_differ(words, AWQ_ORDER, t, c0, c1)
+    assert sum(native.awq_transposed_differ(words, AWQ_ORDER, t[8 * c0:8 * c1], c0, c1)
                for c0, c1 in halves) == 0
     t.reshape(-1)[[0, t.size - 1, t.size // 2]] ^= 1 << 30
-    assert sum(native.awq_transposed_differ(words, AWQ_ORDER, t, c0, c1)
+    assert sum(native.awq_transposed_differ(words, AWQ_ORDER, t[8 * c0:8 * c1], c0, c1)
                for c0, c1 in halves) == 3
     with loops(compiled=False):
         assert native.awq_transposed_differ(words, AWQ_ORDER, t, 0, cols) is None
@@ -302,6 +304,37 @@ def test_the_awq_nibble_transpose_against_numpy(cols):
     assert hex(int(one[0, 3])) == "0xa9876543"
 
 
+# (rows, word columns): the AWQ tiles are 32 row blocks by 32 word columns, vectors of 8
+# columns within a tile, 4 x 4 blocks of the transpose: whole tiles, one past, and tails of each
+AWQ_SHAPES = [(8 * 32, 32), (8 * 37, 43), (8 * 65, 70), (8, 9), (8 * 33, 1), (8 * 3, 5),
+              (8 * 5, 100)]
+
+
+@needs_build
+@pytest.mark.parametrize("rows,cols", AWQ_SHAPES)
+def test_the_awq_transpose_at_tile_edges(rows, cols):
+    """Straight into bands of the transpose and compared with them, over spans that start and
+    end inside tiles, against numpy; every word that differs is counted, in every span."""
+    from gptqfmt.formats.relayout import AWQ_ORDER, awq_qweight_to_gptq
+
+    rng = np.random.default_rng(rows + cols)
+    words = rng.integers(0, 2**32, (rows, cols), dtype=np.uint64).astype(np.uint32)
+    with loops(compiled=False):
+        want = np.ascontiguousarray(awq_qweight_to_gptq(words.view(np.int32)).T)
+    cuts = sorted({0, cols, min(cols, 1), cols // 3, min(cols, 33)})
+    spans = list(zip(cuts, cuts[1:]))
+    got = np.full(want.shape, 7, np.int32)
+    for c0, c1 in spans:
+        band = np.full((8 * (c1 - c0), rows // 8), 7, np.int32)   # a buffer of the band alone
+        assert native.awq_to_transposed(words, AWQ_ORDER, band, c0, c1)
+        got[8 * c0:8 * c1] = band
+    assert np.array_equal(got, want)
+    flips = rng.choice(got.size, min(got.size, 40), replace=False)
+    got.reshape(-1)[flips] ^= 1 << 17
+    assert sum(native.awq_transposed_differ(words, AWQ_ORDER, got[8 * c0:8 * c1], c0, c1)
+               for c0, c1 in spans) == len(flips)
+
+
 def test_the_relayouts_the_compiled_loops_leave_to_numpy():
     a = np.zeros((4, 8), np.int32)
     odd = np.zeros(4 * 8 * 4 + 1, np.uint8)[1:].view(np.int32).reshape(4, 8)
@@ -309,6 +342,7 @@ def test_the_relayouts_the_compiled_loops_leave_to_numpy():
     square = np.zeros((4, 4), np.int32)
     assert not native.transpose(square, square, 0, 4)                      # over itself
     assert not native.transpose(a, np.zeros((4, 8), np.int32), 0, 8)      # not a's transpose
+    assert not native.transpose(a, np.zeros((8, 4), np.int32), 0, 4)      # nor its band
     assert not native.transpose(a, np.zeros((8, 4), np.int64), 0, 8)
     assert not native.transpose(a, np.zeros((8, 4), np.int16), 0, 8)       # other widths
     assert not native.transpose(a.astype(np.int64), np.zeros((8, 4), np.int64), 0, 8)
@@ -319,6 +353,9 @@ def test_the_relayouts_the_compiled_loops_leave_to_numpy():
     assert native.transposed_differ(a, np.zeros((4, 8), np.int32), 0, 8) is None
     assert not native.awq_to_gptq(np.zeros((12, 1), np.int32), (0, 2, 4, 6, 1, 3, 5, 7),
                                   np.zeros((1, 8), np.int32), 0, 1)        # rows not 8k
+    awq = np.zeros((8, 2), np.int32)    # the whole transpose for one column's band
+    assert not native.awq_to_transposed(awq, (0, 2, 4, 6, 1, 3, 5, 7), np.zeros((16, 1),
+                                                                                np.int32), 0, 1)
 
 
 @needs_build
@@ -331,12 +368,14 @@ def test_the_relayout_loops_check_their_arguments():
         (lambda: _native.transpose(w, 8, 2, np.zeros(16, np.int32), 1, 3, 4),
          "transpose: columns [1, 3) of 8 x 2"),
         (lambda: _native.transpose(w, 8, 2, np.zeros(15, np.int32), 0, 2, 4),
-         "transpose: src and dst are not rows x cols"),
+         "transpose: dst is not the rows [c0, c1) of the transpose"),
+        (lambda: _native.transpose(w, 8, 2, np.zeros(16, np.int32), 1, 2, 4),
+         "transpose: dst is not the rows [c0, c1) of the transpose"),
         (lambda: _native.transpose(w, 8, 2, np.zeros(16, np.int32), 0, 2, 8),
          "transpose: itemsize must be 2 or 4"),
         # sizes whose product wraps to the buffers' length (0) must not pass for it
         (lambda: _native.transpose(np.zeros(0, np.int32), 2**62, 1, np.zeros(0, np.int32), 0,
-                                   1, 4), "transpose: src and dst are not rows x cols"),
+                                   1, 4), "transpose: src is not rows x cols"),
         (lambda: _native.transposed_differ(np.zeros(0, np.int32), 2**62, 4,
                                            np.zeros(0, np.int32), 0, 4),
          "transposed_differ: a and b are not rows x cols words"),
@@ -355,11 +394,16 @@ def test_the_relayout_loops_check_their_arguments():
          "awq_relayout: row blocks [0, 2) of 1"),
         (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(16, np.int32), 0, 3, 2),
          "awq_relayout: word columns [0, 3) of 2"),
-        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(8, np.int32), 0, 1, 1),
-         "awq_relayout: src and dst are not rows x cols words"),
+        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(8, np.int32), 0, 1, 0),
+         "awq_relayout: dst is not rows x cols words"),
+        # modes 1 and 2: dst is the band of the transpose that [lo, hi) makes, no more
+        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(16, np.int32), 0, 1, 1),
+         "awq_relayout: dst is not the rows [8 lo, 8 hi) of the transpose"),
+        (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(8, np.int32), 0, 2, 2),
+         "awq_relayout: dst is not the rows [8 lo, 8 hi) of the transpose"),
         (lambda: _native.awq_relayout(np.zeros(0, np.int32), 2**62, 2, order,
                                       np.zeros(0, np.int32), 0, 1, 0),
-         "awq_relayout: src and dst are not rows x cols words"),
+         "awq_relayout: src is not rows x cols words"),
         (lambda: _native.awq_relayout(w, 8, 2, order, np.zeros(16, np.int32), 0, 1, 3),
          "awq_relayout: mode must be 0, 1 or 2"),
         (lambda: _native.awq_relayout(w, 8, 2, order, bytes(64), 0, 1, 1),
@@ -398,11 +442,30 @@ def test_the_plain_c_loops_without_simd(tmp_path):
     for rows, cols in SHAPES:
         a = rng.integers(0, 2**32, (rows, cols), dtype=np.uint64).astype(np.uint32)
         out = np.zeros((cols, rows), np.uint32)
-        plain.transpose(a, rows, cols, out, 0, cols, 4)
+        half = cols // 2
+        plain.transpose(a, rows, cols, out[:half], 0, half, 4)
+        band = np.zeros((cols - half, rows), np.uint32)   # the rest, into its band alone
+        plain.transpose(a, rows, cols, band, half, cols, 4)
+        out[half:] = band
         assert np.array_equal(out, a.T)
         out.reshape(-1)[::7] ^= 1
         want = int(np.count_nonzero(out != a.T))
         assert plain.transposed_differ(a, rows, cols, out, 0, cols) == want
+    from gptqfmt.formats.relayout import AWQ_ORDER, awq_qweight_to_gptq
+
+    order = np.asarray(AWQ_ORDER, dtype=np.intc)
+    for rows, cols in AWQ_SHAPES:
+        w = rng.integers(0, 2**32, (rows, cols), dtype=np.uint64).astype(np.uint32)
+        with loops(compiled=False):
+            want = np.ascontiguousarray(awq_qweight_to_gptq(w.view(np.int32)).T)
+        got = np.zeros_like(want)
+        half = cols // 2
+        plain.awq_relayout(w, rows, cols, order, got[:8 * half], 0, half, 1)
+        plain.awq_relayout(w, rows, cols, order, got[8 * half:], half, cols, 1)
+        assert np.array_equal(got, want)
+        got.reshape(-1)[::5] ^= 1
+        assert plain.awq_relayout(w, rows, cols, order, got, 0, cols, 2) == \
+            got.reshape(-1)[::5].size
     for bits in (2, 4, 8):
         q = rng.integers(0, 2**32, (40, 9), dtype=np.uint64).astype(np.uint32)
         g = np.arange(40 * 32 // bits) // (32 // bits * 8)

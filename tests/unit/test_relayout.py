@@ -174,3 +174,56 @@ def test_padded_rows_become_the_dense_rows(bits):
     zp = np.ascontiguousarray(FGEN.padded_rows(z, bits).T)
     assert np.array_equal(relayout.padded_to_dense(zp, bits, 300, axis=0),
                           FGEN.stream_rows(z, bits).T)
+
+
+def _awq_words(k: int, c: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 1 << 32, (k, c), dtype=np.uint64).astype(np.uint32).view(np.int32)
+
+
+@pytest.mark.parametrize("rows,step,grain,parts,nbytes", [
+    (8 * 100, 8, 256, 2, 4096), (8 * 100, 8, 256, 1, 1 << 30), (37, 1, 32, 2, 64),
+    (1, 1, 32, 2, 1 << 20), (8 * 3, 8, 256, 4, 16)])
+def test_bands_cover_the_rows_in_order_in_whole_steps(rows, step, grain, parts, nbytes):
+    b = relayout.Banded((rows, 5), lambda out, r0, r1: None, step, grain)
+    bands = b.bands(parts, nbytes)
+    spans = [s for band in bands for s in band]
+    assert spans[0][0] == 0 and spans[-1][1] == rows
+    assert all(a < b_ and b_ == c for (a, b_), (c, _) in zip(spans, spans[1:] + [(rows, 0)]))
+    assert all(a % step == 0 for a, _ in spans)
+    limit = b.band_rows(parts, nbytes)
+    assert all(band[-1][1] - band[0][0] <= limit and len(band) <= parts for band in bands)
+    # every span but a tensor's last is whole grains: a thread gets a tile's worth at least
+    assert all((b_ - a) % grain == 0 for a, b_ in spans[:-1])
+
+
+@pytest.mark.usefixtures("both_loops")
+@pytest.mark.parametrize("k,c", [(8 * 70, 75), (8, 1), (8 * 33, 40)])
+def test_awq_bands_are_the_rows_of_the_transpose(k, c):
+    """Each band, made alone into a buffer of its size, is those rows of the whole transpose;
+    bands small enough that a tensor takes several, split for two threads."""
+    words = _awq_words(k, c, k + c)
+    want = relayout.awq_qweight_transposed(words)
+    b = relayout.awq_qweight_bands(words)
+    assert b.shape == want.shape and b.nbytes == want.nbytes
+    got = np.full(want.shape, 7, np.int32)
+    for band in b.bands(2, 4 * want.shape[1] * 8 * 32):
+        for r0, r1 in band:
+            out = np.full((r1 - r0, want.shape[1]), 7, np.int32)
+            b.fill(out, r0, r1)
+            got[r0:r1] = out
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.usefixtures("both_loops")
+@pytest.mark.parametrize("is_transposed", [False, True])
+def test_bands_of_stored_words(is_transposed):
+    rng = np.random.default_rng(3)
+    words = rng.integers(-2**31, 2**31, (70, 45), dtype=np.int64).astype(np.int32)
+    want = words if is_transposed else words.T
+    b = relayout.bands_of(words, is_transposed)
+    assert b.shape == want.shape
+    assert np.array_equal(b.whole(workers=2), want)
+    out = np.zeros((10, want.shape[1]), np.int32)
+    b.fill(out, 33, 43)
+    assert np.array_equal(out, want[33:43])

@@ -25,7 +25,7 @@ from ...bits.conventions import (
 from ...bits.packing import pack, unpack, unsigned
 from ...findings import Finding
 from ..model import ModuleRecord, ModuleTensors, QuantModule, is_lm_head, mixed, uniform
-from ..relayout import words_differ
+from ..relayout import Banded, bands_of, words_differ
 from .checkpoint import Checkpoint, Module
 
 
@@ -88,6 +88,9 @@ class GptqSource:
 
     def stored_qweight(self, m: QuantModule) -> tuple[np.ndarray, bool]:
         return self.qweight(m), False
+
+    def qweight_bands(self, m: QuantModule) -> Banded:
+        return bands_of(self.qweight(m), False)
 
     def qweight_columns(self, m: QuantModule, cols: np.ndarray) -> np.ndarray:
         return np.asarray(self.qweight(m))[:, cols]
