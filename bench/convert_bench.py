@@ -68,6 +68,7 @@ for p in sorted(src.iterdir()):
 '''
 
 
+ROUNDS = 3
 LAYER_BYTES = 445_000_000  # one 70B layer, 4-bit, as bench/synth.py writes it
 
 
@@ -121,10 +122,12 @@ def main():
             build(src, args.layers, convention="gptq_v2" if formats else "gptq")
         size = sum(p.stat().st_size for p in src.iterdir())
         subprocess.run(["sync"], check=True)
-        res = {}
-        for name in ("cp", "cp+sync", "convert") + (() if formats else ("plain",)):
-            best = None
-            for run in range(2):
+        res: dict[str, tuple[float, int]] = {}
+        names = ("cp", "cp+sync", "convert") + (() if formats else ("plain",))
+        # rounds of every command in turn: a machine that speeds up or slows down between
+        # minutes (this one's disk and memory do) weighs on each of them alike
+        for run in range(ROUNDS):
+            for name in names:
                 dst = tmp / f"{name}-{run}"
                 if name == "cp":
                     t = time.perf_counter()
@@ -145,14 +148,14 @@ def main():
                     r = timed([py, "-c", RSS.format(argv=argv, mod="runpy").replace(
                         "runpy.run_module('runpy', run_name='__main__')",
                         f"runpy.run_path({str(script)!r}, run_name='__main__')")], env)
-                best = r if best is None or r[0] < best[0] else best
+                best = res.get(name)
+                res[name] = r if best is None or r[0] < best[0] else best
                 shutil.rmtree(dst)
                 subprocess.run(["sync"], check=True)
-            res[name] = best
         how = ("AutoAWQ GEMM" if args.src == "awq" else "gptq_v2") + " -> compressed-tensors" \
             if formats else "gptq -> gptq_v2"
         print(f"checkpoint: {args.layers} shards, {size / 1e9:.2f} GB ({qbytes / 1e9:.2f} GB of "
-              f"qweight), {how}, warm page cache, best of 2")
+              f"qweight), {how}, warm page cache, best of {ROUNDS} interleaved rounds")
         for name, (secs, rss) in res.items():
             rss_s = f", peak RSS {rss / 1024:.0f} MiB" if rss else ""
             print(f"  {name:8s} {secs:6.2f} s{rss_s}")

@@ -52,7 +52,7 @@ TILE = 32
 # write copying a band into the page cache reads it from the caches
 BAND_BYTES = 2 << 20
 AWQ_TILE = 32               # word columns of a tile of the compiled AWQ re-layout
-TRANSPOSE_TILE = 16         # columns of a tile of the compiled transpose
+TRANSPOSE_TILE = 64         # columns of a tile of the compiled word transpose
 
 
 @dataclass(frozen=True)
@@ -62,11 +62,14 @@ class Banded:
     2.35 GB from fresh 112 MiB arrays took 2.5 to 3.8 s here, from one reused array 1.1 to
     1.6 s). fill(out, r0, r1) writes the rows [r0, r1) into out [r1 - r0, width]; r0 and r1
     are multiples of `step` (r1 may be the last row). `grain`: the rows one call should take
-    at least to run at speed (a tile of the loops that make them)."""
+    at least to run at speed (a tile of the loops that make them); `phase`: where grains
+    start (0 <= phase < grain), so that the calls read their source from whole cache lines
+    (a source whose rows start mid-line made the AWQ loops 25 to 30% slower)."""
     shape: tuple[int, int]
     fill: Callable[[np.ndarray, int, int], None]
     step: int = 1
     grain: int = 1
+    phase: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -80,14 +83,20 @@ class Banded:
         return max(self.step, min(rows, grains * self.grain))
 
     def bands(self, parts: int = 1, nbytes: int | None = None) -> list[list[tuple[int, int]]]:
-        """The bands in order, each as up to `parts` spans of whole grains (whole steps) that
-        threads can fill at once, in order."""
-        n, rows = self.band_rows(parts, nbytes), self.shape[0]
+        """The bands in order, each as up to `parts` spans of whole grains (cut at phase +
+        k grain; the first and last may be partial) that threads can fill at once, in
+        order."""
+        rows = self.shape[0]
+        cuts = [0, *range(self.phase or self.grain, rows, self.grain), rows]
+        if rows == 0:
+            return []
+        per_band = max(1, self.band_rows(parts, nbytes) // self.grain)
+        per_span = -(-per_band // parts)
         out = []
-        for r0 in range(0, rows, n):
-            r1 = min(rows, r0 + n)
-            each = max(self.grain, -(-(r1 - r0) // parts // self.grain) * self.grain)
-            out.append([(a, min(r1, a + each)) for a in range(r0, r1, each)])
+        for b in range(0, len(cuts) - 1, per_band):
+            ends = cuts[b:min(b + per_band, len(cuts) - 1) + 1]
+            out.append([(ends[i], ends[min(i + per_span, len(ends) - 1)])
+                        for i in range(0, len(ends) - 1, per_span)])
         return out
 
     def whole(self, workers: int | None = None) -> np.ndarray:
@@ -109,6 +118,16 @@ class Banded:
         return out
 
 
+def line_phase(a: np.ndarray, per: int = 1) -> int:
+    """`per` x the columns of the 2-D array `a` before the first one whose every row starts a
+    64-byte cache line there (0 where no column does: rows a line apart in no whole lines)."""
+    line = 64 // a.itemsize
+    if a.ndim != 2 or a.strides[1] != a.itemsize or a.strides[0] % 64 or \
+            a.ctypes.data % a.itemsize:
+        return 0
+    return per * ((-(a.ctypes.data // a.itemsize)) % line)
+
+
 def bands_of(words: np.ndarray, is_transposed: bool) -> Banded:
     """qweight's transpose (compressed-tensors' weight_packed) a band at a time, from words as
     Source.stored_qweight gives them: rows of them as they are where they are the transpose
@@ -121,7 +140,8 @@ def bands_of(words: np.ndarray, is_transposed: bool) -> Banded:
 
     def columns(out: np.ndarray, r0: int, r1: int) -> None:
         _transpose_into(a, out, r0, r1)
-    return Banded(a.shape[::-1], columns, 1, TRANSPOSE_TILE)
+    return Banded(a.shape[::-1], columns, 1, TRANSPOSE_TILE,
+                  line_phase(a) % TRANSPOSE_TILE)
 
 
 def _transpose_into(a: np.ndarray, out: np.ndarray, c0: int, c1: int) -> None:
@@ -149,10 +169,9 @@ def transposed_values(a: np.ndarray, workers: int | None = None) -> np.ndarray:
         return np.ascontiguousarray(a.T)
     out = np.empty(a.shape[::-1], dtype=a.dtype)
 
-    def part(i: int) -> None:
-        dst = out[i:i + BLOCK]
-        _transpose_into(a, dst, i, i + len(dst))
-    blocks(part, a.shape[1], a.nbytes, workers)
+    def part(i: int, j: int) -> None:
+        _transpose_into(a, out[i:j], i, j)
+    blocks(part, a.shape[1], a.nbytes, workers, line_phase(a) % BLOCK)
     return out
 
 
@@ -165,21 +184,21 @@ def words_differ(a: np.ndarray, at: bool, b: np.ndarray, bt: bool) -> int:
     if at == bt:  # the same layout
         if a.shape != b.shape:
             return -1
-        return sum(blocks(lambda i: int(np.count_nonzero(a[i:i + BLOCK] != b[i:i + BLOCK])),
+        return sum(blocks(lambda i, j: int(np.count_nonzero(a[i:j] != b[i:j])),
                           a.shape[0], a.nbytes))
     if at:
         a, b = b, a   # a: the one model's [K*bits/32, N]; b: its transpose as stored
     if a.shape != b.shape[::-1]:
         return -1
 
-    def part(n: int) -> int:   # BLOCK columns, TILE rows of them at once (as transposed)
-        compiled = native.transposed_differ(a, b, n, min(n + BLOCK, a.shape[1]))
+    def part(n: int, m: int) -> int:   # columns [n, m), TILE rows of them at once (transposed)
+        compiled = native.transposed_differ(a, b, n, m)
         if compiled is not None:
             return compiled
-        right = b[n:n + BLOCK]
+        right = b[n:m]
         return sum(int(np.count_nonzero(right[:, r:r + tile.shape[1]] != tile))
-                   for r, tile in tiles(a[:, n:n + BLOCK]))
-    return sum(blocks(part, a.shape[1], a.nbytes))
+                   for r, tile in tiles(a[:, n:m]))
+    return sum(blocks(part, a.shape[1], a.nbytes, phase=line_phase(a) % BLOCK))
 
 
 def awq_qweight_differ(words: np.ndarray, other: np.ndarray, workers: int | None = None
@@ -194,9 +213,8 @@ def awq_qweight_differ(words: np.ndarray, other: np.ndarray, workers: int | None
         return -1
     if not native.available():
         return None
-    counts = blocks(lambda i: native.awq_transposed_differ(
-        w, AWQ_ORDER, o[8 * i:8 * min(i + BLOCK, c)], i, min(i + BLOCK, c)),
-                    c, w.nbytes, workers)
+    counts = blocks(lambda i, j: native.awq_transposed_differ(w, AWQ_ORDER, o[8 * i:8 * j], i, j),
+                    c, w.nbytes, workers, line_phase(w) % BLOCK)
     return None if None in counts else sum(counts)
 
 
@@ -207,15 +225,17 @@ def tiles(block: np.ndarray):
         yield r, block[r:r + TILE].T
 
 
-def blocks(fn, n: int, nbytes: int, workers: int | None = None) -> list:
-    """fn(i) for i = 0, BLOCK, 2*BLOCK, ... < n, on threads when the data are large; the
-    results in order."""
-    starts = range(0, n, BLOCK)
+def blocks(fn, n: int, nbytes: int, workers: int | None = None, phase: int = 0) -> list:
+    """fn(i, j) for the spans [i, j) of [0, n) cut at phase + k BLOCK (0 <= phase < BLOCK:
+    where the compiled loops read whole cache lines, line_phase), on threads when the data are
+    large; the results in order."""
+    cuts = [0, *range(phase or BLOCK, n, BLOCK), n] if n else []
+    spans = list(zip(cuts, cuts[1:]))
     workers = cpus() if workers is None else workers
     if workers <= 1 or nbytes < PARALLEL_BYTES:
-        return [fn(i) for i in starts]
+        return [fn(i, j) for i, j in spans]
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(fn, starts))
+        return list(pool.map(lambda ij: fn(*ij), spans))
 
 
 def _awq_words(words: np.ndarray) -> tuple[np.ndarray, int, int]:
@@ -291,16 +311,16 @@ def awq_qweight_to_gptq(words: np.ndarray, workers: int | None = None) -> np.nda
 
     flat = out.reshape(k // 8, c * 8)
 
-    def part(i: int) -> None:
-        if native.awq_to_gptq(w, AWQ_ORDER, flat, i, min(i + BLOCK, k // 8)):
+    def part(i: int, j: int) -> None:
+        if native.awq_to_gptq(w, AWQ_ORDER, flat, i, j):
             return
-        x = blocks3[i:i + BLOCK].copy()
+        x = blocks3[i:j].copy()
         r = len(x)
         for shift, mask, apart in _NIBBLE_TRANSPOSE:
             pairs = x.reshape(r, 8 // (2 * apart), 2, apart, c)
             _delta_swap(pairs[:, :, 0], pairs[:, :, 1], shift, mask)
         for slot, channel in enumerate(AWQ_ORDER):   # row `slot` holds that channel
-            out[i:i + BLOCK, :, channel] = x[:, slot, :]
+            out[i:j, :, channel] = x[:, slot, :]
     blocks(part, k // 8, w.nbytes, workers)
     return flat.view(np.int32)
 
@@ -322,7 +342,7 @@ def awq_qweight_bands(words: np.ndarray) -> Banded:
         c0, c1 = r0 // 8, r1 // 8
         if not native.awq_to_transposed(w, AWQ_ORDER, out, c0, c1):
             out[...] = awq_qweight_to_gptq(w[:, c0:c1], workers=1).T
-    return Banded((8 * c, k // 8), fill, 8, 8 * AWQ_TILE)
+    return Banded((8 * c, k // 8), fill, 8, 8 * AWQ_TILE, line_phase(w, 8) % (8 * AWQ_TILE))
 
 
 def padded_to_dense(words: np.ndarray, bits: int, values: int, axis: int,
@@ -335,9 +355,8 @@ def padded_to_dense(words: np.ndarray, bits: int, values: int, axis: int,
     dense = ct_layouts.width(values, bits, ct_layouts.DENSE)
     out = np.empty((n, dense) if axis == 1 else (dense, n), dtype=np.int32)
 
-    def part(i: int) -> None:
-        lines = (slice(i, i + BLOCK), slice(None)) if axis == 1 else \
-            (slice(None), slice(i, i + BLOCK))
+    def part(i: int, j: int) -> None:
+        lines = (slice(i, j), slice(None)) if axis == 1 else (slice(None), slice(i, j))
         out[lines] = ct_layouts.repack(w[lines], bits, values, ct_layouts.PADDED,
                                        ct_layouts.DENSE, axis)
     blocks(part, n, w.nbytes, workers)

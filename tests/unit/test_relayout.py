@@ -181,11 +181,12 @@ def _awq_words(k: int, c: int, seed: int) -> np.ndarray:
     return rng.integers(0, 1 << 32, (k, c), dtype=np.uint64).astype(np.uint32).view(np.int32)
 
 
-@pytest.mark.parametrize("rows,step,grain,parts,nbytes", [
-    (8 * 100, 8, 256, 2, 4096), (8 * 100, 8, 256, 1, 1 << 30), (37, 1, 32, 2, 64),
-    (1, 1, 32, 2, 1 << 20), (8 * 3, 8, 256, 4, 16)])
-def test_bands_cover_the_rows_in_order_in_whole_steps(rows, step, grain, parts, nbytes):
-    b = relayout.Banded((rows, 5), lambda out, r0, r1: None, step, grain)
+@pytest.mark.parametrize("rows,step,grain,phase,parts,nbytes", [
+    (8 * 100, 8, 256, 0, 2, 4096), (8 * 100, 8, 256, 112, 2, 4096),
+    (8 * 100, 8, 256, 8, 1, 1 << 30), (37, 1, 32, 0, 2, 64), (37, 1, 32, 31, 3, 64),
+    (1, 1, 32, 5, 2, 1 << 20), (8 * 3, 8, 256, 0, 4, 16), (8 * 300, 8, 256, 248, 2, 1 << 20)])
+def test_bands_cover_the_rows_in_order_in_whole_steps(rows, step, grain, phase, parts, nbytes):
+    b = relayout.Banded((rows, 5), lambda out, r0, r1: None, step, grain, phase)
     bands = b.bands(parts, nbytes)
     spans = [s for band in bands for s in band]
     assert spans[0][0] == 0 and spans[-1][1] == rows
@@ -193,8 +194,23 @@ def test_bands_cover_the_rows_in_order_in_whole_steps(rows, step, grain, parts, 
     assert all(a % step == 0 for a, _ in spans)
     limit = b.band_rows(parts, nbytes)
     assert all(band[-1][1] - band[0][0] <= limit and len(band) <= parts for band in bands)
-    # every span but a tensor's last is whole grains: a thread gets a tile's worth at least
-    assert all((b_ - a) % grain == 0 for a, b_ in spans[:-1])
+    # every cut inside the tensor is at phase + k grain: a thread gets whole tiles, each
+    # starting where its source rows start a cache line
+    assert all((a - phase) % grain == 0 for a, _ in spans[1:])
+
+
+@pytest.mark.parametrize("offset", [0, 4, 56])
+def test_the_line_phase_is_where_every_row_starts_a_line(offset):
+    raw = np.zeros(64 * 40 + 64 + offset, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    a = raw[start:start + 64 * 40].view(np.int32).reshape(40, 16)   # rows one line apart
+    p = relayout.line_phase(a)
+    assert (a[:, p:].ctypes.data % 64 == 0) and p == (64 - offset) % 64 // 4
+    assert relayout.line_phase(a, 8) == 8 * p
+    assert relayout.line_phase(raw[:60 * 5].view(np.int32).reshape(5, 15)) == 0   # 60-byte rows
+    assert relayout.line_phase(np.zeros((3, 5), np.int32)[:, ::2]) == 0   # not whole rows
+    odd = raw[start + 2:start + 2 + 4 * 48].view(np.int32).reshape(3, 16)
+    assert relayout.line_phase(odd) == 0   # words that straddle lines
 
 
 @pytest.mark.usefixtures("both_loops")
