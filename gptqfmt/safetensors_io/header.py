@@ -12,6 +12,7 @@ import struct
 import sys
 from dataclasses import dataclass
 from math import prod
+from typing import NoReturn
 
 from ..errors import FindingError
 from ..findings import Finding
@@ -118,8 +119,8 @@ def parse_header(raw: bytes, file_size: int, path: str) -> Header:
         _check_text(k, path)
         _check_text(v, path)
 
-    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
-    infos = [_tensor_info(name, entry, path, shapes) for name, entry in doc.items()]
+    checked: dict[tuple[str, tuple[int, ...]], tuple[str, tuple[int, ...], int]] = {}
+    infos = [_tensor_info(name, entry, path, checked) for name, entry in doc.items()]
     infos.sort(key=lambda t: (t.begin, t.end))
     expected = 0
     for t in infos:
@@ -140,9 +141,31 @@ def parse_header(raw: bytes, file_size: int, path: str) -> Header:
 
 
 def _tensor_info(name: str, entry, path: str,
-                 shapes: dict[tuple[int, ...], tuple[int, ...]]) -> TensorInfo:
-    """The entry of tensor `name`, checked; `shapes`: the shapes met so far in the file, each
-    kept once (with the dtype's one string: most tensors share both)."""
+                 checked: dict[tuple[str, tuple[int, ...]], tuple[str, tuple[int, ...], int]]
+                 ) -> TensorInfo:
+    """The entry of tensor `name`, checked. `checked`: per (dtype, shape) met so far in the
+    file, the dtype's one string, the shape kept once and its byte size: an entry of a dtype
+    and shape already checked (most of them: a mixture of experts' headers hold hundreds of
+    thousands of alike entries) has only its offsets checked."""
+    try:
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        known = checked.get((dtype, tuple(shape)))
+    except (TypeError, KeyError):   # not an object, a key missing, or a value of a wrong type
+        known = None
+    if known is not None and type(offsets) is list and len(offsets) == 2 and \
+            all(type(d) is int for d in shape):   # 4.0 == 4: a float dimension is no hit
+        begin, end = offsets
+        if type(begin) is int and type(end) is int and 0 <= begin <= end <= _U64_MAX and \
+                end - begin == known[2]:
+            return TensorInfo(name, known[0], known[1], begin, end)
+    return _checked_info(name, entry, path, checked)
+
+
+def _checked_info(name: str, entry, path: str,
+                  checked: dict[tuple[str, tuple[int, ...]], tuple[str, tuple[int, ...], int]]
+                  ) -> TensorInfo:
+    """_tensor_info's every check, one finding for the first that fails; what passes is kept
+    in `checked`."""
     if not isinstance(entry, dict):
         _fail("GQ106", path, name, f"entry must be an object; got {_json_type(entry)}")
     for key, kind in (("dtype", str), ("shape", list), ("data_offsets", list)):
@@ -175,7 +198,8 @@ def _tensor_info(name: str, entry, path: str,
         _fail("GQ112", path, name, f"data_offsets span {end - begin} bytes; shape "
               f"{_short(shape)} of {dtype} needs {size}")
     shape_t = tuple(shape)
-    return TensorInfo(name, sys.intern(dtype), shapes.setdefault(shape_t, shape_t), begin, end)
+    known = checked.setdefault((dtype, shape_t), (sys.intern(dtype), shape_t, size))
+    return TensorInfo(name, known[0], known[1], begin, end)
 
 
 class _Duplicate(ValueError):
@@ -185,11 +209,13 @@ class _Duplicate(ValueError):
 
 
 def _no_duplicates(pairs):
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise _Duplicate(k)
-        out[k] = v
+    out = dict(pairs)
+    if len(out) != len(pairs):   # the first key met twice
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _Duplicate(k)
+            seen.add(k)
     return out
 
 
@@ -222,5 +248,6 @@ def _short(x) -> str:
     return s if len(s) <= 80 else s[:77] + "..."
 
 
-def _fail(code, path, tensor, message, hint=None):
+def _fail(code: str, path: str, tensor: str | None, message: str,
+          hint: str | None = None) -> NoReturn:
     raise FindingError(Finding(code, message, file=path, tensor=tensor, hint=hint))

@@ -165,3 +165,58 @@ def test_each_modules_symmetric_pattern_is_read_once(monkeypatch, command):
         finally:
             src.close()
     assert len(read) == (0 if command == "inspect-forked" else 7)
+
+
+ATTN = "model.layers.0.self_attn"   # k, o, q and v_proj: alike in every dtype and shape
+
+
+def _g_idx(name, values):
+    def edit(t):
+        t[f"{ATTN}.{name}.g_idx"] = np.asarray(values, np.int32)
+    return edit
+
+
+def _module(ck, name):
+    return next(m for m in ck.modules if m.name == f"{ATTN}.{name}")
+
+
+# each edit, and what shows that it took effect
+ALIKE_EDITS = {
+    "as built": (None, lambda ck: ck.findings == []),
+    "act-order after a trivial one": (
+        _g_idx("o_proj", np.random.default_rng(0).permutation(np.arange(64) // 32)),
+        lambda ck: _module(ck, "o_proj").act_order and not _module(ck, "q_proj").act_order),
+    "a g_idx that fits no group size": (
+        _g_idx("q_proj", [1] + [0] * 31 + [1] * 32),
+        lambda ck: [f.code for f in ck.findings] == ["GQ303"] and not _module(ck, "q_proj").valid),
+    "another group size": (
+        _g_idx("o_proj", np.arange(64) // 16),
+        lambda ck: not _module(ck, "o_proj").valid or _module(ck, "o_proj").group_size != 32),
+    "the first one's finding": (
+        _g_idx("k_proj", [0] * 32 + [2] * 32),
+        lambda ck: any(f.tensor == f"{ATTN}.k_proj.g_idx" for f in ck.findings)),
+    "int64 g_idx": (
+        lambda t: t.__setitem__(f"{ATTN}.q_proj.g_idx", t[f"{ATTN}.q_proj.g_idx"].astype(
+            np.int64)),
+        lambda ck: ck.findings == [] and _module(ck, "q_proj").group_size == 32),
+    # a valid module with a finding of its config: each alike module has it too
+    "a config finding": (
+        {"bits": 8}, lambda ck: [f.code for f in ck.findings] == ["GQ304"] * 7),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(ALIKE_EDITS))
+def test_alike_modules_are_inferred_as_each_alone(tmp_path, monkeypatch, edit):
+    """Modules alike in dtypes, shapes and declared config are inferred once, and each then
+    only has its g_idx compared: the same modules and findings as inferring every one alone,
+    whichever of them holds a g_idx of its own."""
+    change, took = ALIKE_EDITS[edit]
+    d = clone(tmp_path, "b4-asym-noact-gptq_v2-single", **(
+        {"cfg": lambda c: c.update(change)} if isinstance(change, dict) else {"edit": change}))
+    once = open_checkpoint(d)
+    monkeypatch.setattr(checkpoint, "_infer_alike",
+                        lambda m, store, found, written, alike: checkpoint._infer(
+                            m, store, found, written))
+    alone = open_checkpoint(d)
+    assert once.modules == alone.modules and once.findings == alone.findings
+    assert took(once)

@@ -126,6 +126,42 @@ def test_each_rule_rejects_with_its_code(tmp_path, case):
         oracle(blob)
 
 
+# the second of two entries of one dtype and shape, wrong in one way (an entry alike one
+# already checked has only its offsets checked, yet the same rules hold for it)
+B = {**T2, "data_offsets": [2, 4]}
+AFTER_ALIKE = {
+    "float-dim": ("GQ109", {**B, "shape": [1.0]}),
+    "bool-dim": ("GQ109", {**B, "shape": [True]}),
+    "float-offset": ("GQ110", {**B, "data_offsets": [2.0, 4]}),
+    "bool-offset": ("GQ110", {**B, "data_offsets": [2, True]}),
+    "three-offsets": ("GQ110", {**B, "data_offsets": [2, 4, 6]}),
+    "end-before-begin": ("GQ110", {**B, "data_offsets": [4, 2]}),
+    "span-mismatch": ("GQ112", {**B, "data_offsets": [2, 6]}),
+    "offsets-not-list": ("GQ106", {**B, "data_offsets": "2,4"}),
+    "dtype-not-string": ("GQ106", {**B, "dtype": ["F16"]}),
+    "missing-shape": ("GQ106", {"dtype": "F16", "data_offsets": [2, 4]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AFTER_ALIKE))
+def test_an_entry_alike_one_checked_is_held_to_every_rule(tmp_path, case):
+    code, second = AFTER_ALIKE[case]
+    blob = raw_file(json.dumps({"a": T2, "b": second}).encode(), b"\0" * 6)
+    with pytest.raises(FindingError) as e:
+        ours(tmp_path, blob)
+    assert (e.value.finding.code, e.value.finding.tensor) == (code, "b")
+
+
+def test_alike_entries_share_one_dtype_and_shape(tmp_path):
+    blob = raw_file({n: {**T2, "data_offsets": [2 * i, 2 * i + 2]} for i, n in
+                     enumerate("abc")}, b"\0" * 6)
+    p = tmp_path / "x.safetensors"
+    p.write_bytes(blob)
+    infos = list(SafetensorsFile(p).tensors.values())
+    assert [(t.begin, t.end) for t in infos] == [(0, 2), (2, 4), (4, 6)]
+    assert all(t.shape is infos[0].shape and t.dtype is infos[0].dtype for t in infos)
+
+
 def test_huge_header_claim_allocates_nothing(tmp_path):
     # a length of 2^63 must be refused from the 8-byte prefix, before any read of that size
     blob = struct.pack("<Q", 2**63) + b"{}"

@@ -180,7 +180,8 @@ def open_checkpoint(path: str | os.PathLike[str], store: TensorStore | None = No
     g_idx_written = config.g_idx_written if config else True
     # what _infer reads, fetched together where the store is remote (nothing locally)
     store.prefetch((m.tensors["g_idx"], None) for m in found if "g_idx" in m.tensors)
-    modules = [_infer(m, store, findings, g_idx_written) for m in found]
+    alike: dict[tuple[Any, ...], tuple[Module, bytes | None]] = {}
+    modules = [_infer_alike(m, store, findings, g_idx_written, alike) for m in found]
     for m in modules:
         if m.declared is None and m.valid:
             findings.append(Finding("GQ313", "config's dynamic rules leave this module "
@@ -220,6 +221,40 @@ def _group(store: TensorStore, config: QuantConfig | None
         modules.append(InvalidModule(prefix, roles, declared))
         claimed.update(roles.values())
     return modules, sorted(t for t in store.locations if t not in claimed)
+
+
+def _infer_alike(m: InvalidModule, store: TensorStore, findings: list[Finding],
+                 g_idx_written: bool, alike: dict[tuple[Any, ...], tuple[Module, bytes | None]]
+                 ) -> Module | InvalidModule:
+    """_infer, once for modules alike in their tensors' dtypes and shapes and their declared
+    config (a mixture of experts has tens of thousands): a module like one _infer found valid,
+    with no finding and no act-order, gets that one's geometry where its g_idx holds the same
+    bytes (the only data _infer reads), with no step of _infer taken again; any other module
+    goes through _infer. `alike` keeps what was learned, (module, g_idx bytes) by key."""
+    if any(t in store.unreadable for t in m.tensors.values()):
+        return _infer(m, store, findings, g_idx_written)
+    key = (tuple(sorted((r, i.dtype, i.shape) for r, i in
+                        ((r, store.info(t)) for r, t in m.tensors.items()))),
+           m.declared, g_idx_written)
+    seen = alike.get(key)
+    if seen is not None:
+        first, g_idx = seen
+        if g_idx is None or store.view(m.tensors["g_idx"]).tobytes() == g_idx:
+            if g_idx is not None:
+                store.release([m.tensors["g_idx"]])
+            return Module(m.name, m.tensors, m.declared, first.bits, first.word_bits,
+                          first.in_features, first.out_features, first.groups,
+                          first.group_size, False, first.scale_dtype)
+    before = len(findings)
+    out = _infer(m, store, findings, g_idx_written)
+    if seen is None and isinstance(out, Module) and not out.act_order and \
+            len(findings) == before:
+        # not act-order: g_idx is the trivial one of its group size, exactly
+        g_idx = None if "g_idx" not in m.tensors else layout.trivial_g_idx(
+            out.in_features, out.group_size).astype(
+            store.view(m.tensors["g_idx"]).dtype).tobytes()
+        alike[key] = (out, g_idx)
+    return out
 
 
 def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding],
