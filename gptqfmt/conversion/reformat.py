@@ -5,7 +5,8 @@ tensors; every other tensor is copied byte for byte.
 Flow, as for gptq <-> gptq_v2 (run.py): plan and refuse before anything is written (plan.py;
 GQ419 where the target has no lossless form of a module, no_form here; a gptq source's zero
 points through the same per-field rules as gptq -> gptq_v2), then shard by shard into a staging
-directory, at most two tensors in memory, then the gate (reformat_gate.py) proves the staged
+directory, at most two tensors in memory (weight_packed, the largest, made a band at a time into
+a few reused buffers), then the gate (reformat_gate.py) proves the staged
 output equal to SRC, and only then does the directory appear as DST. What differs between
 target formats is their Writer's (formats/model.py).
 """

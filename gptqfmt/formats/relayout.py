@@ -175,17 +175,18 @@ def transposed_values(a: np.ndarray, workers: int | None = None) -> np.ndarray:
     return out
 
 
-def words_differ(a: np.ndarray, at: bool, b: np.ndarray, bt: bool) -> int:
+def words_differ(a: np.ndarray, at: bool, b: np.ndarray, bt: bool,
+                 workers: int | None = None) -> int:
     """How many words of two qweights differ, each as Source.stored_qweight gives it (the one
     model's [K*bits/32, N], or with `at` / `bt` its transpose); -1 when the shapes differ. In
-    blocks of BLOCK rows or columns on threads (memory: one block); a transposed side is read
-    row-contiguously, against tiles of the other (compiled where built)."""
+    blocks of BLOCK rows or columns on `workers` threads (memory: one block); a transposed side
+    is read row-contiguously, against tiles of the other (compiled where built)."""
     a, b = unsigned(np.asarray(a)), unsigned(np.asarray(b))
     if at == bt:  # the same layout
         if a.shape != b.shape:
             return -1
         return sum(blocks(lambda i, j: int(np.count_nonzero(a[i:j] != b[i:j])),
-                          a.shape[0], a.nbytes))
+                          a.shape[0], a.nbytes, workers))
     if at:
         a, b = b, a   # a: the one model's [K*bits/32, N]; b: its transpose as stored
     if a.shape != b.shape[::-1]:
@@ -198,7 +199,7 @@ def words_differ(a: np.ndarray, at: bool, b: np.ndarray, bt: bool) -> int:
         right = b[n:m]
         return sum(int(np.count_nonzero(right[:, r:r + tile.shape[1]] != tile))
                    for r, tile in tiles(a[:, n:m]))
-    return sum(blocks(part, a.shape[1], a.nbytes, phase=line_phase(a) % BLOCK))
+    return sum(blocks(part, a.shape[1], a.nbytes, workers, line_phase(a) % BLOCK))
 
 
 def awq_qweight_differ(words: np.ndarray, other: np.ndarray, workers: int | None = None
