@@ -50,6 +50,7 @@ def run(argv: list[str] | None = None, command: click.Command | None = None,
     import sys
 
     single_threaded_blas()
+    fewer_collections()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         restore = _handle_signals()
@@ -85,6 +86,22 @@ def single_threaded_blas() -> None:
 
     for name in BLAS_THREADS:
         os.environ.setdefault(name, "1")
+
+
+#: the cyclic garbage collector's thresholds in a command (Python's defaults: 700, 10, 10)
+GC_THRESHOLDS = (50_000, 20, 20)
+
+
+def fewer_collections() -> None:
+    """Let the cyclic garbage collector pass less often. gptqfmt's objects are freed by their
+    reference counts (it makes few cycles), while each of the collector's passes walks the
+    objects it tracks, whose number grows with the module count: at the defaults its passes
+    took 12% of inspect's CPU on a mixture of experts of 36,472 modules (`perf record`), and
+    at these thresholds inspect ran in 9.4 to 11.0 s against 11.2 to 12.6 s (three rounds
+    alternating). Between passes the youngest generation holds at most 50,000 objects."""
+    import gc
+
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _invoke(args: list[str], command: click.Command, prog_name: str) -> int:

@@ -306,3 +306,25 @@ def test_numpy_blas_runs_on_one_thread_unless_the_user_says(given):
     assert end["numpy"]   # the command loaded numpy, and found the variables set:
     assert end["blas"] == {"OPENBLAS_NUM_THREADS": given or "1", "MKL_NUM_THREADS": "1",
                            "OMP_NUM_THREADS": "1"}
+
+
+# runs the CLI, then prints the collector's thresholds as the command left them, on stderr
+RUN_THEN_GC = """
+import gc, json, sys
+from gptqfmt.cli import run
+before = gc.get_threshold()
+try:
+    run(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps({"before": before, "after": gc.get_threshold()}), file=sys.stderr)
+"""
+
+
+def test_a_command_runs_the_cyclic_collector_less_often():
+    from gptqfmt.cli.main import GC_THRESHOLDS
+
+    r = subprocess.run([sys.executable, "-c", RUN_THEN_GC, "inspect", str(PATH)],
+                       capture_output=True, text=True, env=ENV)
+    end = json.loads(r.stderr.splitlines()[-1])
+    assert tuple(end["after"]) == GC_THRESHOLDS and end["after"][0] > end["before"][0]
