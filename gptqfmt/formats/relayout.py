@@ -63,8 +63,8 @@ class Banded:
     1.6 s). fill(out, r0, r1) writes the rows [r0, r1) into out [r1 - r0, width]; r0 and r1
     are multiples of `step` (r1 may be the last row). `grain`: the rows one call should take
     at least to run at speed (a tile of the loops that make them); `phase`: where grains
-    start (0 <= phase < grain), so that the calls read their source from whole cache lines
-    (a source whose rows start mid-line made the AWQ loops 25 to 30% slower)."""
+    start (modulo grain; a multiple of `step`), so that the calls read their source from whole
+    cache lines (a source whose rows start mid-line made the AWQ loops 25 to 30% slower)."""
     shape: tuple[int, int]
     fill: Callable[[np.ndarray, int, int], None]
     step: int = 1
@@ -86,10 +86,7 @@ class Banded:
         """The bands in order, each as up to `parts` spans of whole grains (cut at phase +
         k grain; the first and last may be partial) that threads can fill at once, in
         order."""
-        rows = self.shape[0]
-        cuts = [0, *range(self.phase or self.grain, rows, self.grain), rows]
-        if rows == 0:
-            return []
+        cuts = _cuts(self.shape[0], self.grain, self.phase)
         per_band = max(1, self.band_rows(parts, nbytes) // self.grain)
         per_span = -(-per_band // parts)
         out = []
@@ -100,22 +97,22 @@ class Banded:
         return out
 
     def whole(self, workers: int | None = None) -> np.ndarray:
-        """All of it in one new array (BLOCK rows a call, on `workers` threads)."""
+        """All of it in one new array (BLOCK rows a call, cut at the phase, on `workers`
+        threads; BLOCK is whole steps and grains)."""
         out = np.empty(self.shape, dtype=np.int32)
-        step = -(-BLOCK // self.step) * self.step
-
-        def part(r0: int) -> None:
-            r1 = min(self.shape[0], r0 + step)
-            self.fill(out[r0:r1], r0, r1)
-        starts = range(0, self.shape[0], step)
-        workers = cpus() if workers is None else workers
-        if workers <= 1 or self.nbytes < PARALLEL_BYTES:
-            for r0 in starts:
-                part(r0)
-        else:
-            with ThreadPoolExecutor(workers) as pool:
-                list(pool.map(part, starts))
+        blocks(lambda r0, r1: self.fill(out[r0:r1], r0, r1), self.shape[0], self.nbytes,
+               workers, self.phase)
         return out
+
+
+def _cuts(n: int, unit: int, phase: int = 0) -> list[int]:
+    """Where [0, n) is cut into spans of whole units, the first starting at `phase` (modulo
+    unit): 0, phase + k unit inside (0, n), and n; none for n = 0.
+
+        >>> _cuts(10, 4, 1), _cuts(8, 4), _cuts(0, 4)
+        ([0, 1, 5, 9, 10], [0, 4, 8], [])
+    """
+    return [0, *range(phase % unit or unit, n, unit), n] if n > 0 else []
 
 
 def line_phase(a: np.ndarray, per: int = 1) -> int:
@@ -140,8 +137,7 @@ def bands_of(words: np.ndarray, is_transposed: bool) -> Banded:
 
     def columns(out: np.ndarray, r0: int, r1: int) -> None:
         _transpose_into(a, out, r0, r1)
-    return Banded(a.shape[::-1], columns, 1, TRANSPOSE_TILE,
-                  line_phase(a) % TRANSPOSE_TILE)
+    return Banded(a.shape[::-1], columns, 1, TRANSPOSE_TILE, line_phase(a))
 
 
 def _transpose_into(a: np.ndarray, out: np.ndarray, c0: int, c1: int) -> None:
@@ -171,7 +167,7 @@ def transposed_values(a: np.ndarray, workers: int | None = None) -> np.ndarray:
 
     def part(i: int, j: int) -> None:
         _transpose_into(a, out[i:j], i, j)
-    blocks(part, a.shape[1], a.nbytes, workers, line_phase(a) % BLOCK)
+    blocks(part, a.shape[1], a.nbytes, workers, line_phase(a))
     return out
 
 
@@ -199,7 +195,7 @@ def words_differ(a: np.ndarray, at: bool, b: np.ndarray, bt: bool,
         right = b[n:m]
         return sum(int(np.count_nonzero(right[:, r:r + tile.shape[1]] != tile))
                    for r, tile in tiles(a[:, n:m]))
-    return sum(blocks(part, a.shape[1], a.nbytes, workers, line_phase(a) % BLOCK))
+    return sum(blocks(part, a.shape[1], a.nbytes, workers, line_phase(a)))
 
 
 def awq_qweight_differ(words: np.ndarray, other: np.ndarray, workers: int | None = None
@@ -215,7 +211,7 @@ def awq_qweight_differ(words: np.ndarray, other: np.ndarray, workers: int | None
     if not native.available():
         return None
     counts = blocks(lambda i, j: native.awq_transposed_differ(w, AWQ_ORDER, o[8 * i:8 * j], i, j),
-                    c, w.nbytes, workers, line_phase(w) % BLOCK)
+                    c, w.nbytes, workers, line_phase(w))
     return None if None in counts else sum(counts)
 
 
@@ -227,10 +223,10 @@ def tiles(block: np.ndarray):
 
 
 def blocks(fn, n: int, nbytes: int, workers: int | None = None, phase: int = 0) -> list:
-    """fn(i, j) for the spans [i, j) of [0, n) cut at phase + k BLOCK (0 <= phase < BLOCK:
-    where the compiled loops read whole cache lines, line_phase), on threads when the data are
-    large; the results in order."""
-    cuts = [0, *range(phase or BLOCK, n, BLOCK), n] if n else []
+    """fn(i, j) for the spans [i, j) of [0, n) cut at phase + k BLOCK (the phase: where the
+    compiled loops read whole cache lines, line_phase), on threads when the data are large;
+    the results in order."""
+    cuts = _cuts(n, BLOCK, phase)
     spans = list(zip(cuts, cuts[1:]))
     workers = cpus() if workers is None else workers
     if workers <= 1 or nbytes < PARALLEL_BYTES:
@@ -343,7 +339,7 @@ def awq_qweight_bands(words: np.ndarray) -> Banded:
         c0, c1 = r0 // 8, r1 // 8
         if not native.awq_to_transposed(w, AWQ_ORDER, out, c0, c1):
             out[...] = awq_qweight_to_gptq(w[:, c0:c1], workers=1).T
-    return Banded((8 * c, k // 8), fill, 8, 8 * AWQ_TILE, line_phase(w, 8) % (8 * AWQ_TILE))
+    return Banded((8 * c, k // 8), fill, 8, 8 * AWQ_TILE, line_phase(w, 8))
 
 
 def padded_to_dense(words: np.ndarray, bits: int, values: int, axis: int,
