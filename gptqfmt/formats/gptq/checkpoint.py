@@ -21,7 +21,7 @@ from ...bits import layout
 from ...bits.conventions import GPTQ, symmetric_pattern
 from ...bits.packing import block
 from ...findings import Finding
-from ...safetensors_io.dtypes import PACK_DTYPE_NAMES, WORD_DTYPES, to_float32
+from ...safetensors_io.dtypes import DTYPES, PACK_DTYPE_NAMES, WORD_DTYPES, to_float32
 from ...safetensors_io.index import TensorStore, open_store
 from ..model import DTYPE_KIND, ModuleTensors, is_lm_head
 from .config import ModuleConfig, QuantConfig, load_config
@@ -233,9 +233,9 @@ def _infer_alike(m: InvalidModule, store: TensorStore, findings: list[Finding],
     goes through _infer. `alike` keeps what was learned, (module, g_idx bytes) by key."""
     if any(t in store.unreadable for t in m.tensors.values()):
         return _infer(m, store, findings, g_idx_written)
-    key = (tuple(sorted((r, i.dtype, i.shape) for r, i in
-                        ((r, store.info(t)) for r, t in m.tensors.items()))),
-           m.declared, g_idx_written)
+    info = {r: store.info(t) for r, t in m.tensors.items()}
+    key = (tuple(sorted((r, i.dtype, i.shape) for r, i in info.items())), m.declared,
+           g_idx_written)
     seen = alike.get(key)
     if seen is not None:
         first, g_idx = seen
@@ -250,9 +250,8 @@ def _infer_alike(m: InvalidModule, store: TensorStore, findings: list[Finding],
     if seen is None and isinstance(out, Module) and not out.act_order and \
             len(findings) == before:
         # not act-order: g_idx is the trivial one of its group size, exactly
-        g_idx = None if "g_idx" not in m.tensors else layout.trivial_g_idx(
-            out.in_features, out.group_size).astype(
-            store.view(m.tensors["g_idx"]).dtype).tobytes()
+        g_idx = None if "g_idx" not in info else layout.trivial_g_idx(
+            out.in_features, out.group_size).astype(DTYPES[info["g_idx"].dtype].numpy).tobytes()
         alike[key] = (out, g_idx)
     return out
 
