@@ -81,18 +81,19 @@ GQ_INLINE int gq_differ_4x4(const uint32_t* a, int64_t cols, const uint32_t* b, 
 // Tiles of gq_transpose_walk: 64 x 64 words (16 KiB a side).
 #define GQ_WORD_TILE 64
 
-// The columns [c0, c1) of a [rows, cols] against the rows [c0, c1) of its transpose, b (b's
-// row 0 is the transpose's row `b0`: c0 for a band, 0 for all of it), in tiles of
-// GQ_WORD_TILE x GQ_WORD_TILE: a column of tiles is walked down a's rows, so each of its b rows
-// is written in order, and the next tile's lines (64 rows of a further down, the next 256
-// bytes of the same b rows) are prefetched while this one moves: 3.7 to 4.1 GB/s a core
-// where 16 x 16 tiles without prefetches ran at 1.3 to 2.7 (rows of a 32 to 112 KiB apart,
-// b's 4 to 14 KiB). 4 x 4 blocks by SSE2 within a tile where the compiler has it, the edges
-// word by word: with `compare` 0, b[c - b0, r] = a[r, c] (the transpose; 0 returned); with 1,
-// how many b[c - b0, r] differ from a[r, c] (nothing written). `compare` is a constant at
-// each call site.
-GQ_INLINE int64_t gq_transpose_walk(const uint32_t* a, int64_t rows, int64_t cols, uint32_t* b,
-                                    int64_t b0, int64_t c0, int64_t c1, int compare) {
+// The columns [c0, c1) of `rows` rows of a (rows `lda` words apart) against the rows
+// [c0, c1) of their transpose, b (rows `ldb` words apart; b's row 0 is the transpose's row
+// `b0`: c0 for a band, 0 for all of it), in tiles of GQ_WORD_TILE x GQ_WORD_TILE: a column of
+// tiles is walked down a's rows, so each of its b rows is written in order, and the next
+// tile's lines (64 rows of a further down, the next 256 bytes of the same b rows) are
+// prefetched while this one moves: 3.7 to 4.1 GB/s a core where 16 x 16 tiles without
+// prefetches ran at 1.3 to 2.7 (rows of a 32 to 112 KiB apart, b's 4 to 14 KiB). 4 x 4 blocks
+// by SSE2 within a tile where the compiler has it, the edges word by word: with `compare` 0,
+// b[c - b0, r] = a[r, c] (the transpose; 0 returned); with 1, how many b[c - b0, r] differ
+// from a[r, c] (nothing written). `compare` is a constant at each call site.
+GQ_INLINE int64_t gq_transpose_walk(const uint32_t* a, int64_t lda, int64_t rows, uint32_t* b,
+                                    int64_t ldb, int64_t b0, int64_t c0, int64_t c1,
+                                    int compare) {
     const int64_t T = GQ_WORD_TILE;
     int64_t differ = 0;
     for (int64_t j0 = c0; j0 < c1; j0 += T) {
@@ -102,11 +103,11 @@ GQ_INLINE int64_t gq_transpose_walk(const uint32_t* a, int64_t rows, int64_t col
             const int64_t rn = r1 + T < rows ? r1 + T : rows;   // the next tile's rows
             for (int64_t r = r1; r < rn; ++r)
                 for (int64_t l = j0; l < j1; l += 16)   // a 64-byte line is 16 words
-                    GQ_PREFETCH(a + r * cols + l, 0);
+                    GQ_PREFETCH(a + r * lda + l, 0);
             for (int64_t j = j0; r1 < rn && j < j1; ++j)
                 for (int64_t l = r1; l < rn; l += 16) {
-                    if (compare) GQ_PREFETCH(b + (j - b0) * rows + l, 0);
-                    else GQ_PREFETCH(b + (j - b0) * rows + l, 1);
+                    if (compare) GQ_PREFETCH(b + (j - b0) * ldb + l, 0);
+                    else GQ_PREFETCH(b + (j - b0) * ldb + l, 1);
                 }
             int64_t j4 = j0;
 #if defined(__SSE2__) && defined(__GNUC__) && !defined(GQ_NO_SIMD)
@@ -114,20 +115,20 @@ GQ_INLINE int64_t gq_transpose_walk(const uint32_t* a, int64_t rows, int64_t col
             j4 = j0 + (j1 - j0) / 4 * 4;
             for (int64_t j = j0; j < j4; j += 4)
                 for (int64_t r = r0; r < r4; r += 4) {
-                    uint32_t* at = b + (j - b0) * rows + r;
-                    if (compare) differ += gq_differ_4x4(a + r * cols + j, cols, at, rows);
-                    else gq_transpose_4x4(a + r * cols + j, cols, at, rows);
+                    uint32_t* at = b + (j - b0) * ldb + r;
+                    if (compare) differ += gq_differ_4x4(a + r * lda + j, lda, at, ldb);
+                    else gq_transpose_4x4(a + r * lda + j, lda, at, ldb);
                 }
             for (int64_t j = j0; j < j4; ++j)   // the rows past the last block of 4
                 for (int64_t r = r4; r < r1; ++r) {
-                    if (compare) differ += b[(j - b0) * rows + r] != a[r * cols + j];
-                    else b[(j - b0) * rows + r] = a[r * cols + j];
+                    if (compare) differ += b[(j - b0) * ldb + r] != a[r * lda + j];
+                    else b[(j - b0) * ldb + r] = a[r * lda + j];
                 }
 #endif
             for (int64_t j = j4; j < j1; ++j)   // the columns past it (all of them without)
                 for (int64_t r = r0; r < r1; ++r) {
-                    if (compare) differ += b[(j - b0) * rows + r] != a[r * cols + j];
-                    else b[(j - b0) * rows + r] = a[r * cols + j];
+                    if (compare) differ += b[(j - b0) * ldb + r] != a[r * lda + j];
+                    else b[(j - b0) * ldb + r] = a[r * lda + j];
                 }
         }
     }
@@ -138,14 +139,14 @@ GQ_INLINE int64_t gq_transpose_walk(const uint32_t* a, int64_t rows, int64_t col
 // [c0, c1) of the transpose [cols, rows], a band of it (all of it for [0, cols)).
 GQ_INLINE void gq_transpose_words(const uint32_t* src, int64_t rows, int64_t cols,
                                   uint32_t* dst, int64_t c0, int64_t c1) {
-    gq_transpose_walk(src, rows, cols, dst, c0, c0, c1, 0);
+    gq_transpose_walk(src, cols, rows, dst, rows, c0, c0, c1, 0);
 }
 
 // How many of the columns [c0, c1) of a [rows, cols] hold a word other than b [cols, rows]'s
 // at the transposed place (b is only read).
 GQ_INLINE int64_t gq_transposed_differ(const uint32_t* a, int64_t rows, int64_t cols,
                                        const uint32_t* b, int64_t c0, int64_t c1) {
-    return gq_transpose_walk(a, rows, cols, (uint32_t*)b, 0, c0, c1, 1);
+    return gq_transpose_walk(a, cols, rows, (uint32_t*)b, rows, 0, c0, c1, 1);
 }
 
 // One delta swap of a transpose held in words: the `mask` bits of x[i] shifted up by `shift`
@@ -241,9 +242,9 @@ GQ_INLINE void gq_awq_tile(const uint32_t* src, int64_t C, int64_t b0, int64_t t
 // each put where the transpose puts it, with no GPTQ copy between; with `compare` (a constant
 // at each call site), nothing is written and the words of dst that differ are counted instead.
 // A tile (32 row blocks by 32 word columns) is built by gq_awq_tile, then each of its
-// destination rows is written (or compared) 32 words at once, by 4 x 4 transposes of the
-// buffer where SSE2 is at hand; a column of tiles is walked down the row blocks, so each
-// destination row is written in order.
+// destination rows is written (or compared) 32 words at once, by gq_transpose_walk over the
+// buffer; a column of tiles is walked down the row blocks, so each destination row is written
+// in order.
 // Source rows are C words apart and destination rows K/8 (4 KiB each at N = K = 8192): no
 // prefetcher follows 256 such short runs, and a tile waited on each line in turn (1 GB/s).
 // So the next tile's lines (the same source columns 256 rows down, the next 128 bytes of the
@@ -272,43 +273,12 @@ GQ_INLINE int64_t gq_awq_to_transposed(const uint32_t* src, int64_t K, int64_t C
                     else GQ_PREFETCH(at, 1);
                 }
             gq_awq_tile(src, C, b0, t0, nb, nc, g);
-            for (int i = 0; i < 8; ++i) {
-                int64_t t = 0;
-#if defined(__SSE2__) && defined(__GNUC__) && !defined(GQ_NO_SIMD)
-                const int64_t nb4 = nb / 4 * 4;
-                for (; t + 4 <= nc; t += 4) {   // four destination rows at a time
-                    uint32_t* rows[4];
-                    for (int q = 0; q < 4; ++q)
-                        rows[q] = band + (8 * (t + q) + order[i]) * blocks + b0;
-                    for (int64_t b = 0; b < nb4; b += 4) {
-                        __m128i v[4];   // v[q]: row q's words b..b+3
-                        gq_load_transposed_4x4(&g[b][i][t], 8 * T, v);
-                        for (int q = 0; q < 4; ++q) {
-                            __m128i* at = (__m128i*)(rows[q] + b);
-                            if (compare) {
-                                const __m128i eq = _mm_cmpeq_epi32(v[q], _mm_loadu_si128(at));
-                                differ += 4 - __builtin_popcount(
-                                                  (unsigned)_mm_movemask_ps(_mm_castsi128_ps(eq)));
-                            } else {
-                                _mm_storeu_si128(at, v[q]);
-                            }
-                        }
-                    }
-                    for (int64_t b = nb4; b < nb; ++b)
-                        for (int q = 0; q < 4; ++q) {
-                            if (compare) differ += rows[q][b] != g[b][i][t + q];
-                            else rows[q][b] = g[b][i][t + q];
-                        }
-                }
-#endif
-                for (; t < nc; ++t) {   // the rows past the last four (all of them without)
-                    uint32_t* row = band + (8 * t + order[i]) * blocks + b0;
-                    for (int64_t b = 0; b < nb; ++b) {
-                        if (compare) differ += row[b] != g[b][i][t];
-                        else row[b] = g[b][i][t];
-                    }
-                }
-            }
+            // slot i of the tile, [nb row blocks, nc word columns], is the transpose of the
+            // destination rows 8 t + order[i] (8 rows apart) at the words b0..b0+nb-1
+            for (int i = 0; i < 8; ++i)
+                differ += gq_transpose_walk(&g[0][i][0], 8 * T, nb,
+                                            band + order[i] * blocks + b0, 8 * blocks, 0, 0,
+                                            nc, compare);
         }
     }
     return differ;
