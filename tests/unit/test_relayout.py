@@ -219,7 +219,8 @@ def test_awq_bands_are_the_rows_of_the_transpose(k, c):
     """Each band, made alone into a buffer of its size, is those rows of the whole transpose;
     bands small enough that a tensor takes several, split for two threads."""
     words = _awq_words(k, c, k + c)
-    want = relayout.awq_qweight_transposed(words)
+    # the slow reference: every code unpacked in channel order, packed as GPTQ, transposed
+    want = np.ascontiguousarray(pack(relayout.awq_fields(words), 4, 32, axis=0).T)
     b = relayout.awq_qweight_bands(words)
     assert b.shape == want.shape and b.nbytes == want.nbytes
     got = np.full(want.shape, 7, np.int32)
