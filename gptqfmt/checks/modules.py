@@ -5,6 +5,8 @@ them all; inspect the ones its bounded reads can feed; convert refuses on them b
 Findings are data."""
 from __future__ import annotations
 
+from collections.abc import Container, Iterable
+
 import numpy as np
 
 from ..bits.conventions import GPTQ, GPTQ_V2, effective_zeros, reference_rule
@@ -25,14 +27,17 @@ ROUTER_SUFFIXES = (".mlp.gate", ".router", ".block_sparse_moe.gate", ".mlp.route
 
 
 def module_findings(src: Source, m: QuantModule, verdict: ModuleVerdict | None = None,
-                    full: bool = True) -> list[Finding]:
+                    full: bool = True, zero_heads: Container[str] | None = None
+                    ) -> list[Finding]:
     """Every per-module finding of module `m` of `src`: verify's (full reads), or inspect's
     (`full` False: bounded reads, and of a sampled verdict only what qzeros alone decide).
 
     A labelled source's module is judged with its `verdict` (detection's, required there): its
     zero points, its scales up to float16's range under the verdict's convention, its declared
-    config; another format's with its own data checks and its scales."""
-    empty = zero_tensor_findings(src, m)
+    config; another format's with its own data checks and its scales. `zero_heads`: the
+    tensors of `src` whose first PROBE bytes are zero, where the caller probed many modules
+    at once (probe_heads); else this module's are probed here."""
+    empty = zero_tensor_findings(src, m, zero_heads)
     if empty:   # nothing else about the module means anything
         return empty
     ck = src.labelled
@@ -58,26 +63,38 @@ def _all_zero_after_probe(raw: np.ndarray) -> bool:
     return not any(raw[i:i + ZERO_SCAN].any() for i in range(PROBE, raw.size, ZERO_SCAN))
 
 
+def probed(m: QuantModule) -> list[str]:
+    """The tensors of module `m` whose first PROBE bytes zero_tensor_findings looks at."""
+    return [t for r in ("qweight", "scales") if (t := m.tensors.get(r))]
+
+
 def probe_reads(m: QuantModule) -> list[tuple[str, list[tuple[int, int]] | None]]:
     """What zero_tensor_findings reads of a module with data in it (TensorStore.prefetch)."""
-    return [(t, [(0, PROBE)]) for r in ("qweight", "scales") if (t := m.tensors.get(r))]
+    return [(t, [(0, PROBE)]) for t in probed(m)]
 
 
-def zero_tensor_findings(src: Source, m: QuantModule) -> list[Finding]:
+def probe_heads(src: Source, mods: Iterable[QuantModule]) -> set[str]:
+    """The `zero_heads` of module_findings for modules `mods`: every probe of them read in one
+    pass, each file opened once."""
+    return src.store.zero_heads((t for m in mods for t in probed(m)), PROBE)
+
+
+def zero_tensor_findings(src: Source, m: QuantModule, zero_heads: Container[str] | None = None
+                         ) -> list[Finding]:
     """GQ318: qweight or scales all zero bytes, what a checkpoint saved before its weights were
     packed (or with a tensor filled in) holds: every weight of the module is 0 (scales) or
     -Z * scale (codes), and runtimes load it without a word. A real tensor has a nonzero byte
-    in its first step, so only an empty one is read to its end."""
+    in its first PROBE bytes (`zero_heads`: the tensors whose first bytes are zero, as
+    probe_heads finds them), so only an empty one is read to its end."""
+    if zero_heads is None:
+        zero_heads = probe_heads(src, [m])
     out = []
     for role in ("qweight", "scales"):
         t = m.tensors.get(role)
-        if t is None:
-            continue
-        probe = src.store.view(t, [(0, PROBE)]).reshape(-1).view(np.uint8)
-        if probe[:PROBE].any():
+        if t is None or t not in zero_heads:
             continue
         raw = src.store.view(t).reshape(-1).view(np.uint8)
-        if raw.size and _all_zero_after_probe(raw):
+        if _all_zero_after_probe(raw):
             what = ("every code is 0, so every weight is -Z * scale" if role == "qweight" else
                     "every scale is 0, so every weight is 0")
             out.append(Finding("GQ318", f"all {raw.size} bytes are zero: {what}; a runtime "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checks.labels import convention_findings
-from ..checks.modules import module_findings, probe_reads
+from ..checks.modules import module_findings, probe_heads, probe_reads
 from ..detection.decide import ModuleVerdict
 from ..detection.read import detect_checkpoint, module_reads
 from ..findings import Finding
@@ -92,8 +92,10 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> InspectResult:
         det = detect_checkpoint(ck, full=False)
         findings += convention_findings(ck, det)
     verdicts = {v.name: v for v in det.modules} if det else {}
+    zero_heads = probe_heads(src, src.modules)
     for m in src.modules:
-        findings += module_findings(src, m, verdicts.get(m.name), full=False)
+        findings += module_findings(src, m, verdicts.get(m.name), full=False,
+                                    zero_heads=zero_heads)
         src.store.release(m.tensors.values())
     if ck is not None and det is not None:
         # what each runtime makes of it: counts from qzeros only (no scales: inspect's reads

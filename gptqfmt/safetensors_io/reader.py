@@ -4,6 +4,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -40,6 +41,9 @@ class SafetensorsFile:
         self.path = os.fspath(path)
         self.name = display_name or self.path
         self._mm: mmap.mmap | None = None
+        # whether a view may have mapped pages since the last whole-file release: a module
+        # that read nothing of the file costs its release no madvise (that walks the mapping)
+        self._viewed = False
         self._lock = threading.Lock()  # modules are read in threads: map once
         self.filler = filler_for(self.path)
         try:
@@ -93,10 +97,36 @@ class SafetensorsFile:
         d = DTYPES[info.dtype]
         if info.nbytes == 0:
             return np.empty(info.shape, dtype=d.numpy)
+        self._viewed = True
         if d.bits < 8:  # sub-byte floats: raw bytes, no element shape
             return np.frombuffer(self._map(), np.uint8, info.nbytes, self._offset(info))
         arr = np.frombuffer(self._map(), d.numpy, info.numel, self._offset(info))
         return arr.reshape(info.shape)
+
+    def heads(self, names: list[str], n: int | None = None) -> Iterator[tuple[str, bytes]]:
+        """(name, its first `n` bytes: all of it by default or where it is smaller) of each of
+        tensors `names`, in that order, read with one pread each through a descriptor opened
+        for the call: nothing is mapped, so nothing is left to release, and tens of thousands
+        of small reads cost no page faults."""
+        if self.filler is not None:
+            self._fill([r for t in names for r in self.ranges(t, None if n is None
+                                                               else [(0, n)])])
+        try:
+            with open(self.path, "rb", buffering=0) as f:
+                fd = f.fileno()
+                for t in names:
+                    info = self.header.tensors[t]
+                    k = info.end - info.begin if n is None else min(n, info.end - info.begin)
+                    head = os.pread(fd, k, self.header.data_start + info.begin) if k else b""
+                    if len(head) != k:
+                        raise FindingError(Finding(
+                            "GQ118", f"changed while being read: {self.size} bytes when its "
+                            f"header was read, {os.fstat(fd).st_size} now", file=self.name,
+                            tensor=t))
+                    yield t, head
+        except OSError as e:
+            raise FindingError(Finding("GQ118", f"cannot read: {e.strerror or e}",
+                                       file=self.name)) from None
 
     def _offset(self, info: TensorInfo) -> int:
         return self.header.data_start + info.begin
@@ -120,16 +150,21 @@ class SafetensorsFile:
     def raw(self) -> np.ndarray:
         """The whole file, header included, as a read-only uint8 array (mapped, not read)."""
         self._fill([(0, self.size)])
+        self._viewed = True
         return np.frombuffer(self._map(), np.uint8)
 
     def release(self, start: int = 0, stop: int | None = None) -> None:
         """Drop this process's mapped pages of bytes [start, stop), the whole file by default
         (they stay in the page cache): keeps resident memory bounded when many tensors are read
-        one after another. Views stay valid."""
+        one after another. Views stay valid. The whole file's pages are dropped only where a
+        view was made since the last such release: pages a view made before it maps again
+        after it stay until the file's next view and release."""
         if self._mm is None or not hasattr(mmap, "MADV_DONTNEED"):
             return
         if stop is None and start == 0:
-            self._mm.madvise(mmap.MADV_DONTNEED)
+            if self._viewed:
+                self._viewed = False
+                self._mm.madvise(mmap.MADV_DONTNEED)
             return
         lo = start - start % mmap.PAGESIZE
         stop = self.size if stop is None else stop

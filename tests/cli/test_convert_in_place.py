@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 
 import pytest
 
@@ -313,6 +314,8 @@ def test_words_not_proven_or_not_landed_roll_back(tmp_path, monkeypatch, want, f
 
         def torn(fd, n, offset):
             data = real_pread(fd, n, offset)
+            if sys._getframe(1).f_globals["__name__"] != inplace.__name__:
+                return data   # the reads before the write (headers, probes) are not its
             calls.append(1)
             return data[:-1] + bytes([data[-1] ^ 0xFF]) if len(calls) == 3 else data
         monkeypatch.setattr(inplace.os, "pread", torn)

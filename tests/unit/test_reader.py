@@ -1,13 +1,17 @@
 """The safetensors reader (gptqfmt/safetensors_io/reader.py): the same tensors and metadata as
 the reference library on the shipped fixtures."""
 import json
+import mmap
+import os
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file as torch_load_file
 
-from gptqfmt.safetensors_io import SafetensorsFile
+from gptqfmt.errors import FindingError
+from gptqfmt.safetensors_io import SafetensorsFile, save_file
+from gptqfmt.safetensors_io.index import INDEX_NAME, open_store
 from tests.support import CKPT
 
 FILES = sorted(CKPT.glob("*/*.safetensors"))
@@ -30,3 +34,79 @@ def test_header_metadata_kept():
     f = SafetensorsFile(CKPT / "autogptq-b4-asym-gptq" / "model.safetensors")
     assert f.metadata["format"] == "pt" and f.metadata["gptq_bits"] == "4"
     assert json.loads(json.dumps(f.metadata)) == f.metadata
+
+
+# -- reads without mapping: heads and zero_heads ------------------------------------------------
+def _small(tmp_path):
+    """A sharded store of a few tensors: one empty, one all zero, one zero for its first 8
+    bytes only, one nonzero from its first byte."""
+    a = {"e": np.zeros(0, np.int32), "z": np.zeros(16, np.int32),
+         "late": np.concatenate([np.zeros(2, np.int32), np.arange(1, 15, dtype=np.int32)])}
+    b = {"n": np.arange(1, 9, dtype=np.int16)}
+    save_file(a, tmp_path / "a.safetensors")
+    save_file(b, tmp_path / "b.safetensors")
+    (tmp_path / INDEX_NAME).write_text(json.dumps({"weight_map": {
+        **{k: "a.safetensors" for k in a}, **{k: "b.safetensors" for k in b}}}))
+    return open_store(tmp_path), {**a, **b}
+
+
+def test_heads_are_the_tensors_first_bytes_grouped_by_file(tmp_path):
+    store, arrays = _small(tmp_path)
+    whole = dict(store.heads(["n", "late", "e", "z"]))
+    assert whole == {k: arrays[k].tobytes() for k in ("n", "late", "e", "z")}
+    order = [t for t, _ in store.heads(["n", "late", "e", "z"])]
+    assert order == ["n", "late", "e", "z"]   # b's first, then a's, each in the order asked
+    order = [t for t, _ in store.heads(["late", "n", "e"])]
+    assert order == ["late", "e", "n"]
+    assert dict(store.heads(["late", "n"], 8)) == {"late": arrays["late"].tobytes()[:8],
+                                                  "n": arrays["n"].tobytes()[:8]}
+
+
+@pytest.mark.parametrize("n, zero", [(8, {"z", "late"}), (9, {"z"}), (64, {"z"}),
+                                     (4096, {"z"})])
+def test_zero_heads_names_zero_heads_and_never_an_empty_tensor(tmp_path, n, zero):
+    store, arrays = _small(tmp_path)
+    assert store.zero_heads(arrays, n) == zero
+
+
+def test_a_file_cut_short_after_opening_is_a_finding_not_a_short_read(tmp_path):
+    store, _ = _small(tmp_path)
+    p = tmp_path / "a.safetensors"
+    last = max(store.files["a.safetensors"].tensors.values(), key=lambda i: i.end).name
+    os.truncate(p, p.stat().st_size - 8)
+    with pytest.raises(FindingError) as e:
+        list(store.heads(["e", "z", "late"]))
+    f = e.value.finding
+    assert (f.code, f.file, f.tensor) == ("GQ118", "a.safetensors", last)
+    assert "changed while being read" in f.message
+
+
+def test_a_file_gone_after_opening_is_a_finding(tmp_path):
+    store, _ = _small(tmp_path)
+    (tmp_path / "b.safetensors").unlink()
+    with pytest.raises(FindingError) as e:
+        store.zero_heads(["n"], 4096)
+    assert (e.value.finding.code, e.value.finding.file) == ("GQ118", "b.safetensors")
+
+
+# -- release: the whole file's pages dropped where a view was made since -------------------------
+def test_release_drops_pages_only_where_a_view_was_made_since(tmp_path, monkeypatch):
+    advised = []
+
+    class Spy(mmap.mmap):
+        def madvise(self, *a):
+            advised.append(a)
+            return super().madvise(*a)
+    monkeypatch.setattr(mmap, "mmap", Spy)
+    store, _ = _small(tmp_path)
+    store.view("z")                  # the file is mapped
+    store.release(["z"])
+    store.release(["z"])             # nothing viewed since: no madvise
+    store.release(["late"])
+    assert len(advised) == 1
+    store.view("late")
+    store.release(["late", "z"])     # one file, one madvise
+    store.release()
+    assert len(advised) == 2
+    store.files["a.safetensors"].release(0, 4)   # a range: always dropped
+    assert len(advised) == 3
