@@ -10,7 +10,7 @@ import multiprocessing
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
@@ -92,11 +92,11 @@ def module_verdict(ckpt: Checkpoint, m: Module, full: bool, sample: int = SAMPLE
     codes, so a bigger sample does not change them). verify (`full`) computes the runs by chance
     of every module; inspect only of those with runs (detect_sequential fills in the rest when
     the pooled test needs them)."""
-    qz = ckpt.view(m.tensors["qzeros"])
     pattern, fields = known if known is not None else (ckpt.symmetric_pattern(m), None)
     st = None
     complete = True  # a symmetric pattern decides from qzeros alone
     if full or pattern is None:
+        qz = ckpt.view(m.tensors["qzeros"])
         t = m.tensors["qweight"]
         shape = ckpt.store.info(t).shape
         rows = sampled_blocks(m, shape, full, sample)
@@ -113,7 +113,8 @@ def module_verdict(ckpt: Checkpoint, m: Module, full: bool, sample: int = SAMPLE
         # come from the packed words (fields)
         st = zero_stats(stored_fields(qz[read], m.bits), sums, counts, m.bits, m.word_bits,
                         fields, row_index=np.arange(len(qz))[read])
-    return replace(decide(m.name, m.bits, pattern, st, ckpt.quantizer), complete=complete)
+    v = decide(m.name, m.bits, pattern, st, ckpt.quantizer)
+    return v if complete else replace(v, complete=False)   # a verdict is complete by default
 
 
 # Reading a module is many small numpy steps, and Python runs those one thread at a time (the
@@ -146,21 +147,31 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
         chunk = max(1, len(mods) // (4 * workers))
 
         def run(fn, args):
-            return _counted(pool.map(_in_worker, [fn] * len(args), args, chunksize=chunk),
-                            len(args), progress)
+            return pool.map(_in_worker, [fn] * len(args), args, chunksize=chunk)
     else:
         pool = ThreadPoolExecutor(max_workers=workers)
 
         def run(fn, args):
-            return _counted(bounded_map(pool, lambda a: fn(work, *a), args), len(args),
-                            progress)
+            return bounded_map(pool, lambda a: fn(work, *a), args)
     try:
         def prefetch(indices: list[int], sample: int, known: dict) -> None:
             # one batch for the round: every module's reads coalesced and fetched in parallel
             # (a module whose qzeros already showed a symmetric pattern reads no codes)
             ckpt.store.prefetch(p for i in indices for p in module_reads(
                 ckpt, mods[i], full, sample, codes=full or known.get(i, (None,))[0] is None))
-        reads = ModuleReads(run, [m.name for m in mods], prefetch if remote else None)
+        settled = None
+        if not full:
+            # a symmetric pattern decides a sampled module from qzeros alone: every qzeros read
+            # here in one pass, and those modules never handed to a worker
+            if remote:
+                ckpt.store.prefetch((m.tensors["qzeros"], None) for m in mods)
+            patterns = ckpt.symmetric_patterns(mods)
+
+            def settled(i: int) -> ModuleVerdict | None:
+                return None if patterns[i] is None else \
+                    module_verdict(ckpt, mods[i], False, known=(patterns[i], None))
+        reads = ModuleReads(run, [m.name for m in mods], prefetch if remote else None, settled,
+                            progress)
         det = detect_sequential(reads, sizes, full)
     except BrokenProcessPool:
         raise GptqfmtError(f"{ckpt.store.root}: a worker process reading its modules ended "
@@ -169,18 +180,6 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
         pool.shutdown(wait=True, cancel_futures=True)
     ckpt.keep_patterns({v.name: v.pattern for v in det.modules})  # read in the workers
     return det
-
-
-def _counted(results: Iterable[Any], n: int,
-             progress: Callable[[int], Callable[[int], Any]] | None) -> list[Any]:
-    """The `n` results of one round of reads, each counted as it arrives."""
-    advance = progress(n) if progress else None
-    out = []
-    for r in results:
-        out.append(r)
-        if advance:
-            advance(1)
-    return out
 
 
 @dataclass(frozen=True)
@@ -235,22 +234,48 @@ def _forks_safely() -> bool:
 
 class ModuleReads:
     """Module reads for detect_sequential, in batches run by `run(fn, args)` (threads or
-    processes: it calls fn(work, *a) for each a and gives the results in order); `names`: the
-    modules' names, by index. Remembers what each module's qzeros gave (symmetric pattern,
-    FieldCounts), which more rows do not change."""
+    processes: it calls fn(work, *a) for each a and gives the results in order, as they come);
+    `names`: the modules' names, by index. Remembers what each module's qzeros gave (symmetric
+    pattern, FieldCounts), which more rows do not change. `progress(n)` as each batch of n
+    starts: it returns the function told of each module done (`(1)`)."""
 
-    def __init__(self, run, names: list[str], prefetch=None):
+    def __init__(self, run, names: list[str], prefetch=None,
+                 settled: Callable[[int], ModuleVerdict | None] | None = None,
+                 progress: Callable[[int], Callable[[int], Any]] | None = None):
         self.run = run
         self.names = names
         self.known: dict[int, tuple[str | None, FieldCounts | None]] = {}
         self.rounds = 0
         # prefetch(indices, sample, known): told what a round will read before it runs
         self.prefetch = prefetch
+        # settled(i): module i's verdict where it needs no read of its own (else None)
+        self.settled = settled
+        self.progress = progress
+
+    def _advance(self, n: int) -> Callable[[int], Any]:
+        return self.progress(n) if self.progress is not None else (lambda k: None)
 
     def verdicts(self, indices: list[int], sample: int) -> list[ModuleVerdict]:
-        if self.prefetch is not None:
-            self.prefetch(indices, sample, self.known)
-        out = self.run(_read_one, [(i, sample, self.known.get(i)) for i in indices])
+        advance = self._advance(len(indices))
+        here: dict[int, ModuleVerdict] = {}
+        settled = self.settled
+        if settled is not None:
+            for i in indices:
+                if (v := settled(i)) is not None:
+                    here[i] = v
+                    advance(1)
+        rest = [i for i in indices if i not in here]
+        if self.prefetch is not None and rest:
+            self.prefetch(rest, sample, self.known)
+        read = iter(self.run(_read_one, [(i, sample, self.known.get(i)) for i in rest])
+                    if rest else ())
+        out = []
+        for i in indices:
+            if i not in here:
+                out.append(next(read))
+                advance(1)
+            else:
+                out.append(here[i])
         for i, v in zip(indices, out):
             self.known[i] = (v.pattern, v.stats.field_counts() if v.stats else None)
             v.name = self.names[i]  # the module's own string, not a worker process's copy
@@ -259,7 +284,11 @@ class ModuleReads:
         return out
 
     def chances(self, indices: list[int]) -> list[float | None]:
-        out = self.run(_chance_one, [(i,) for i in indices])
+        advance = self._advance(len(indices))
+        out = []
+        for e in self.run(_chance_one, [(i,) for i in indices]):
+            out.append(e)
+            advance(1)
         for i, e in zip(indices, out):
             pattern, fields = self.known[i]
             assert fields is not None

@@ -141,8 +141,8 @@ def test_3bit_rows_must_hold_whole_values(tmp_path):
 @pytest.mark.parametrize("command", ["inspect", "inspect-forked", "verify", "plan"])
 def test_each_modules_symmetric_pattern_is_read_once(monkeypatch, command):
     """The source's sym (for writers) and detection ask the same question of qzeros: one pass
-    per module answers both, whichever asks first; what forked detection workers read is kept
-    in the parent, which reads none of it again."""
+    per module answers both, whichever asks first; inspect's detection reads every qzeros in
+    the parent, before any worker is forked, and no worker reads one again."""
     read: list[int] = []
     real = checkpoint.symmetric_pattern
     monkeypatch.setattr(checkpoint, "symmetric_pattern",
@@ -164,7 +164,7 @@ def test_each_modules_symmetric_pattern_is_read_once(monkeypatch, command):
             assert all(m.sym for m in plan.source.modules)
         finally:
             src.close()
-    assert len(read) == (0 if command == "inspect-forked" else 7)
+    assert len(read) == 7
 
 
 ATTN = "model.layers.0.self_attn"   # k, o, q and v_proj: alike in every dtype and shape
@@ -214,9 +214,9 @@ def test_alike_modules_are_inferred_as_each_alone(tmp_path, monkeypatch, edit):
     d = clone(tmp_path, "b4-asym-noact-gptq_v2-single", **(
         {"cfg": lambda c: c.update(change)} if isinstance(change, dict) else {"edit": change}))
     once = open_checkpoint(d)
-    monkeypatch.setattr(checkpoint, "_infer_alike",
-                        lambda m, store, found, written, alike: checkpoint._infer(
-                            m, store, found, written))
+    monkeypatch.setattr(checkpoint, "_infer_all",
+                        lambda mods, store, found, written: [checkpoint._infer(
+                            m, store, found, written) for m in mods])
     alone = open_checkpoint(d)
     assert once.modules == alone.modules and once.findings == alone.findings
     assert took(once)

@@ -131,6 +131,17 @@ class Checkpoint:
             self._patterns[m.name] = symmetric_pattern(self.view(m.tensors["qzeros"]), m.bits)
         return self._patterns[m.name]
 
+    def symmetric_patterns(self, mods: list[Module]) -> list[str | None]:
+        """symmetric_pattern of each of `mods`, the qzeros not yet read read together, each
+        file opened once and nothing mapped (TensorStore.heads): tens of thousands of small
+        tensors cost a read each, not a page fault and a release."""
+        todo = {m.tensors["qzeros"]: m for m in mods if m.name not in self._patterns}
+        for t, raw in self.store.heads(todo):
+            m, info = todo[t], self.store.info(t)
+            qz = np.frombuffer(raw, DTYPES[info.dtype].numpy).reshape(info.shape)
+            self._patterns[m.name] = symmetric_pattern(qz, m.bits)
+        return [self._patterns[m.name] for m in mods]
+
     def keep_patterns(self, patterns: dict[str, str | None]) -> None:
         """Symmetric patterns read elsewhere (detection's worker processes), kept so that
         symmetric_pattern does not read those qzeros again."""
@@ -180,8 +191,7 @@ def open_checkpoint(path: str | os.PathLike[str], store: TensorStore | None = No
     g_idx_written = config.g_idx_written if config else True
     # what _infer reads, fetched together where the store is remote (nothing locally)
     store.prefetch((m.tensors["g_idx"], None) for m in found if "g_idx" in m.tensors)
-    alike: dict[tuple[Any, ...], tuple[Module, bytes | None]] = {}
-    modules = [_infer_alike(m, store, findings, g_idx_written, alike) for m in found]
+    modules = _infer_all(found, store, findings, g_idx_written)
     for m in modules:
         if m.declared is None and m.valid:
             findings.append(Finding("GQ313", "config's dynamic rules leave this module "
@@ -223,37 +233,57 @@ def _group(store: TensorStore, config: QuantConfig | None
     return modules, sorted(t for t in store.locations if t not in claimed)
 
 
-def _infer_alike(m: InvalidModule, store: TensorStore, findings: list[Finding],
-                 g_idx_written: bool, alike: dict[tuple[Any, ...], tuple[Module, bytes | None]]
-                 ) -> Module | InvalidModule:
-    """_infer, once for modules alike in their tensors' dtypes and shapes and their declared
-    config (a mixture of experts has tens of thousands): a module like one _infer found valid,
-    with no finding and no act-order, gets that one's geometry where its g_idx holds the same
-    bytes (the only data _infer reads), with no step of _infer taken again; any other module
-    goes through _infer. `alike` keeps what was learned, (module, g_idx bytes) by key."""
+def _infer_all(found: list[InvalidModule], store: TensorStore, findings: list[Finding],
+               g_idx_written: bool) -> list[Module | InvalidModule]:
+    """_infer of each module of `found`, in order, taken once for modules alike in their
+    tensors' dtypes and shapes and their declared config (a mixture of experts has tens of
+    thousands): a module like one _infer found valid, with no finding and no act-order, gets
+    that one's geometry where its g_idx holds the same bytes (the only data _infer reads), with
+    no step of _infer taken again; any other module goes through _infer.
+
+    Two passes: modules are inferred in order until one of their kind can be shared; then the
+    g_idx of the rest of that kind are read together, each file opened once
+    (TensorStore.heads), and compared as bytes."""
+    out: list[Module | InvalidModule | None] = [None] * len(found)
+    # key -> (the first module, its g_idx bytes; None: it has none), where it can be shared
+    alike: dict[tuple[Any, ...], tuple[Module, bytes | None]] = {}
+    later: list[tuple[int, tuple[Any, ...]]] = []   # (index, key) of modules like a first one
+    for i, m in enumerate(found):
+        key = _kind(m, store, g_idx_written)
+        if key is not None and key in alike:
+            later.append((i, key))
+            continue
+        before = len(findings)
+        out[i] = mod = _infer(m, store, findings, g_idx_written)
+        if key is not None and isinstance(mod, Module) and not mod.act_order and \
+                len(findings) == before:
+            # not act-order: g_idx is the trivial one of its group size, exactly
+            g = m.tensors.get("g_idx")
+            alike[key] = (mod, None if g is None else layout.trivial_g_idx(
+                mod.in_features, mod.group_size).astype(
+                    DTYPES[store.info(g).dtype].numpy).tobytes())
+    with_g_idx = {found[i].tensors["g_idx"]: alike[key][1] for i, key in later
+                  if alike[key][1] is not None}
+    same = {t for t, b in store.heads(with_g_idx) if b == with_g_idx[t]}
+    for i, key in later:
+        m = found[i]
+        first, g_idx = alike[key]
+        if g_idx is None or m.tensors["g_idx"] in same:
+            out[i] = Module(m.name, m.tensors, m.declared, first.bits, first.word_bits,
+                            first.in_features, first.out_features, first.groups,
+                            first.group_size, False, first.scale_dtype)
+        else:
+            out[i] = _infer(m, store, findings, g_idx_written)
+    return [mod for mod in out if mod is not None]
+
+
+def _kind(m: InvalidModule, store: TensorStore, g_idx_written: bool) -> tuple[Any, ...] | None:
+    """What modules alike for _infer_all share: their tensors' roles, dtypes and shapes, their
+    declared config; None for a module with a tensor in a shard that cannot be read."""
     if any(t in store.unreadable for t in m.tensors.values()):
-        return _infer(m, store, findings, g_idx_written)
-    info = {r: store.info(t) for r, t in m.tensors.items()}
-    key = (tuple(sorted((r, i.dtype, i.shape) for r, i in info.items())), m.declared,
-           g_idx_written)
-    seen = alike.get(key)
-    if seen is not None:
-        first, g_idx = seen
-        if g_idx is None or store.view(m.tensors["g_idx"]).tobytes() == g_idx:
-            if g_idx is not None:
-                store.release([m.tensors["g_idx"]])
-            return Module(m.name, m.tensors, m.declared, first.bits, first.word_bits,
-                          first.in_features, first.out_features, first.groups,
-                          first.group_size, False, first.scale_dtype)
-    before = len(findings)
-    out = _infer(m, store, findings, g_idx_written)
-    if seen is None and isinstance(out, Module) and not out.act_order and \
-            len(findings) == before:
-        # not act-order: g_idx is the trivial one of its group size, exactly
-        g_idx = None if "g_idx" not in info else layout.trivial_g_idx(
-            out.in_features, out.group_size).astype(DTYPES[info["g_idx"].dtype].numpy).tobytes()
-        alike[key] = (out, g_idx)
-    return out
+        return None
+    return (tuple(sorted((r, (i := store.info(t)).dtype, i.shape)
+                         for r, t in m.tensors.items())), m.declared, g_idx_written)
 
 
 def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding],
