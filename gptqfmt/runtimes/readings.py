@@ -55,6 +55,10 @@ class Reading(Enum):
     V1_NIBBLE = "v1-nibble"  # AutoGPTQ's CUDA extension: ((s & maxq) + 1) & 15, at any bits
     SYMMETRIC = "symmetric"  # qzeros not read: Z = 2^(bits-1)
 
+    # members are singletons compared by identity: hashed as such, in C (Enum's own hash is a
+    # Python call on the name, a million of them per checkpoint of tens of thousands of modules)
+    __hash__ = object.__hash__
+
     @property
     def rule(self) -> ZeroRule | None:
         """The kernel's field rule for this reading, None where it is not field by field."""

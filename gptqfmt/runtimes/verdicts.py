@@ -91,15 +91,25 @@ class Scenario:
 NONE = Scenario()
 
 
+# the Facts a module sets from its own values (module_values), in this order
+MODULE_FIELDS = ("bits", "group_size", "sym", "desc_act", "act_order", "pack_dtype",
+                 "in_features", "out_features", "has_g_idx", "scale_dtype")
+
+
+def module_values(m: Module) -> tuple[Any, ...]:
+    """Module `m`'s own values of MODULE_FIELDS, as declared after `dynamic` and as its
+    tensors show: what its facts hold beyond the checkpoint's and its name."""
+    d = m.declared
+    return (m.bits, m.group_size, d.sym if d else None, d.desc_act if d else None,
+            m.act_order, m.pack_dtype, m.in_features, m.out_features, "g_idx" in m.tensors,
+            m.scale_dtype)
+
+
 def module_facts(base: rt.Facts, m: Module) -> rt.Facts:
     """A module's facts: the checkpoint's (config_facts: labels, sources, quantizer, device)
-    with the module's own values, as declared after `dynamic` and as its tensors show."""
-    d = m.declared
-    return replace(
-        base, name=m.name, bits=m.bits, group_size=m.group_size,
-        sym=d.sym if d else None, desc_act=d.desc_act if d else None, act_order=m.act_order,
-        pack_dtype=m.pack_dtype, in_features=m.in_features, out_features=m.out_features,
-        has_g_idx="g_idx" in m.tensors, scale_dtype=m.scale_dtype, fused_conflict=None)
+    with the module's name and own values (module_values)."""
+    return replace(base, name=m.name, fused_conflict=None,
+                   **dict(zip(MODULE_FIELDS, module_values(m))))
 
 
 def config_facts(ckpt: Checkpoint, capability: int) -> rt.Facts:
@@ -489,17 +499,17 @@ def _module_refusals(cfg: rt.Facts, mods: list[Module], paths: list[rt.Path],
     built once and tested against every path, then dropped."""
     out = {id(p): _Refused() for p in paths}
     # a rule reads a module's name only to ask whether it is an lm_head: modules alike in
-    # everything else (a mixture of experts' thousands) are judged once
-    judged: dict[tuple[Any, ...], list[list[tuple[rt.Rule, str]]]] = {}
+    # everything else (a mixture of experts' thousands) are judged once, and only their
+    # failures are kept (most modules fail no path)
+    judged: dict[tuple[Any, ...], list[tuple[rt.Path, list[tuple[rt.Rule, str]]]]] = {}
     for m in mods:
-        facts = scenario.module(module_facts(cfg, m))
-        alike = (*(v for k, v in vars(facts).items() if k != "name"), is_lm_head(m.name))
-        per_path = judged.get(alike)
-        if per_path is None:
-            per_path = judged[alike] = [_failures(p.requires, facts) for p in paths]
-        for p, fails in zip(paths, per_path):
-            if not fails:
-                continue
+        alike = (module_values(m), is_lm_head(m.name))
+        failing = judged.get(alike)
+        if failing is None:
+            facts = scenario.module(module_facts(cfg, m))
+            failing = judged[alike] = [(p, fails) for p in paths
+                                       if (fails := _failures(p.requires, facts))]
+        for p, fails in failing:
             r = out[id(p)]
             r.modules += 1
             for rule, got in fails:
@@ -541,14 +551,17 @@ def _tallies(ckpt: Checkpoint, mods: list[Module], by_name: dict[str, ModuleVerd
     `stored_as`: (from, to) the stored fields are converted first (Scenario.convention)."""
     out = {k: _Tally() for k in keys}
 
-    def module(m: Module) -> dict[tuple[Reading, bool], Misread]:
+    def module(m: Module) -> list[tuple[tuple[Reading, bool], Misread]]:
+        """The readings that misread cells of module `m` (most modules: none)."""
         try:
             if stored_as:
                 todo = {(modelled(r, m.bits), right): cause_of(r, right, m.bits)
                         for r, right in keys}
                 got = _compare_fields(ckpt, m, by_name[m.name], truth, todo, scales, stored_as)
-                return {(r, right): got[(modelled(r, m.bits), right)] for r, right in keys}
-            return misreads(ckpt, m, by_name[m.name], truth, keys, scales)
+                found = {(r, right): got[(modelled(r, m.bits), right)] for r, right in keys}
+            else:
+                found = misreads(ckpt, m, by_name[m.name], truth, keys, scales)
+            return [(key, r) for key, r in found.items() if r.cells]  # the rest adds nothing
         finally:
             ckpt.store.release(m.tensors.values())  # resident memory: one module a thread
 
@@ -558,7 +571,7 @@ def _tallies(ckpt: Checkpoint, mods: list[Module], by_name: dict[str, ModuleVerd
     batch = max(1, len(mods) // (16 * cpus()))
     with ThreadPoolExecutor(max_workers=cpus()) as pool:
         for m, found in zip(mods, bounded_map(pool, module, mods, batch=batch)):
-            for key, r in found.items():
+            for key, r in found:
                 out[key].add(m.name, r)
             if advance is not None:
                 advance(1)
