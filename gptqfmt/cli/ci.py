@@ -94,7 +94,7 @@ class _CiReporter(Reporter):
     def inspect(self, result: InspectResult, code: int) -> None:
         doc = result.to_json()
         self.emit(Outcome("inspect", self._located(result), code,
-                          _final(inspect_lines(result, doc)),
+                          _final(inspect_lines(result, doc, row_lines=False)),
                           list(result.findings), [m["name"] for m in doc["modules"]]))
 
     def verify(self, report: Report, strict: bool, code: int) -> None:

@@ -101,7 +101,9 @@ class TextReporter(Reporter):
 
     def inspect(self, result: InspectResult, code: int) -> None:
         doc = result.to_json()
-        self._show(inspect_lines(result, doc, self.view.verbose), len(doc["modules"]))
+        n = len(doc["modules"])
+        self._show(inspect_lines(result, doc, self.view.verbose,
+                                 row_lines=not self.view.summarise(n)), n)
 
     def verify(self, report: Report, strict: bool, code: int) -> None:
         self._show(verify_lines(report, strict, self.view.verbose))

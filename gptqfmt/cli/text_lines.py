@@ -114,6 +114,11 @@ def rows(lines: list[str]) -> list[Line]:
     return [Line(lines[0], "rowhead")] + [Line(t, "row") for t in lines[1:]]
 
 
+def hidden_rows(n: int) -> Line:
+    """The line that stands for `n` module rows left out (--summary)."""
+    return Line(f"  ({plural(n, 'module row')} not shown; --no-summary lists them)")
+
+
 def without_rows(lines: list[Line]) -> list[Line]:
     """--summary: each block of per-module rows becomes one line that says how many were left
     out and how to see them."""
@@ -124,8 +129,7 @@ def without_rows(lines: list[Line]) -> list[Line]:
             hidden += ln.kind == "row"
             continue
         if hidden:
-            out.append(Line(f"  ({plural(hidden, 'module row')} not shown; --no-summary "
-                            "lists them)"))
+            out.append(hidden_rows(hidden))
             hidden = 0
         if ln.kind != "end":
             out.append(ln)
@@ -221,12 +225,15 @@ def _mark(verdict: str | None, reads: str) -> str:
     return verdict + (" (!)" if verdict in CONVENTIONS and verdict != reads else "")
 
 
-def inspect_lines(result: InspectResult, doc: dict, verbose: bool = False) -> list[Line]:
+def inspect_lines(result: InspectResult, doc: dict, verbose: bool = False,
+                  row_lines: bool = True) -> list[Line]:
     """inspect's text report, from its JSON document (one source for both): the verdict, a
     checkpoint whose zero points follow a label with what it declares and what the data are,
-    one that stores them exactly with its format; the runtimes; the findings; the status."""
+    one that stores them exactly with its format; the runtimes; the findings; the status.
+    Without `row_lines` (--summary) the module rows are never built: one line says how many
+    there are."""
     if result.detection is None:
-        return format_inspect_lines(result, doc, verbose)
+        return format_inspect_lines(result, doc, verbose, row_lines)
     cf, q = doc["checkpoint_format"], doc["quantization"]
     reads = _reads(cf)
     reason = top_reason(result.findings, {"error"}, cf) or _ok_reason(
@@ -248,7 +255,9 @@ def inspect_lines(result: InspectResult, doc: dict, verbose: bool = False) -> li
                       + (" (mixed per module)" if q["mixed"] else "")))
     mods = doc["modules"]
     lines.append(_modules_line(doc))
-    if mods:
+    if mods and not row_lines:
+        lines.append(hidden_rows(len(mods)))
+    elif mods:
         cells = [[escape(m["name"]), m["bits"] or "?", m["group_size"] or "?",
                   _yn(m["desc_act"]),
                   f"{m['in_features']}x{m['out_features']}" if m["in_features"] else "?",
@@ -284,8 +293,8 @@ def _conventions(doc: dict) -> str:
     return f"declared {declared}, detected {cf['detected']}"
 
 
-def format_inspect_lines(result: InspectResult, doc: dict, verbose: bool = False
-                         ) -> list[Line]:
+def format_inspect_lines(result: InspectResult, doc: dict, verbose: bool = False,
+                         row_lines: bool = True) -> list[Line]:
     """inspect's text report of a checkpoint that stores its zero points exactly
     (compressed-tensors, AWQ), from its JSON."""
     q = doc["quantization"]
@@ -298,7 +307,9 @@ def format_inspect_lines(result: InspectResult, doc: dict, verbose: bool = False
              f"desc_act={_yn(q['desc_act'])}" + (" (mixed per module)" if q["mixed"] else ""))]
     mods = doc["modules"]
     lines.append(_modules_line(doc))
-    if mods:
+    if mods and not row_lines:
+        lines.append(hidden_rows(len(mods)))
+    elif mods:
         cells = [[escape(m["name"]), m["bits"], m["group_size"], _yn(m["desc_act"]),
                   f"{m['in_features']}x{m['out_features']}", m["scale_dtype"],
                   "sym" if m["sym"] else "asym"] for m in mods]
@@ -667,7 +678,7 @@ def _runtime_table(verdicts: list[dict]) -> list[Line]:
 
 def inspect_reason(result: InspectResult) -> str:
     """The reason on inspect's first line (after OK: or FAIL:), for scan's line of a repo."""
-    return inspect_lines(result, result.to_json())[0].text.split(": ", 1)[1]
+    return inspect_lines(result, result.to_json(), row_lines=False)[0].text.split(": ", 1)[1]
 
 
 def scan_lines(result: ScanResult, verbose: bool = False) -> list[Line]:

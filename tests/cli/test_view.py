@@ -116,12 +116,14 @@ def test_quiet_is_on_every_command(run_cli, tmp_path):
     assert r.exit_code == 2 and "gptqfmt: error:" in r.stderr
 
 
-def test_summary_leaves_out_module_rows_and_says_how_to_see_them(run_cli):
-    full = run_cli("inspect", PASSING).stdout.splitlines()
-    short = run_cli("inspect", PASSING, "--summary").stdout.splitlines()
+@pytest.mark.parametrize("path", [PASSING, FIXTURES / "formats" / "ct-b4-asym-g32"],
+                         ids=["gptq", "compressed-tensors"])
+def test_summary_leaves_out_module_rows_and_says_how_to_see_them(run_cli, path):
+    full = run_cli("inspect", path).stdout.splitlines()
+    short = run_cli("inspect", path, "--summary").stdout.splitlines()
     rows = [ln for ln in full if ln.startswith("  model.")]
     assert rows and not [ln for ln in short if ln.startswith("  model.")]
-    assert "  (7 module rows not shown; --no-summary lists them)" in short
+    assert f"  ({len(rows)} module rows not shown; --no-summary lists them)" in short
     assert [ln for ln in full if ln not in rows and not ln.startswith("  module ")] == \
         [ln for ln in short if "not shown" not in ln]  # everything else kept
 
