@@ -97,8 +97,10 @@ def parse_header(raw: bytes, file_size: int, path: str) -> Header:
         _fail("GQ104", path, None, f"header is not UTF-8: byte {e.start} ({raw[e.start]:#04x})")
     try:
         # the -0 rule costs a Python call per integer: only where "-0" is in the text at all
+        floats: list[str] = []
         doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
-                         parse_int=_strict_int if "-0" in text else None)
+                         parse_int=_strict_int if "-0" in text else None,
+                         parse_float=lambda x: floats.append(x) or float(x))
     except _Duplicate as e:
         _fail("GQ107", path, e.key, "key appears more than once in the header")
     except (ValueError, RecursionError) as e:
@@ -121,7 +123,10 @@ def parse_header(raw: bytes, file_size: int, path: str) -> Header:
         _check_text(v, path)
 
     checked: dict[tuple[str, tuple[int, ...]], tuple[str, tuple[int, ...], int]] = {}
-    infos = [_tensor_info(name, entry, path, checked) for name, entry in doc.items()]
+    # no float and no boolean anywhere: a dimension that hashes like a checked one is an int
+    # (4.0 and True hash as 4 and 1 do)
+    ints = not floats and "true" not in text and "false" not in text
+    infos = [_tensor_info(name, entry, path, checked, ints) for name, entry in doc.items()]
     infos.sort(key=lambda t: (t.begin, t.end))
     expected = 0
     for t in infos:
@@ -142,19 +147,20 @@ def parse_header(raw: bytes, file_size: int, path: str) -> Header:
 
 
 def _tensor_info(name: str, entry, path: str,
-                 checked: dict[tuple[str, tuple[int, ...]], tuple[str, tuple[int, ...], int]]
-                 ) -> TensorInfo:
+                 checked: dict[tuple[str, tuple[int, ...]], tuple[str, tuple[int, ...], int]],
+                 ints: bool = False) -> TensorInfo:
     """The entry of tensor `name`, checked. `checked`: per (dtype, shape) met so far in the
     file, the dtype's one string, the shape kept once and its byte size: an entry of a dtype
     and shape already checked (most of them: a mixture of experts' headers hold hundreds of
-    thousands of alike entries) has only its offsets checked."""
+    thousands of alike entries) has only its offsets checked. `ints`: the header holds no
+    float and no boolean, so a shape that hits a checked one is of ints."""
     try:
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         known = checked.get((dtype, tuple(shape)))
     except (TypeError, KeyError):   # not an object, a key missing, or a value of a wrong type
         known = None
     if known is not None and type(offsets) is list and len(offsets) == 2 and \
-            all(type(d) is int for d in shape):   # 4.0 == 4: a float dimension is no hit
+            (ints or all(type(d) is int for d in shape)):   # 4.0 == 4: a float is no hit
         begin, end = offsets
         if type(begin) is int and type(end) is int and 0 <= begin <= end <= _U64_MAX and \
                 end - begin == known[2]:

@@ -278,12 +278,13 @@ def _infer_all(found: list[InvalidModule], store: TensorStore, findings: list[Fi
 
 
 def _kind(m: InvalidModule, store: TensorStore, g_idx_written: bool) -> tuple[Any, ...] | None:
-    """What modules alike for _infer_all share: their tensors' roles, dtypes and shapes, their
+    """What modules alike for _infer_all share: their tensors' roles (in the order their
+    header lists them: alike modules' headers list them alike), dtypes and shapes, their
     declared config; None for a module with a tensor in a shard that cannot be read."""
     if any(t in store.unreadable for t in m.tensors.values()):
         return None
-    return (tuple(sorted((r, (i := store.info(t)).dtype, i.shape)
-                         for r, t in m.tensors.items())), m.declared, g_idx_written)
+    return (tuple((r, (i := store.info(t)).dtype, i.shape) for r, t in m.tensors.items()),
+            m.declared, g_idx_written)
 
 
 def _infer(m: InvalidModule, store: TensorStore, findings: list[Finding],
