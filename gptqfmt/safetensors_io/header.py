@@ -97,10 +97,14 @@ def parse_header(raw: bytes, file_size: int, path: str) -> Header:
         _fail("GQ104", path, None, f"header is not UTF-8: byte {e.start} ({raw[e.start]:#04x})")
     try:
         # the -0 rule costs a Python call per integer: only where "-0" is in the text at all
-        floats: list[str] = []
+        floats: list[float] = []
+
+        def parse_float(x: str) -> float:
+            floats.append(float(x))
+            return floats[-1]
         doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
                          parse_int=_strict_int if "-0" in text else None,
-                         parse_float=lambda x: floats.append(x) or float(x))
+                         parse_float=parse_float)
     except _Duplicate as e:
         _fail("GQ107", path, e.key, "key appears more than once in the header")
     except (ValueError, RecursionError) as e:
