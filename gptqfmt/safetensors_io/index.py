@@ -72,7 +72,7 @@ class TensorStore:
               ) -> Iterator[tuple[str, bytes]]:
         """(tensor, its first `n` bytes, all by default) of each of `tensors`, read without
         mapping (SafetensorsFile.heads), each file opened once: grouped by file, in the order
-        each file is first met."""
+        each file is first met, and in a file in the order of its data."""
         by_file: dict[str, list[str]] = {}
         for t in tensors:
             by_file.setdefault(self.locations[t], []).append(t)
