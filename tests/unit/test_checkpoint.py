@@ -220,3 +220,13 @@ def test_alike_modules_are_inferred_as_each_alone(tmp_path, monkeypatch, edit):
     alone = open_checkpoint(d)
     assert once.modules == alone.modules and once.findings == alone.findings
     assert took(once)
+
+
+def test_natural_key_orders_numbers_as_numbers_and_any_name_at_all():
+    names = ["model.layers.10.mlp", "model.layers.2.mlp", "model.layers.2.attn",
+             "model.layers.02.x", "lm_head", "model.layers.1²", "٣.a", "3.a", "model.layers"]
+    got = sorted(names, key=checkpoint.natural_key)
+    assert got == ["٣.a", "3.a", "lm_head", "model.layers", "model.layers.1²",   # ٣ is 3
+                   "model.layers.2.attn", "model.layers.2.mlp", "model.layers.02.x",
+                   "model.layers.10.mlp"]
+    assert checkpoint.natural_key("layers.10.mlp") == ["layers.", 10, ".mlp"]

@@ -206,9 +206,20 @@ def open_checkpoint(path: str | os.PathLike[str], store: TensorStore | None = No
                       others, findings)
 
 
-def natural_key(name: str) -> list[tuple[int, int, str]]:
-    """Sort key that puts layers.2 before layers.10."""
-    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name)]
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> list[str | int]:
+    """Sort key that puts layers.2 before layers.10: the name split at its runs of digits,
+    text and numbers alternating from text (so two keys compare str with str and int with
+    int), each run as its number.
+
+    >>> natural_key("layers.10.mlp")
+    ['layers.', 10, '.mlp']
+    """
+    parts: list[str | int] = list(_DIGITS.split(name))
+    parts[1::2] = map(int, parts[1::2])
+    return parts
 
 
 def _group(store: TensorStore, config: QuantConfig | None
