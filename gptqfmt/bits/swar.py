@@ -129,8 +129,12 @@ def every_field(words: Words, bits: int, value: int) -> bool:
     const = constant_words(value, bits, w)
     if u.flags.c_contiguous:
         # rows of whole blocks: the words are the block repeated, compared as bytes (a small
-        # tensor in microseconds: tens of thousands of qzeros are asked this)
-        return _block_bytes(value, bits, u.dtype.str) * (u.size // wpb) == u.tobytes()
+        # tensor in microseconds: tens of thousands of qzeros are asked this), the first row
+        # first
+        one, flat = _block_bytes(value, bits, u.dtype.str), u.reshape(-1)
+        row = u.shape[-1] // wpb
+        return one * row == flat[:row * wpb].tobytes() and \
+            one * (u.size // wpb) == flat.tobytes()
     blocks = u.reshape(-1, wpb)
     head = blocks[:max(1, u.shape[-1] // wpb)]
     return bool(np.array_equal(head, np.broadcast_to(const, head.shape)) and

@@ -57,3 +57,34 @@ def test_has_field_finds_0_and_maxq_anywhere(bits, word_bits):
         swar.CHUNK = saved
     with pytest.raises(ValueError, match="neither 0 nor maxq"):
         has_field(pack(f, bits, word_bits, axis=1), bits, 1)
+
+
+@pytest.mark.parametrize("bits, word_bits", [(b, w) for b in (2, 3, 4, 8) for w in (32, 64)
+                                              if (b, w) != (3, 64)])   # 3-bit: int32 only
+def test_every_field_equals_unpacking_every_field(bits, word_bits):
+    """every_field against the unpacked fields: the constant, one field off in the first row,
+    in a later row, in the last word; contiguous or not, signed words, one row."""
+    from gptqfmt.bits.packing import block, unpack
+    from gptqfmt.bits.swar import every_field
+
+    vpb, wpb = block(bits, word_bits)
+    value = (1 << (bits - 1)) - 1
+    rows, n = 5, 3 * vpb
+    fields = np.full((rows, n), value, np.uint8)
+    signed = {32: np.int32, 64: np.int64}[word_bits]
+
+    def packed(f):
+        return pack(f, bits, word_bits, axis=1).view(signed)
+
+    def truth(words):
+        return bool((unpack(words, bits, axis=1) == value).all())
+    cases = [fields]
+    for r, c in [(0, 0), (3, n // 2), (rows - 1, n - 1)]:
+        f = fields.copy()
+        f[r, c] ^= 1
+        cases.append(f)
+    for f in cases:
+        w = packed(f)
+        for words in (w, w[:1], np.asfortranarray(w), w[::2], w[:, :wpb]):
+            assert every_field(words, bits, value) == truth(words), (bits, words.shape)
+    assert not every_field(packed(fields)[:, :0], bits, value)
