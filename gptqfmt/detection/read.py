@@ -122,6 +122,10 @@ def module_verdict(ckpt: Checkpoint, m: Module, full: bool, sample: int = SAMPLE
 # in two threads, 1.01 to 1.07 s in two processes). From this many modules on, worth a fork
 # per worker.
 PROCESS_MIN_MODULES = 64
+# qzeros up to this size are read in the parent, all together: a mixture of experts' tens of
+# thousands (9 to 24 KiB each) are read in a fraction of a second; a dense 70B's (up to 900
+# KiB each, 0.5 GB in all) are left to the workers, which map them in parallel
+SMALL = 128 << 10
 
 
 def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = None,
@@ -161,15 +165,16 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
                 ckpt, mods[i], full, sample, codes=full or known.get(i, (None,))[0] is None))
         settled = None
         if not full:
-            # a symmetric pattern decides a sampled module from qzeros alone: every qzeros read
-            # here in one pass, and those modules never handed to a worker
+            # a symmetric pattern decides a sampled module from qzeros alone: every small
+            # qzeros read here in one pass, and those modules never handed to a worker
             if remote:
-                ckpt.store.prefetch((m.tensors["qzeros"], None) for m in mods)
-            patterns = ckpt.symmetric_patterns(mods)
+                ckpt.store.prefetch((m.tensors["qzeros"], None) for m in mods
+                                    if ckpt.store.info(m.tensors["qzeros"]).nbytes <= SMALL)
+            patterns = ckpt.small_patterns(mods, SMALL)
 
             def settled(i: int) -> ModuleVerdict | None:
-                return None if patterns[i] is None else \
-                    module_verdict(ckpt, mods[i], False, known=(patterns[i], None))
+                p = patterns.get(i)
+                return None if p is None else module_verdict(ckpt, mods[i], False, known=(p, None))
         reads = ModuleReads(run, [m.name for m in mods], prefetch if remote else None, settled,
                             progress)
         det = detect_sequential(reads, sizes, full)

@@ -138,18 +138,23 @@ def test_3bit_rows_must_hold_whole_values(tmp_path):
     assert "do not hold whole 3-bit values" in findings(d, "GQ303")[0].message
 
 
-@pytest.mark.parametrize("command", ["inspect", "inspect-forked", "verify", "plan"])
+@pytest.mark.parametrize("command", ["inspect", "inspect-forked", "inspect-large",
+                                     "inspect-large-forked", "verify", "plan"])
 def test_each_modules_symmetric_pattern_is_read_once(monkeypatch, command):
     """The source's sym (for writers) and detection ask the same question of qzeros: one pass
-    per module answers both, whichever asks first; inspect's detection reads every qzeros in
-    the parent, before any worker is forked, and no worker reads one again."""
+    per module answers both, whichever asks first. inspect's detection reads every small
+    qzeros in the parent, before any worker is forked, and no worker reads one again; larger
+    ones ("large": above detection's SMALL) are read where the module is, in a forked worker
+    when there is one (and kept in the parent, which reads none of them again)."""
     read: list[int] = []
     real = checkpoint.symmetric_pattern
     monkeypatch.setattr(checkpoint, "symmetric_pattern",
                         lambda qz, bits: read.append(id(qz)) or real(qz, bits))
     path = CKPT / "b4-sym-noact-gptq-sharded"
     if command.startswith("inspect"):
-        if command == "inspect-forked":
+        if "large" in command:
+            monkeypatch.setattr(detection_read, "SMALL", 0)
+        if command.endswith("forked"):
             monkeypatch.setattr(detection_read, "PROCESS_MIN_MODULES", 1)
             monkeypatch.setattr(detection_read, "cpus", lambda: 2)
         r = inspect_checkpoint(path)
@@ -164,7 +169,7 @@ def test_each_modules_symmetric_pattern_is_read_once(monkeypatch, command):
             assert all(m.sym for m in plan.source.modules)
         finally:
             src.close()
-    assert len(read) == 7
+    assert len(read) == (0 if command == "inspect-large-forked" else 7)
 
 
 ATTN = "model.layers.0.self_attn"   # k, o, q and v_proj: alike in every dtype and shape

@@ -131,16 +131,20 @@ class Checkpoint:
             self._patterns[m.name] = symmetric_pattern(self.view(m.tensors["qzeros"]), m.bits)
         return self._patterns[m.name]
 
-    def symmetric_patterns(self, mods: list[Module]) -> list[str | None]:
-        """symmetric_pattern of each of `mods`, the qzeros not yet read read together, each
-        file opened once and nothing mapped (TensorStore.heads): tens of thousands of small
-        tensors cost a read each, not a page fault and a release."""
-        todo = {m.tensors["qzeros"]: m for m in mods if m.name not in self._patterns}
+    def small_patterns(self, mods: list[Module], most: int) -> dict[int, str | None]:
+        """symmetric_pattern of those of `mods` whose qzeros hold at most `most` bytes, by
+        index in `mods`: the ones not yet read read together, each file opened once and
+        nothing mapped (TensorStore.heads), so that tens of thousands of small tensors cost a
+        read each, not a page fault and a release. Larger ones are left to whoever reads the
+        module (copied here, they would cost more than mapped)."""
+        small = {i: m for i, m in enumerate(mods)
+                 if self.store.info(m.tensors["qzeros"]).nbytes <= most}
+        todo = {m.tensors["qzeros"]: m for m in small.values() if m.name not in self._patterns}
         for t, raw in self.store.heads(todo):
             m, info = todo[t], self.store.info(t)
             qz = np.frombuffer(raw, DTYPES[info.dtype].numpy).reshape(info.shape)
             self._patterns[m.name] = symmetric_pattern(qz, m.bits)
-        return [self._patterns[m.name] for m in mods]
+        return {i: self._patterns[m.name] for i, m in small.items()}
 
     def keep_patterns(self, patterns: dict[str, str | None]) -> None:
         """Symmetric patterns read elsewhere (detection's worker processes), kept so that
