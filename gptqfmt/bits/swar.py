@@ -126,7 +126,6 @@ def every_field(words: Words, bits: int, value: int) -> bool:
     u = unsigned(np.asarray(words))
     if u.size == 0 or u.shape[-1] % wpb:
         return False
-    const = constant_words(value, bits, w)
     if u.flags.c_contiguous:
         # rows of whole blocks: the words are the block repeated, compared as bytes (a small
         # tensor in microseconds: tens of thousands of qzeros are asked this), the first row
@@ -136,6 +135,7 @@ def every_field(words: Words, bits: int, value: int) -> bool:
         return one * row == flat[:row * wpb].tobytes() and \
             one * (u.size // wpb) == flat.tobytes()
     blocks = u.reshape(-1, wpb)
+    const = constant_words(value, bits, w)
     head = blocks[:max(1, u.shape[-1] // wpb)]
     return bool(np.array_equal(head, np.broadcast_to(const, head.shape)) and
                 np.array_equal(blocks, np.broadcast_to(const, blocks.shape)))

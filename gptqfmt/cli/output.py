@@ -105,24 +105,28 @@ def json_text(doc) -> str:
             put(int.__repr__(x))
         elif isinstance(x, float):
             put(float.__repr__(x) if math.isfinite(x) else "null")
-        elif isinstance(x, (dict, list, tuple)):
+        elif isinstance(x, dict):
             if not x:
-                put("{}" if isinstance(x, dict) else "[]")
+                put("{}")
                 return
             inner = pad + "  "
-            sep = ("{\n" if isinstance(x, dict) else "[\n") + inner
-            if isinstance(x, dict):
-                for k, v in x.items():
-                    put(sep + _string(_key(k)) + ": ")
-                    sep = ",\n" + inner
-                    value(v, inner)
-                put("\n" + pad + "}")
-            else:
-                for v in x:
-                    put(sep)
-                    sep = ",\n" + inner
-                    value(v, inner)
-                put("\n" + pad + "]")
+            sep = "{\n" + inner
+            for k, v in x.items():
+                put(sep + _string(_key(k)) + ": ")
+                sep = ",\n" + inner
+                value(v, inner)
+            put("\n" + pad + "}")
+        elif isinstance(x, (list, tuple)):
+            if not x:
+                put("[]")
+                return
+            inner = pad + "  "
+            sep = "[\n" + inner
+            for v in x:
+                put(sep)
+                sep = ",\n" + inner
+                value(v, inner)
+            put("\n" + pad + "]")
         else:
             raise TypeError(f"Object of type {type(x).__name__} is not JSON serializable")
     value(doc, "")

@@ -167,9 +167,6 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
         if not full:
             # a symmetric pattern decides a sampled module from qzeros alone: every small
             # qzeros read here in one pass, and those modules never handed to a worker
-            if remote:
-                ckpt.store.prefetch((m.tensors["qzeros"], None) for m in mods
-                                    if ckpt.store.info(m.tensors["qzeros"]).nbytes <= SMALL)
             patterns = ckpt.small_patterns(mods, SMALL)
 
             def settled(i: int) -> ModuleVerdict | None:

@@ -96,12 +96,12 @@ def parse_header(raw: bytes, file_size: int, path: str) -> Header:
     except UnicodeDecodeError as e:
         _fail("GQ104", path, None, f"header is not UTF-8: byte {e.start} ({raw[e.start]:#04x})")
     try:
-        # the -0 rule costs a Python call per integer: only where "-0" is in the text at all
-        floats: list[float] = []
+        floats: list[float] = []   # any at all: alike entries' dimensions are type-tested
 
         def parse_float(x: str) -> float:
             floats.append(float(x))
             return floats[-1]
+        # the -0 rule costs a Python call per integer: only where "-0" is in the text at all
         doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
                          parse_int=_strict_int if "-0" in text else None,
                          parse_float=parse_float)

@@ -72,10 +72,13 @@ class TensorStore:
               ) -> Iterator[tuple[str, bytes]]:
         """(tensor, its first `n` bytes, all by default) of each of `tensors`, read without
         mapping (SafetensorsFile.heads), each file opened once: grouped by file, in the order
-        each file is first met, and in a file in the order of its data."""
+        each file is first met, and in a file in the order of its data. Files mirrored from
+        the Hub fetch every file's ranges first, together (prefetch)."""
         by_file: dict[str, list[str]] = {}
         for t in tensors:
             by_file.setdefault(self.locations[t], []).append(t)
+        self.prefetch((t, None if n is None else [(0, n)]) for ts in by_file.values()
+                      for t in ts)
         for name, ts in by_file.items():
             yield from self.files[name].heads(ts, n)
 
@@ -85,9 +88,7 @@ class TensorStore:
 
         Worked example: a 4-bit qweight whose first word is 0x00000010 has a nonzero head;
         one never packed (every word 0) has n zero bytes and is named."""
-        zero = bytes(n)
-        return {t for t, head in self.heads(tensors, n)
-                if head and head == (zero if len(head) == n else bytes(len(head)))}
+        return {t for t, head in self.heads(tensors, n) if head and head == bytes(len(head))}
 
     def file_of(self, tensor: str) -> str:
         """The file that holds `tensor`, or the shard the index puts it in that cannot be

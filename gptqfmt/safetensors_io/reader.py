@@ -120,7 +120,7 @@ class SafetensorsFile:
                 for t in names:
                     info = tensors[t]
                     k = info.end - info.begin if n is None else min(n, info.end - info.begin)
-                    head = os.pread(fd, k, self.header.data_start + info.begin) if k else b""
+                    head = os.pread(fd, k, self._offset(info)) if k else b""
                     if len(head) != k:
                         raise FindingError(Finding(
                             "GQ118", f"changed while being read: {self.size} bytes when its "
