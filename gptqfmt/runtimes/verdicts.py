@@ -565,12 +565,39 @@ def _tallies(ckpt: Checkpoint, mods: list[Module], by_name: dict[str, ModuleVerd
         finally:
             ckpt.store.release(m.tensors.values())  # resident memory: one module a thread
 
+    def alike(m: Module) -> tuple[Any, ...] | None:
+        """What fixes a module's misreads without the weight change: a symmetric pattern is
+        every stored word of its qzeros (symmetric_pattern compares whole words, padding
+        included), so modules alike in it, the bits and the qzeros' shape misread alike (a
+        mixture of experts' thousands are judged once). None: the module is read."""
+        v = by_name[m.name]
+        if scales or v.pattern is None or v.stats is not None:
+            return None
+        qz = ckpt.store.info(m.tensors["qzeros"])
+        return (v.pattern, m.bits, m.groups, m.out_features, qz.dtype, qz.shape)
+
     advance = progress(len(mods)) if progress is not None else None
+    keys_of = [alike(m) for m in mods]
+    seen: set[tuple[Any, ...]] = set()
+    todo = []   # read in the threads: the first module of each alike kind, and those of none
+    for m, k in zip(mods, keys_of):
+        if k is None or k not in seen:
+            todo.append(m)
+            if k is not None:
+                seen.add(k)
+    judged: dict[tuple[Any, ...], list[tuple[tuple[Reading, bool], Misread]]] = {}
     # most modules' misreads follow from their verdict without reading (microseconds): a
     # task per module would cost more to hand over than to run, so a task takes many
-    batch = max(1, len(mods) // (16 * cpus()))
+    batch = max(1, len(todo) // (16 * cpus()))
     with ThreadPoolExecutor(max_workers=cpus()) as pool:
-        for m, found in zip(mods, bounded_map(pool, module, mods, batch=batch)):
+        done = iter(bounded_map(pool, module, todo, batch=batch))
+        for m, k in zip(mods, keys_of):
+            if k is None or k not in judged:
+                found = next(done)
+                if k is not None:
+                    judged[k] = found
+            else:
+                found = judged[k]
             for key, r in found:
                 out[key].add(m.name, r)
             if advance is not None:

@@ -228,3 +228,50 @@ def test_a_scenario_judges_as_the_written_fix_does(name, tmp_path):
     convert(src, tmp_path / "converted", to=other, src_convention=truth)
     assert judged(src, Scenario(label=other, convention=other))[0] == \
         judged(tmp_path / "converted")[0]
+
+
+def test_alike_modules_are_read_once_and_tallied_as_each_one(tmp_path, monkeypatch):
+    """_tallies reads one module of each symmetric pattern, bits and qzeros shape and counts
+    the others as it: the sums, causes and first modules equal reading every module, and a
+    module of another pattern, or of no pattern, is read on its own."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    import gptqfmt.runtimes.verdicts as vd
+    from gptqfmt.bits.conventions import sym_field
+    from gptqfmt.bits.packing import pack
+
+    rng = np.random.default_rng(7)
+    k, n = 256, 64
+    patterns = ["gptq", "gptq", "gptq_v2", "gptq", None, "gptq"]
+    t = {}
+    for i, p in enumerate(patterns):
+        name = f"model.layers.{i}.mlp.up_proj"
+        fields = np.full((k // 32, n), sym_field(4, p)) if p else rng.integers(0, 16, (k // 32, n))
+        t[f"{name}.qweight"] = rng.integers(-2**31, 2**31, (k // 8, n)).astype(np.int32)
+        t[f"{name}.qzeros"] = pack(fields, 4, 32, 1)
+        t[f"{name}.scales"] = np.full((k // 32, n), 0.01, np.float16)
+        t[f"{name}.g_idx"] = (np.arange(k) // 32).astype(np.int32)
+    save_file(t, tmp_path / "model.safetensors")
+    (tmp_path / "quantize_config.json").write_text(json.dumps(
+        {"bits": 4, "group_size": 32, "sym": False, "desc_act": False,
+         "checkpoint_format": "gptq"}))
+    ckpt = open_checkpoint(tmp_path)
+    by = {v.name: v for v in detect_checkpoint(ckpt, full=False).modules}
+    assert [by[m.name].pattern for m in ckpt.modules] == patterns
+    keys = [(r, right) for r in Reading for right in (True, False)]
+    real = vd.misreads
+    for truth in (GPTQ, GPTQ_V2):
+        want = {key: vd._Tally() for key in keys}
+        for m in ckpt.modules:
+            for key, r in real(ckpt, m, by[m.name], truth, keys, False).items():
+                want[key].add(m.name, r)
+        read: list[str] = []
+        monkeypatch.setattr(vd, "misreads",
+                            lambda ck, m, *a: read.append(m.name) or real(ck, m, *a))
+        got = vd._tallies(ckpt, ckpt.modules, by, truth, keys, False)
+        monkeypatch.undo()
+        assert got == want
+        assert any(x.modules > 1 for x in got.values())
+        assert read == [f"model.layers.{i}.mlp.up_proj" for i in (0, 2, 4)]
