@@ -100,10 +100,10 @@ class TextReporter(Reporter):
                 self.echo(self.view.paint(Line(defuse(piece), line.kind, line.level)))
 
     def inspect(self, result: InspectResult, code: int) -> None:
-        doc = result.to_json()
-        n = len(doc["modules"])
-        self._show(inspect_lines(result, doc, self.view.verbose,
-                                 row_lines=not self.view.summarise(n)), n)
+        n = result.source.record_count
+        shown = not self.view.summarise(n)
+        self._show(inspect_lines(result, result.to_json(rows=shown), self.view.verbose,
+                                 row_lines=shown), n)
 
     def verify(self, report: Report, strict: bool, code: int) -> None:
         self._show(verify_lines(report, strict, self.view.verbose))

@@ -192,7 +192,7 @@ def remote_tail(remote: dict | None) -> str:
 
 
 def _modules_line(doc: dict) -> Line:
-    return Line(f"modules      {len(doc['modules'])} quantized, "
+    return Line(f"modules      {doc['summary']['modules']} quantized, "
                 f"{plural(doc['other_tensors']['count'], 'other tensor')} "
                 f"({human_bytes(doc['other_tensors']['bytes'])})")
 
@@ -253,11 +253,12 @@ def inspect_lines(result: InspectResult, doc: dict, verbose: bool = False,
                       f"sym={_yn(q['sym'])} desc_act={_yn(q['desc_act'])} "
                       f"pack_dtype={q['pack_dtype']}"
                       + (" (mixed per module)" if q["mixed"] else "")))
-    mods = doc["modules"]
+    n = doc["summary"]["modules"]
     lines.append(_modules_line(doc))
-    if mods and not row_lines:
-        lines.append(hidden_rows(len(mods)))
-    elif mods:
+    if n and not row_lines:
+        lines.append(hidden_rows(n))
+    elif n:
+        mods = doc["modules"]
         cells = [[escape(m["name"]), m["bits"] or "?", m["group_size"] or "?",
                   _yn(m["desc_act"]),
                   f"{m['in_features']}x{m['out_features']}" if m["in_features"] else "?",
@@ -305,11 +306,12 @@ def format_inspect_lines(result: InspectResult, doc: dict, verbose: bool = False
         Line("zero points  stored exactly (Z itself): no convention to detect"),
         Line(f"quantization bits={q['bits']} group_size={q['group_size']} sym={_yn(q['sym'])} "
              f"desc_act={_yn(q['desc_act'])}" + (" (mixed per module)" if q["mixed"] else ""))]
-    mods = doc["modules"]
+    n = doc["summary"]["modules"]
     lines.append(_modules_line(doc))
-    if mods and not row_lines:
-        lines.append(hidden_rows(len(mods)))
-    elif mods:
+    if n and not row_lines:
+        lines.append(hidden_rows(n))
+    elif n:
+        mods = doc["modules"]
         cells = [[escape(m["name"]), m["bits"], m["group_size"], _yn(m["desc_act"]),
                   f"{m['in_features']}x{m['out_features']}", m["scale_dtype"],
                   "sym" if m["sym"] else "asym"] for m in mods]
@@ -678,7 +680,7 @@ def _runtime_table(verdicts: list[dict]) -> list[Line]:
 
 def inspect_reason(result: InspectResult) -> str:
     """The reason on inspect's first line (after OK: or FAIL:), for scan's line of a repo."""
-    return inspect_lines(result, result.to_json(), row_lines=False)[0].text.split(": ", 1)[1]
+    return inspect_lines(result, result.to_json(rows=False), row_lines=False)[0].text.split(": ", 1)[1]
 
 
 def scan_lines(result: ScanResult, verbose: bool = False) -> list[Line]:

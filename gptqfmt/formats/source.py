@@ -135,6 +135,10 @@ only: a reader's attributes or properties)."""
     def records(self) -> list[ModuleRecord]:
         """Every module found, as inspect lists it (invalid ones too)."""
 
+    @property
+    def record_count(self) -> int:
+        """len(records()), without building them (a report that shows only the count)."""
+
     def quantization(self) -> dict[str, Any]:
         """inspect's `quantization`: the scheme the configs declare, else what every module
         agrees on."""
@@ -218,6 +222,10 @@ class ExactSource(ABC):
               ) -> tuple[Array, Array]:
         z = unpack(self.qzeros(m), m.bits, axis=1).astype(np.int32)
         return z, np.zeros(z.shape, dtype=bool)
+
+    @property
+    def record_count(self) -> int:
+        return len(self.modules)
 
     def records(self) -> list[ModuleRecord]:
         out = []

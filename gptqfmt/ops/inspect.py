@@ -31,12 +31,15 @@ class InspectResult(Result):
     def ok(self) -> bool:
         return not failed(self.findings)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, rows: bool = True) -> dict[str, Any]:
+        """The JSON document (schemas/inspect.schema.json). Without `rows`, for a report
+        that shows only how many modules there are (summary.modules): `modules` is None and
+        no module's record is built (a mixture of experts has tens of thousands)."""
         src, det = self.source, self.detection
         st = src.store
         ck = src.labelled
-        verdicts = {v.name: v for v in det.modules} if det else {}
-        records = src.records()
+        verdicts = {v.name: v for v in det.modules} if det and rows else {}
+        records = src.records() if rows else []
         doc: dict[str, Any] = {"tool": tool_json(), "path": self.path,
                                "status": "ok" if self.ok else "fail"}
         if det is None:
@@ -49,14 +52,16 @@ class InspectResult(Result):
             doc["checkpoint_format"] = checkpoint_format_json(ck.config, det, ck.label)
         doc.update({
             "quantization": src.quantization(),
-            "modules": [r.to_json(_zero_point(verdicts.get(r.name))) for r in records],
+            "modules": [r.to_json(_zero_point(verdicts.get(r.name))) for r in records]
+            if rows else None,
             "other_tensors": {"count": len(src.other_tensors),
                               "bytes": sum(st.info(t).nbytes for t in src.other_tensors),
                               "names": src.other_tensors}})
         if self.runtimes is not None:
             doc["runtimes"] = [v.to_json() for v in self.runtimes]
         doc.update({"findings": [f.to_json() for f in self.findings],
-                    "summary": summary_counts(self.findings, len(records))})
+                    "summary": summary_counts(self.findings,
+                                              len(records) if rows else src.record_count)})
         if self.remote is not None:
             doc["remote"] = self.remote
         return doc

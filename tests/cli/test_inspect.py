@@ -143,3 +143,20 @@ def test_a_label_runtimes_do_not_read_is_said_as_what_they_read(run_cli):
                                "gptq_v2: ")
     declared = next(ln for ln in lines if ln.startswith("declared "))
     assert "gptq_v2 (runtimes read gptq)  MISMATCH: the data are gptq_v2" in declared
+
+
+@pytest.mark.parametrize("path", [CKPT / "b4-asym-act-gptq-sharded",
+                                  CKPT.parent / "invalid" / "scales-wrong-shape",
+                                  CKPT.parent / "invalid" / "module-missing-qzeros",
+                                  CKPT.parent / "formats" / "ct-b4-asym-g32",
+                                  CKPT.parent / "formats" / "awq-b4-g32"])
+def test_a_document_without_rows_is_the_same_but_for_them(path):
+    """The text report that shows only the module count builds no module record: its
+    document is the whole one with `modules` None, and the count is that of the records
+    (invalid modules too)."""
+    from gptqfmt.ops.inspect import inspect_checkpoint
+    result = inspect_checkpoint(path)
+    whole, short = result.to_json(), result.to_json(rows=False)
+    assert short["modules"] is None and whole["modules"]
+    assert short == {**whole, "modules": None}
+    assert whole["summary"]["modules"] == len(whole["modules"]) == result.source.record_count

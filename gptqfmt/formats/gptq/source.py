@@ -131,6 +131,10 @@ class GptqSource:
     def data_findings(self, m: QuantModule, full: bool) -> list[Finding]:
         return []   # GPTQ's data checks read the detected convention (checks/modules.py)
 
+    @property
+    def record_count(self) -> int:
+        return len(self.ckpt.modules)
+
     def records(self) -> list[ModuleRecord]:
         ck = self.ckpt
         return [ModuleRecord(
