@@ -680,7 +680,8 @@ def _runtime_table(verdicts: list[dict]) -> list[Line]:
 
 def inspect_reason(result: InspectResult) -> str:
     """The reason on inspect's first line (after OK: or FAIL:), for scan's line of a repo."""
-    return inspect_lines(result, result.to_json(rows=False), row_lines=False)[0].text.split(": ", 1)[1]
+    first = inspect_lines(result, result.to_json(rows=False), row_lines=False)[0]
+    return first.text.split(": ", 1)[1]
 
 
 def scan_lines(result: ScanResult, verbose: bool = False) -> list[Line]:
