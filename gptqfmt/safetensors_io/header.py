@@ -12,7 +12,7 @@ import struct
 import sys
 from dataclasses import dataclass
 from math import prod
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 from ..errors import FindingError
 from ..findings import Finding
@@ -26,8 +26,9 @@ JSON_START = b" \t\r\n{"
 _U64_MAX = 2**64 - 1
 
 
-@dataclass(frozen=True, slots=True)  # one per tensor: tens of thousands in a MoE checkpoint
-class TensorInfo:
+class TensorInfo(NamedTuple):
+    """One tensor's header entry. A named tuple, not a frozen dataclass: a mixture of experts'
+    headers hold hundreds of thousands, and a tuple is built in a quarter of the time."""
     name: str
     dtype: str
     shape: tuple[int, ...]

@@ -235,3 +235,32 @@ def test_natural_key_orders_numbers_as_numbers_and_any_name_at_all():
                    "model.layers.2.attn", "model.layers.2.mlp", "model.layers.02.x",
                    "model.layers.10.mlp"]
     assert checkpoint.natural_key("layers.10.mlp") == ["layers.", 10, ".mlp"]
+
+
+def test_grouping_by_module_and_the_tensors_outside():
+    """_group against its definition: a module is a name prefix with a qweight or qzeros
+    (one in a shard that cannot be read too); every other tensor that can be read, a plain
+    Linear's bias and weight among them, is outside, sorted."""
+    import random
+    from types import SimpleNamespace
+
+    from gptqfmt.formats.gptq.checkpoint import ROLES, _group, natural_key
+    rnd = random.Random(3)
+    names = [f"model.layers.{i}.{p}.{r}" for i in range(12) for p in ("q", "k", "mlp.up")
+             for r in ROLES if rnd.random() < 0.7]
+    names += ["lm_head.weight", "model.norm.weight", "bias", ".qweight", "x.y.bias"]
+    rnd.shuffle(names)
+    locations = {t: "a.safetensors" for t in names[:-10]}
+    unreadable = {t: "b.safetensors" for t in names[-10:]}
+    modules, others = _group(SimpleNamespace(locations=locations, unreadable=unreadable), None)
+    groups: dict[str, dict[str, str]] = {}
+    for t in names:
+        prefix, _, role = t.rpartition(".")
+        if role in ROLES and prefix:
+            groups.setdefault(prefix, {})[role] = t
+    want = sorted((p for p, g in groups.items() if "qweight" in g or "qzeros" in g),
+                  key=natural_key)
+    assert [m.name for m in modules] == want
+    assert all(m.tensors == groups[m.name] for m in modules)
+    claimed = {t for p in want for t in groups[p].values()}
+    assert others == sorted(t for t in locations if t not in claimed)

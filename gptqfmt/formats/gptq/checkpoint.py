@@ -27,6 +27,7 @@ from ..model import DTYPE_KIND, ModuleTensors, is_lm_head
 from .config import ModuleConfig, QuantConfig, load_config
 
 ROLES = ("qweight", "qzeros", "scales", "g_idx", "bias")
+_ROLE = {r: sys.intern(r) for r in ROLES}   # one string a role, not one a module
 REQUIRED = ("qweight", "qzeros", "scales")
 SCALE_DTYPES = ("F16", "BF16", "F32")
 
@@ -231,21 +232,29 @@ def _group(store: TensorStore, config: QuantConfig | None
     """Each group of tensors named like a module (its geometry not yet known), and the tensors
     outside them."""
     parts: dict[str, dict[str, str]] = {}
+    others: list[str] = []
+    readable = store.locations
     # a module in a shard that cannot be read is still one of the checkpoint's (invalid, and
     # said once, at its shard)
-    for t in itertools.chain(store.locations, store.unreadable):
+    for t in itertools.chain(readable, store.unreadable):
         prefix, _, role = t.rpartition(".")
-        if role in ROLES and prefix:
-            parts.setdefault(prefix, {})[sys.intern(role)] = t  # one string a role, not a module
+        r = _ROLE.get(role)
+        if r is not None and prefix:
+            roles = parts.get(prefix)
+            if roles is None:
+                roles = parts[prefix] = {}
+            roles[r] = t
+        elif t in readable:
+            others.append(t)
     modules: list[InvalidModule] = []
-    claimed: set[str] = set()
-    for prefix, roles in sorted(parts.items(), key=lambda kv: natural_key(kv[0])):
-        if not any(r in roles for r in ("qweight", "qzeros")):
-            continue  # e.g. a plain Linear's .bias
+    for prefix in sorted(parts, key=natural_key):
+        roles = parts[prefix]
+        if "qweight" not in roles and "qzeros" not in roles:
+            others += [t for t in roles.values() if t in readable]  # e.g. a plain Linear's .bias
+            continue
         declared = config.for_module(prefix) if config else ModuleConfig()
         modules.append(InvalidModule(prefix, roles, declared))
-        claimed.update(roles.values())
-    return modules, sorted(t for t in store.locations if t not in claimed)
+    return modules, sorted(others)
 
 
 def _infer_all(found: list[InvalidModule], store: TensorStore, findings: list[Finding],
@@ -262,11 +271,13 @@ def _infer_all(found: list[InvalidModule], store: TensorStore, findings: list[Fi
     out: list[Module | InvalidModule | None] = [None] * len(found)
     # key -> (the first module, its g_idx bytes; None: it has none), where it can be shared
     alike: dict[tuple[Any, ...], tuple[Module, bytes | None]] = {}
-    later: list[tuple[int, tuple[Any, ...]]] = []   # (index, key) of modules like a first one
+    # (index, the first module and its g_idx bytes) of modules like a first one
+    later: list[tuple[int, tuple[Module, bytes | None]]] = []
     for i, m in enumerate(found):
-        key = _kind(m, store, g_idx_written)
-        if key is not None and key in alike:
-            later.append((i, key))
+        key = _kind(m, store, g_idx_written)   # hashed once: a declared config hashes slowly
+        shared = alike.get(key) if key is not None else None
+        if shared is not None:
+            later.append((i, shared))
             continue
         before = len(findings)
         out[i] = mod = _infer(m, store, findings, g_idx_written)
@@ -277,12 +288,11 @@ def _infer_all(found: list[InvalidModule], store: TensorStore, findings: list[Fi
             alike[key] = (mod, None if g is None else layout.trivial_g_idx(
                 mod.in_features, mod.group_size).astype(
                     DTYPES[store.info(g).dtype].numpy).tobytes())
-    with_g_idx = {found[i].tensors["g_idx"]: alike[key][1] for i, key in later
-                  if alike[key][1] is not None}
+    with_g_idx = {found[i].tensors["g_idx"]: g_idx for i, (_, g_idx) in later
+                  if g_idx is not None}
     same = {t for t, b in store.heads(with_g_idx) if b == with_g_idx[t]}
-    for i, key in later:
+    for i, (first, g_idx) in later:
         m = found[i]
-        first, g_idx = alike[key]
         if g_idx is None or m.tensors["g_idx"] in same:
             out[i] = Module(m.name, m.tensors, m.declared, first.bits, first.word_bits,
                             first.in_features, first.out_features, first.groups,
@@ -296,9 +306,10 @@ def _kind(m: InvalidModule, store: TensorStore, g_idx_written: bool) -> tuple[An
     """What modules alike for _infer_all share: their tensors' roles (in the order their
     header lists them: alike modules' headers list them alike), dtypes and shapes, their
     declared config; None for a module with a tensor in a shard that cannot be read."""
-    if any(t in store.unreadable for t in m.tensors.values()):
+    if store.unreadable and any(t in store.unreadable for t in m.tensors.values()):
         return None
-    return (tuple((r, (i := store.info(t)).dtype, i.shape) for r, t in m.tensors.items()),
+    info = store.info
+    return (tuple([(r, (i := info(t)).dtype, i.shape) for r, t in m.tensors.items()]),
             m.declared, g_idx_written)
 
 
