@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from functools import lru_cache
 
 import numpy as np
 
 from ..errors import NotRepresentable
 from . import Array
 from .packing import constant_words, maxq, pack, unpack, unsigned
-from .swar import every_field, field_masks, has_field
+from .swar import every_field, field_bytes, field_masks, has_field
 
 GPTQ, GPTQ_V2 = "gptq", "gptq_v2"
 # Each convention as data: what it adds to a stored field to give Z (Z = s + offset). Everything
@@ -74,6 +75,26 @@ def symmetric_pattern(qzeros: Array, bits: int) -> str | None:
     4-bit words 0x77777777 are gptq's, 0x88888888 gptq_v2's (one constant cannot be both)."""
     return next((c for c in CONVENTIONS if every_field(qzeros, bits, sym_field(bits, c))),
                 None)
+
+
+def symmetric_pattern_of_bytes(raw: bytes, dtype: str, shape: tuple[int, ...],
+                               bits: int) -> str | None:
+    """symmetric_pattern of packed qzeros given as their bytes in C order (numpy `dtype`,
+    `shape`): compared whole with each convention's constant tensor, built once a shape, so
+    that tens of thousands of small qzeros read together cost a byte comparison each."""
+    consts = _symmetric_bytes(bits, dtype, shape)
+    if consts is None:   # not integer words: as symmetric_pattern answers
+        return symmetric_pattern(np.frombuffer(raw, dtype).reshape(shape), bits)
+    return next((c for c, b in consts if b is not None and raw == b), None)
+
+
+@lru_cache(maxsize=32)   # a checkpoint has a few qzeros shapes; each entry is two small tensors
+def _symmetric_bytes(bits: int, dtype: str, shape: tuple[int, ...]
+                     ) -> tuple[tuple[str, bytes | None], ...] | None:
+    d = np.dtype(dtype)
+    if d.kind not in "iu" or not d.isnative:   # safetensors' words are little-endian
+        return None
+    return tuple((c, field_bytes(sym_field(bits, c), bits, dtype, shape)) for c in CONVENTIONS)
 
 
 def effective_zeros(stored: Array, bits: int, rule: ZeroRule) -> Array:

@@ -141,6 +141,22 @@ def every_field(words: Words, bits: int, value: int) -> bool:
                 np.array_equal(blocks, np.broadcast_to(const, blocks.shape)))
 
 
+def field_bytes(value: int, bits: int, dtype: str, shape: tuple[int, ...]) -> bytes | None:
+    """The bytes of the packed words of numpy `dtype` (its byte order included) and `shape`
+    whose every field is `value`: every_field(w, bits, value) is w.tobytes() == this for
+    words `w` of that dtype and shape. None where it is False for any such words (no words,
+    or rows that are not whole blocks).
+
+    Worked example: 4-bit value 7 in int32 words of shape (1, 2): 0x77777777 twice, the eight
+    bytes 77 77 77 77 77 77 77 77."""
+    d = np.dtype(dtype)
+    _, wpb = block(bits, d.itemsize * 8)
+    size = int(np.prod(shape, dtype=np.int64))
+    if size == 0 or not shape or shape[-1] % wpb:
+        return None
+    return _block_bytes(value, bits, d.str) * (size // wpb)
+
+
 @lru_cache(maxsize=256)
 def _block_bytes(value: int, bits: int, dtype: str) -> bytes:
     """constant_words' block as the bytes of words of `dtype` (its byte order included)."""

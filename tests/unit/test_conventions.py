@@ -132,3 +132,36 @@ def test_words_moved_checks_the_move_by_a_difference(bits, word_bits, src, dst):
         back, _ = convert_fields(f, bits, dst, src)
         assert not words_moved(w, pack(back, bits, word_bits, axis=1), bits, src, dst)
     assert not words_moved(w, pack(moved[:2], bits, word_bits, axis=1), bits, src, dst)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("dtype", ["<i4", "<u4", "<i2", "<i8", "<u1", ">i4"])
+def test_symmetric_pattern_of_bytes_is_symmetric_pattern(bits, dtype):
+    """The byte comparison against each convention's constant tensor answers as the word
+    predicate does: either constant, one field off, the padding of a row off, rows that are
+    not whole blocks, no words, and float words."""
+    from gptqfmt.bits.conventions import symmetric_pattern, symmetric_pattern_of_bytes
+    from gptqfmt.bits.packing import constant_words
+    rng = np.random.default_rng(bits)
+    d = np.dtype(dtype)
+    w = d.itemsize * 8
+    if bits == 3 and w != 32:
+        return   # 3-bit fields pack in 32-bit words only
+    cases = []
+    for c in CONVENTIONS:
+        one = constant_words(sym_field(bits, c), bits, w).astype(d.newbyteorder("=")).astype(d)
+        for rows, blocks in ((1, 1), (3, 4), (0, 2)):
+            words = np.tile(one, (rows, blocks))
+            cases.append(words)
+            if words.size:
+                off = words.copy()
+                off.reshape(-1)[rng.integers(off.size)] ^= d.type(1)
+                cases.append(off)
+        cases.append(np.tile(one, (2, 1))[:, :max(1, one.size - 1)])  # a partial block
+    cases.append(rng.integers(0, 2**(min(w, 32) - 1), (4, 6)).astype(d))
+    for words in cases:
+        words = np.ascontiguousarray(words)
+        assert symmetric_pattern_of_bytes(words.tobytes(), d.str, words.shape, bits) == \
+            symmetric_pattern(words, bits), (words.shape, words)
+    f = np.zeros((2, 3), np.float32)
+    assert symmetric_pattern_of_bytes(f.tobytes(), f.dtype.str, f.shape, bits) is None

@@ -12,13 +12,14 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from ...bits import layout
-from ...bits.conventions import GPTQ, symmetric_pattern
+from ...bits.conventions import GPTQ, symmetric_pattern, symmetric_pattern_of_bytes
 from ...bits.packing import block
 from ...findings import Finding
 from ...safetensors_io.dtypes import DTYPES, PACK_DTYPE_NAMES, WORD_DTYPES, to_float32
@@ -143,8 +144,8 @@ class Checkpoint:
         todo = {m.tensors["qzeros"]: m for m in small.values() if m.name not in self._patterns}
         for t, raw in self.store.heads(todo):
             m, info = todo[t], self.store.info(t)
-            qz = np.frombuffer(raw, DTYPES[info.dtype].numpy).reshape(info.shape)
-            self._patterns[m.name] = symmetric_pattern(qz, m.bits)
+            self._patterns[m.name] = symmetric_pattern_of_bytes(
+                raw, DTYPES[info.dtype].numpy.str, info.shape, m.bits)
         return {i: self._patterns[m.name] for i, m in small.items()}
 
     def keep_patterns(self, patterns: dict[str, str | None]) -> None:
@@ -160,7 +161,7 @@ class Checkpoint:
                              self.view(sc), DTYPE_KIND[m.scale_dtype],
                              self.g_idx(m).astype(np.int32), m.bits)
 
-    @property
+    @cached_property   # asked of every module's verdict
     def quantizer(self) -> str | None:
         """The quantizer that wrote it, as its config's meta.quantizer names it (GPTQModel's
         entry where it lists several)."""
