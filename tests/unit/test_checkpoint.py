@@ -147,9 +147,11 @@ def test_each_modules_symmetric_pattern_is_read_once(monkeypatch, command):
     ones ("large": above detection's SMALL) are read where the module is, in a forked worker
     when there is one (and kept in the parent, which reads none of them again)."""
     read: list[int] = []
-    real = checkpoint.symmetric_pattern
+    real, real_bytes = checkpoint.symmetric_pattern, checkpoint.symmetric_pattern_of_bytes
     monkeypatch.setattr(checkpoint, "symmetric_pattern",
                         lambda qz, bits: read.append(id(qz)) or real(qz, bits))
+    monkeypatch.setattr(checkpoint, "symmetric_pattern_of_bytes",   # small ones, read together
+                        lambda raw, *a: read.append(id(raw)) or real_bytes(raw, *a))
     path = CKPT / "b4-sym-noact-gptq-sharded"
     if command.startswith("inspect"):
         if "large" in command:
