@@ -88,7 +88,9 @@ class TensorStore:
 
         Worked example: a 4-bit qweight whose first word is 0x00000010 has a nonzero head;
         one never packed (every word 0) has n zero bytes and is named."""
-        return {t for t, head in self.heads(tensors, n) if head and head == bytes(len(head))}
+        zero = bytes(n)   # one to compare with, not one a tensor
+        return {t for t, head in self.heads(tensors, n)
+                if head and (head == zero if len(head) == n else head.count(0) == len(head))}
 
     def file_of(self, tensor: str) -> str:
         """The file that holds `tensor`, or the shard the index puts it in that cannot be
@@ -205,6 +207,9 @@ def _open_into(store: TensorStore, name: str, expected: set[str] | None = None) 
         store.findings.append(e.finding)
         return
     store.files[name] = f
+    if store.locations.keys().isdisjoint(f.tensors):   # the rule: a whole file's at once
+        store.locations.update(dict.fromkeys(f.tensors, name))
+        return
     for t in f.tensors:
         if t in store.locations:
             store.findings.append(Finding(
@@ -256,15 +261,18 @@ def _open_indexed(root: Path) -> TensorStore:
     if failed:
         store.unreadable.update((t, s) for t, s in weight_map.items()
                                 if s in failed and t not in store.locations)
-    # Tensors must sit exactly where the map says.
-    # the few misplaced found first, then sorted (not the hundreds of thousands mapped)
-    for t, s in sorted((t, s) for t, s in weight_map.items()
+    # Tensors must sit exactly where the map says. The few mapped elsewhere than where they
+    # were found are found first, as a set difference (not a step a tensor of the hundreds of
+    # thousands mapped), then sorted; one found first in another file may still be in its own.
+    for t, s in sorted((t, s) for t, s in weight_map.items() - store.locations.items()
                        if s in store.files and t not in store.files[s].tensors):
         actual = store.locations.get(t)
         where = f"; it is in {actual}" if actual else ""
         store.findings.append(Finding("GQ123", f"index maps it to {s}, which does not "
                                       f"contain it{where}", file=INDEX_NAME, tensor=t))
     for name, f in store.files.items():
+        if weight_map.keys() >= f.tensors.keys():   # the rule: every tensor listed
+            continue
         for t in f.tensors:
             if t not in weight_map:
                 store.findings.append(Finding("GQ124", "not listed in the index weight_map; "
@@ -311,8 +319,8 @@ def total_sizes(files) -> tuple[int, int]:
       783a0fbb9e3dcddc281a4291ec19d5fa86aec091, since 10f3d1fe0, first released in v5.0.0).
     """
     files = list(files)
-    return (sum(i.nbytes for f in files for i in f.tensors.values()),
-            sum(f.size for f in files))
+    # a header's data_len is its tensors' bytes: parse_header refuses holes and overlaps
+    return sum(f.header.data_len for f in files), sum(f.size for f in files)
 
 
 def _read_index(path: Path) -> tuple[dict[str, str], int | None]:

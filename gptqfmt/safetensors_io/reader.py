@@ -5,6 +5,7 @@ import mmap
 import os
 import threading
 from collections.abc import Iterator
+from operator import attrgetter
 
 import numpy as np
 
@@ -14,6 +15,8 @@ from .dtypes import DTYPES
 from .foreign import SNIFF_BYTES, Other
 from .header import Header, TensorInfo, header_length, other_format, parse_header
 from .remote import filler_for
+
+_BEGIN = attrgetter("begin")   # a tensor's place in the file's data
 
 #: byte ranges within one tensor ([(start, stop)]) that a caller of view() will read
 Part = list[tuple[int, int]]
@@ -110,23 +113,26 @@ class SafetensorsFile:
         nothing is mapped, so nothing is left to release, and tens of thousands of small
         reads cost no page faults."""
         tensors = self.header.tensors
-        names = sorted(names, key=lambda t: tensors[t].begin)
+        infos = sorted([tensors[t] for t in names], key=_BEGIN)
         if self.filler is not None:
-            self._fill([r for t in names for r in self.ranges(t, None if n is None
-                                                               else [(0, n)])])
+            self._fill([r for i in infos for r in self.ranges(i.name, None if n is None
+                                                                    else [(0, n)])])
+        start = self.header.data_start
+        pread = os.pread
         try:
             with open(self.path, "rb", buffering=0) as f:
                 fd = f.fileno()
-                for t in names:
-                    info = tensors[t]
-                    k = info.end - info.begin if n is None else min(n, info.end - info.begin)
-                    head = os.pread(fd, k, self._offset(info)) if k else b""
+                for info in infos:
+                    k = info.end - info.begin
+                    if n is not None and n < k:
+                        k = n
+                    head = pread(fd, k, start + info.begin) if k else b""
                     if len(head) != k:
                         raise FindingError(Finding(
                             "GQ118", f"changed while being read: {self.size} bytes when its "
                             f"header was read, {os.fstat(fd).st_size} now", file=self.name,
-                            tensor=t))
-                    yield t, head
+                            tensor=info.name))
+                    yield info.name, head
         except OSError as e:
             raise FindingError(Finding("GQ118", f"cannot read: {e.strerror or e}",
                                        file=self.name)) from None

@@ -249,3 +249,23 @@ def test_odd_metadata_is_a_warning_and_reading_goes_on(ckpt, meta):
     store = open_store(ckpt)
     assert len(store.files) == 3
     assert [f.code for f in store.findings] == (["GQ127"] if meta == {"total_size": "12"} else [])
+
+
+def test_a_tensor_in_two_shards_is_where_the_index_says_when_in_either(tmp_path):
+    """A tensor stored in two shards (GQ126) is found first in one; the index mapping it to the
+    other is right (no GQ123), and to a third is wrong, saying where it was found."""
+    from safetensors.numpy import save_file
+    d = tmp_path / "dup"
+    d.mkdir()
+    x = np.arange(4, dtype=np.float32)
+    save_file({"a": x, "t": x}, d / "s1.safetensors")
+    save_file({"b": x, "t": x}, d / "s2.safetensors")
+    save_file({"c": x}, d / "s3.safetensors")
+    for where, wrong in (("s2.safetensors", []), ("s1.safetensors", []),
+                         ("s3.safetensors", ["index maps it to s3.safetensors, which does not "
+                                             "contain it; it is in s1.safetensors"])):
+        (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+            "a": "s1.safetensors", "b": "s2.safetensors", "c": "s3.safetensors", "t": where}}))
+        found = open_store(d).findings
+        assert [f.message for f in found if f.code == "GQ123"] == wrong
+        assert [f.tensor for f in found if f.code == "GQ126"] == ["t"]
