@@ -45,8 +45,9 @@ class SafetensorsFile:
         self.name = display_name or self.path
         self._mm: mmap.mmap | None = None
         # whether a view may have mapped pages since the last whole-file release: a module
-        # that read nothing of the file costs its release no madvise (that walks the mapping)
-        self._viewed = False
+        # that read nothing of the file costs its release no madvise (that walks the mapping),
+        # and TensorStore.release not even the call
+        self.viewed = False
         self._lock = threading.Lock()  # modules are read in threads: map once
         self.filler = filler_for(self.path)
         try:
@@ -100,7 +101,7 @@ class SafetensorsFile:
         d = DTYPES[info.dtype]
         if info.nbytes == 0:
             return np.empty(info.shape, dtype=d.numpy)
-        self._viewed = True
+        self.viewed = True
         if d.bits < 8:  # sub-byte floats: raw bytes, no element shape
             return np.frombuffer(self._map(), np.uint8, info.nbytes, self._offset(info))
         arr = np.frombuffer(self._map(), d.numpy, info.numel, self._offset(info))
@@ -159,7 +160,7 @@ class SafetensorsFile:
     def raw(self) -> np.ndarray:
         """The whole file, header included, as a read-only uint8 array (mapped, not read)."""
         self._fill([(0, self.size)])
-        self._viewed = True
+        self.viewed = True
         return np.frombuffer(self._map(), np.uint8)
 
     def release(self, start: int = 0, stop: int | None = None) -> None:
@@ -171,8 +172,8 @@ class SafetensorsFile:
         if self._mm is None or not hasattr(mmap, "MADV_DONTNEED"):
             return
         if stop is None and start == 0:
-            if self._viewed:
-                self._viewed = False
+            if self.viewed:
+                self.viewed = False
                 self._mm.madvise(mmap.MADV_DONTNEED)
             return
         lo = start - start % mmap.PAGESIZE
