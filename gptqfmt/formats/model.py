@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from operator import attrgetter
 from typing import Any, Callable
 
 from ..bits import Array
@@ -54,13 +55,13 @@ class ModuleTensors:
 
 def uniform(modules: Sequence[Any], attr: str) -> Any:
     """The value of `attr` every module shares, else None (none, or they differ)."""
-    vals = {getattr(m, attr) for m in modules}
+    vals = set(map(attrgetter(attr), modules))   # one C loop: tens of thousands of modules
     return vals.pop() if len(vals) == 1 else None
 
 
 def mixed(modules: Sequence[Any], attrs: tuple[str, ...]) -> bool:
     """Whether the modules differ in any of `attrs`."""
-    return any(len({getattr(m, a) for m in modules}) > 1 for a in attrs)
+    return any(len(set(map(attrgetter(a), modules))) > 1 for a in attrs)
 
 def is_lm_head(name: str) -> bool:
     """Whether module `name` is the output head (lm_head under any prefix), which runtimes load
