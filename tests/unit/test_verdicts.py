@@ -232,8 +232,10 @@ def test_a_scenario_judges_as_the_written_fix_does(name, tmp_path):
 
 def test_alike_modules_are_read_once_and_tallied_as_each_one(tmp_path, monkeypatch):
     """_tallies reads one module of each symmetric pattern, bits and qzeros shape and counts
-    the others as it: the sums, causes and first modules equal reading every module, and a
-    module of another pattern, or of no pattern, is read on its own."""
+    the others as it: the sums, causes and first modules equal those of each module judged on
+    its own, with the stored fields as they are and converted (a scenario). A module of
+    another pattern or shape, or of no pattern, is read on its own, and so is every module
+    whose codes were read (verify's detection: its verdict has statistics)."""
     import json
 
     from safetensors.numpy import save_file
@@ -243,10 +245,11 @@ def test_alike_modules_are_read_once_and_tallied_as_each_one(tmp_path, monkeypat
     from gptqfmt.bits.packing import pack
 
     rng = np.random.default_rng(7)
-    k, n = 256, 64
-    patterns = ["gptq", "gptq", "gptq_v2", "gptq", None, "gptq"]
+    k = 256
+    kinds = [("gptq", 64), ("gptq", 64), ("gptq_v2", 64), ("gptq", 32), (None, 64),
+             ("gptq", 64), ("gptq", 32)]
     t = {}
-    for i, p in enumerate(patterns):
+    for i, (p, n) in enumerate(kinds):
         name = f"model.layers.{i}.mlp.up_proj"
         fields = np.full((k // 32, n), sym_field(4, p)) if p else rng.integers(0, 16, (k // 32, n))
         t[f"{name}.qweight"] = rng.integers(-2**31, 2**31, (k // 8, n)).astype(np.int32)
@@ -258,20 +261,39 @@ def test_alike_modules_are_read_once_and_tallied_as_each_one(tmp_path, monkeypat
         {"bits": 4, "group_size": 32, "sym": False, "desc_act": False,
          "checkpoint_format": "gptq"}))
     ckpt = open_checkpoint(tmp_path)
-    by = {v.name: v for v in detect_checkpoint(ckpt, full=False).modules}
-    assert [by[m.name].pattern for m in ckpt.modules] == patterns
+    sampled = {v.name: v for v in detect_checkpoint(ckpt, full=False).modules}
+    full = {v.name: v for v in detect_checkpoint(ckpt, full=True).modules}
+    assert [sampled[m.name].pattern for m in ckpt.modules] == [p for p, _ in kinds]
+    assert all(v.stats is not None for v in full.values())
     keys = [(r, right) for r in Reading for right in (True, False)]
     real = vd.misreads
+    patterned = [m for m, (p, _) in zip(ckpt.modules, kinds) if p]
+
+    def alone(mods, by, truth, stored_as):
+        """The tallies summed from each module judged in a call of its own."""
+        out = {key: vd._Tally() for key in keys}
+        for m in mods:
+            for key, one in vd._tallies(ckpt, [m], by, truth, keys, False, stored_as).items():
+                if one.modules:
+                    (cause,) = one.causes
+                    out[key].add(m.name, vd.Misread(one.cells, one.max_change, cause))
+        return out
+
+    def names(*i):
+        return [f"model.layers.{j}.mlp.up_proj" for j in i]
+
+    cases = [(ckpt.modules, sampled, None, names(0, 2, 3, 4)),
+             (ckpt.modules, full, None, names(*range(len(kinds))))]
     for truth in (GPTQ, GPTQ_V2):
-        want = {key: vd._Tally() for key in keys}
-        for m in ckpt.modules:
-            for key, r in real(ckpt, m, by[m.name], truth, keys, False).items():
-                want[key].add(m.name, r)
-        read: list[str] = []
-        monkeypatch.setattr(vd, "misreads",
-                            lambda ck, m, *a: read.append(m.name) or real(ck, m, *a))
-        got = vd._tallies(ckpt, ckpt.modules, by, truth, keys, False)
-        monkeypatch.undo()
-        assert got == want
-        assert any(x.modules > 1 for x in got.values())
-        assert read == [f"model.layers.{i}.mlp.up_proj" for i in (0, 2, 4)]
+        other = GPTQ_V2 if truth == GPTQ else GPTQ
+        for mods, by, stored_as, reads in cases + [(patterned, sampled, (truth, other), [])]:
+            want = alone(mods, by, truth, stored_as)
+            read: list[str] = []
+            monkeypatch.setattr(vd, "misreads",
+                                lambda ck, m, *a: read.append(m.name) or real(ck, m, *a))
+            got = vd._tallies(ckpt, mods, by, truth, keys, False, stored_as)
+            monkeypatch.undo()
+            assert got == want, (truth, stored_as)
+            assert any(x.modules > 1 for x in got.values())
+            if stored_as is None:   # a scenario compares fields without misreads()
+                assert read == reads
