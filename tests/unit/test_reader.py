@@ -113,3 +113,79 @@ def test_release_drops_pages_only_where_a_view_was_made_since(tmp_path, monkeypa
     assert len(advised) == 2
     store.files["a.safetensors"].release(0, 4)   # a range: always dropped
     assert len(advised) == 3
+
+
+# -- a cold page cache: the small reads told ahead ------------------------------------------------
+def test_cached_asks_without_waiting_and_says_true_where_it_cannot_tell(tmp_path, monkeypatch):
+    """cached() is a read that does not wait: data just written are there; a read that would
+    wait (EAGAIN) is a miss; a file system that refuses the flag, or a system without it,
+    tells nothing (True: no hints)."""
+    import errno
+
+    from gptqfmt.safetensors_io import reader
+    p = tmp_path / "f"
+    p.write_bytes(os.urandom(3 * reader.PAGE))
+    with open(p, "rb") as f:
+        fd = f.fileno()
+        assert reader.cached(fd, 0, 3 * reader.PAGE) and reader.cached(fd, 5, 0)
+
+        def refuse(err):
+            def preadv(*a):
+                raise OSError(err, os.strerror(err))
+            return preadv
+        monkeypatch.setattr(os, "preadv", refuse(errno.EAGAIN), raising=False)
+        assert not reader.cached(fd, 0, 10)
+        monkeypatch.setattr(os, "preadv", refuse(errno.EOPNOTSUPP), raising=False)
+        assert reader.cached(fd, 0, 10)
+        monkeypatch.setattr(reader, "_NOWAIT", None)
+        monkeypatch.setattr(os, "preadv", refuse(errno.EAGAIN), raising=False)
+        assert reader.cached(fd, 0, 10)
+
+
+@pytest.mark.parametrize("cold_from", [None, 0, 1, 64, 65, 130])
+def test_read_ahead_tells_each_range_once_before_its_read_and_only_once_cold(
+        monkeypatch, cold_from):
+    """A file is asked whether it is cold at its first two ranges and every CHECK_EVERY-th;
+    while the answer is no, nothing is told. From the first range found missing on, every
+    range with bytes is told exactly once, before it is read, and never more than HINT_BYTES
+    plus one range ahead of the one read."""
+    from gptqfmt.safetensors_io import reader
+    rng = np.random.default_rng(cold_from or 0)
+    sizes = [int(x) for x in rng.choice([0, 1, 700, 5000, 40_000], 300)]
+    spans = list(zip(np.cumsum([0] + sizes[:-1]).tolist(), sizes))
+    monkeypatch.setattr(reader, "HINT_BYTES", 100_000)
+    now = [0]   # the range about to be read
+    asked: list[int] = []
+    told: list[tuple[int, int]] = []
+
+    def cached(fd, at, k):
+        assert (at, k) == spans[now[0]]
+        asked.append(now[0])
+        return cold_from is None or now[0] < cold_from
+
+    monkeypatch.setattr(reader, "cached", cached)
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, at, k, advice: told.append((at, k)))
+    checked = [j for j in range(len(spans)) if j % reader.CHECK_EVERY < 2]
+    found = next((j for j in checked if cold_from is not None and j >= cold_from), len(spans))
+    ahead = reader.ReadAhead(-1, spans)
+    for j, (at, k) in enumerate(spans):
+        now[0] = j
+        ahead.before(j)
+        if j < found:
+            assert not told
+        elif k:
+            assert (at, k) in told   # told before its read
+        assert sum(s for a, s in told if a > at) <= reader.HINT_BYTES + max(sizes)
+    assert asked == [j for j in checked if j <= found]
+    assert sorted(told) == [s for s in spans[found:] if s[1]]   # each once, from there on
+
+
+def test_heads_from_a_cold_cache_are_the_same_bytes_told_ahead(tmp_path, monkeypatch):
+    from gptqfmt.safetensors_io import reader
+    store, arrays = _small(tmp_path)
+    told: list[tuple[int, int]] = []
+    monkeypatch.setattr(reader, "cached", lambda fd, at, k: False)
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, at, k, advice: told.append((at, k)))
+    assert dict(store.heads(["n", "late", "e", "z"])) == \
+        {k: arrays[k].tobytes() for k in ("n", "late", "e", "z")}
+    assert len(told) == 3   # the three with bytes, each once (the empty one is not told)
