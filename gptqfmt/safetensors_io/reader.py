@@ -23,9 +23,12 @@ _BEGIN = attrgetter("begin")   # a tensor's place in the file's data
 # kernel reads them in parallel (1.6 s). Whether a file is cold is asked of the page cache with
 # a read that does not wait (RWF_NOWAIT), at a file's first two ranges and every CHECK_EVERY-th
 # after: a warm file costs a few of those. Once one range is not there, the kernel is told of
-# the ranges up to HINT_BYTES ahead of the one being read.
+# the ranges up to HINT_BYTES ahead of the one being read. A call of fewer than MANY ranges
+# (a module's own probes, as verify reads them) is read as it is: a hint would gain it little,
+# and the question would double its system calls.
 HINT_BYTES = 32 << 20
 CHECK_EVERY = 64
+MANY = 16
 PAGE = 4096
 _NOWAIT = getattr(os, "RWF_NOWAIT", None)
 _WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
@@ -52,7 +55,7 @@ class ReadAhead:
 
     def __init__(self, fd: int, spans: list[tuple[int, int]]):
         self.fd, self.spans = fd, spans
-        self.on = _WILLNEED is not None and hasattr(os, "posix_fadvise")
+        self.on = _WILLNEED is not None and hasattr(os, "posix_fadvise") and len(spans) >= MANY
         self.willneed: int = _WILLNEED or 0
         self.cold = False
         self.told = 0      # spans[:told] are told

@@ -186,6 +186,18 @@ def test_heads_from_a_cold_cache_are_the_same_bytes_told_ahead(tmp_path, monkeyp
     told: list[tuple[int, int]] = []
     monkeypatch.setattr(reader, "cached", lambda fd, at, k: False)
     monkeypatch.setattr(os, "posix_fadvise", lambda fd, at, k, advice: told.append((at, k)))
+    monkeypatch.setattr(reader, "MANY", 3)
     assert dict(store.heads(["n", "late", "e", "z"])) == \
         {k: arrays[k].tobytes() for k in ("n", "late", "e", "z")}
-    assert len(told) == 3   # the three with bytes, each once (the empty one is not told)
+    assert len(told) == 2   # a's two with bytes, each once; b's one range is too few to ask
+    monkeypatch.setattr(reader, "MANY", 16)
+    assert dict(store.heads(["late", "e", "z"])) == \
+        {k: arrays[k].tobytes() for k in ("late", "e", "z")} and len(told) == 2
+
+
+def test_read_ahead_leaves_a_few_ranges_alone(monkeypatch):
+    from gptqfmt.safetensors_io import reader
+    monkeypatch.setattr(reader, "cached", lambda *a: pytest.fail("asked"))
+    ahead = reader.ReadAhead(-1, [(i * 10, 10) for i in range(reader.MANY - 1)])
+    for j in range(reader.MANY - 1):
+        ahead.before(j)
