@@ -30,8 +30,9 @@ HINT_BYTES = 32 << 20
 CHECK_EVERY = 64
 MANY = 16
 PAGE = 4096
-_NOWAIT = getattr(os, "RWF_NOWAIT", None)
-_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
+# None where the system has no such read or hint (then nothing is asked, nothing told)
+_NOWAIT = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
+_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None) if hasattr(os, "posix_fadvise") else None
 
 
 def cached(fd: int, at: int, k: int) -> bool:
@@ -39,7 +40,7 @@ def cached(fd: int, at: int, k: int) -> bool:
     read that does not wait (RWF_NOWAIT) gets all of it. True where the system cannot tell
     (no such flag, or a file system that refuses it): nothing is then told ahead."""
     n = min(k, PAGE)
-    if not n or _NOWAIT is None or not hasattr(os, "preadv"):
+    if not n or _NOWAIT is None:
         return True
     try:
         return os.preadv(fd, [bytearray(n)], at, _NOWAIT) == n
@@ -55,7 +56,7 @@ class ReadAhead:
 
     def __init__(self, fd: int, spans: list[tuple[int, int]]):
         self.fd, self.spans = fd, spans
-        self.on = _WILLNEED is not None and hasattr(os, "posix_fadvise") and len(spans) >= MANY
+        self.on = _WILLNEED is not None and len(spans) >= MANY
         self.willneed: int = _WILLNEED or 0
         self.cold = False
         self.told = 0      # spans[:told] are told
@@ -180,12 +181,11 @@ class SafetensorsFile:
         reads cost no page faults. From a cold page cache they are told ahead (ReadAhead)."""
         tensors = self.header.tensors
         infos = sorted([tensors[t] for t in names], key=_BEGIN)
-        if self.filler is not None:
-            self._fill([r for i in infos for r in self.ranges(i.name, None if n is None
-                                                                    else [(0, n)])])
         start = self.header.data_start
         spans = [(start + i.begin, i.end - i.begin if n is None else min(n, i.end - i.begin))
                  for i in infos]
+        if self.filler is not None:
+            self._fill([(at, at + k) for at, k in spans])
         pread = os.pread
         try:
             with open(self.path, "rb", buffering=0) as f:
