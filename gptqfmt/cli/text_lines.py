@@ -5,6 +5,7 @@ reading of the checkpoint; the CI reporters (ci.py) take their final line from h
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from ..bits.conventions import CONVENTIONS
 from ..conversion import ConvertReport
@@ -191,10 +192,19 @@ def remote_tail(remote: dict | None) -> str:
             f"({100 * remote['fraction_read']:.2f}%)")
 
 
-def _modules_line(doc: dict) -> Line:
-    return Line(f"modules      {doc['summary']['modules']} quantized, "
+def _module_lines(doc: dict, row_lines: bool, cells: Callable[[dict], list],
+                  header: list[str]) -> list[Line]:
+    """inspect's modules line, then a row of `cells(module)` under `header` for each module,
+    or without `row_lines` (--summary) one line that says how many rows are not shown."""
+    n = doc["summary"]["modules"]
+    out = [Line(f"modules      {n} quantized, "
                 f"{plural(doc['other_tensors']['count'], 'other tensor')} "
-                f"({human_bytes(doc['other_tensors']['bytes'])})")
+                f"({human_bytes(doc['other_tensors']['bytes'])})")]
+    if n and not row_lines:
+        out.append(hidden_rows(n))
+    elif n:
+        out += rows(["  " + r for r in table([cells(m) for m in doc["modules"]], header)])
+    return out
 
 
 def _reads(cf: dict) -> str:
@@ -253,19 +263,12 @@ def inspect_lines(result: InspectResult, doc: dict, verbose: bool = False,
                       f"sym={_yn(q['sym'])} desc_act={_yn(q['desc_act'])} "
                       f"pack_dtype={q['pack_dtype']}"
                       + (" (mixed per module)" if q["mixed"] else "")))
-    n = doc["summary"]["modules"]
-    lines.append(_modules_line(doc))
-    if n and not row_lines:
-        lines.append(hidden_rows(n))
-    elif n:
-        mods = doc["modules"]
-        cells = [[escape(m["name"]), m["bits"] or "?", m["group_size"] or "?",
-                  _yn(m["desc_act"]),
-                  f"{m['in_features']}x{m['out_features']}" if m["in_features"] else "?",
-                  m["pack_dtype"] or "?", m["scale_dtype"] or "?",
-                  _mark((m["zero_point"] or {}).get("verdict"), reads)] for m in mods]
-        lines += rows(["  " + r for r in table(cells, ["module", "bits", "group", "act", "KxN",
-                                                       "pack", "scales", "zeros"])])
+    lines += _module_lines(doc, row_lines, lambda m: [
+        escape(m["name"]), m["bits"] or "?", m["group_size"] or "?", _yn(m["desc_act"]),
+        f"{m['in_features']}x{m['out_features']}" if m["in_features"] else "?",
+        m["pack_dtype"] or "?", m["scale_dtype"] or "?",
+        _mark((m["zero_point"] or {}).get("verdict"), reads)],
+        ["module", "bits", "group", "act", "KxN", "pack", "scales", "zeros"])
     return (lines + runtime_lines(doc.get("runtimes", []), verbose)
             + _tail_lines(result.findings, doc, verbose))
 
@@ -306,17 +309,11 @@ def format_inspect_lines(result: InspectResult, doc: dict, verbose: bool = False
         Line("zero points  stored exactly (Z itself): no convention to detect"),
         Line(f"quantization bits={q['bits']} group_size={q['group_size']} sym={_yn(q['sym'])} "
              f"desc_act={_yn(q['desc_act'])}" + (" (mixed per module)" if q["mixed"] else ""))]
-    n = doc["summary"]["modules"]
-    lines.append(_modules_line(doc))
-    if n and not row_lines:
-        lines.append(hidden_rows(n))
-    elif n:
-        mods = doc["modules"]
-        cells = [[escape(m["name"]), m["bits"], m["group_size"], _yn(m["desc_act"]),
-                  f"{m['in_features']}x{m['out_features']}", m["scale_dtype"],
-                  "sym" if m["sym"] else "asym"] for m in mods]
-        lines += rows(["  " + r for r in table(cells, ["module", "bits", "group", "act", "KxN",
-                                                       "scales", "zeros"])])
+    lines += _module_lines(doc, row_lines, lambda m: [
+        escape(m["name"]), m["bits"], m["group_size"], _yn(m["desc_act"]),
+        f"{m['in_features']}x{m['out_features']}", m["scale_dtype"],
+        "sym" if m["sym"] else "asym"],
+        ["module", "bits", "group", "act", "KxN", "scales", "zeros"])
     return lines + _tail_lines(result.findings, doc, verbose)
 
 

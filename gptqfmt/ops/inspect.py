@@ -39,7 +39,6 @@ class InspectResult(Result):
         st = src.store
         ck = src.labelled
         verdicts = {v.name: v for v in det.modules} if det and rows else {}
-        records = src.records() if rows else []
         doc: dict[str, Any] = {"tool": tool_json(), "path": self.path,
                                "status": "ok" if self.ok else "fail"}
         if det is None:
@@ -52,7 +51,7 @@ class InspectResult(Result):
             doc["checkpoint_format"] = checkpoint_format_json(ck.config, det, ck.label)
         doc.update({
             "quantization": src.quantization(),
-            "modules": [r.to_json(_zero_point(verdicts.get(r.name))) for r in records]
+            "modules": [r.to_json(_zero_point(verdicts.get(r.name))) for r in src.records()]
             if rows else None,
             "other_tensors": {"count": len(src.other_tensors),
                               "bytes": sum(st.info(t).nbytes for t in src.other_tensors),
@@ -60,8 +59,7 @@ class InspectResult(Result):
         if self.runtimes is not None:
             doc["runtimes"] = [v.to_json() for v in self.runtimes]
         doc.update({"findings": [f.to_json() for f in self.findings],
-                    "summary": summary_counts(self.findings,
-                                              len(records) if rows else src.record_count)})
+                    "summary": summary_counts(self.findings, src.record_count)})
         if self.remote is not None:
             doc["remote"] = self.remote
         return doc
