@@ -270,9 +270,14 @@ def test_alike_modules_are_read_once_and_tallied_as_each_one(tmp_path, monkeypat
     patterned = [m for m, (p, _) in zip(ckpt.modules, kinds) if p]
 
     def alone(mods, by, truth, stored_as):
-        """The tallies summed from each module judged in a call of its own."""
+        """The tallies summed from each module judged alone: its misreads, or under a
+        scenario (whose fields are compared without misreads) a call of its own."""
         out = {key: vd._Tally() for key in keys}
         for m in mods:
+            if stored_as is None:
+                for key, r in real(ckpt, m, by[m.name], truth, keys, False).items():
+                    out[key].add(m.name, r)
+                continue
             for key, one in vd._tallies(ckpt, [m], by, truth, keys, False, stored_as).items():
                 if one.modules:
                     (cause,) = one.causes
