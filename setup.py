@@ -1,4 +1,4 @@
-"""The package list and the one compiled extension live here; everything else is in
+"""The package list and the compiled extensions live here; everything else is in
 pyproject.toml.
 
 Subpackages of gptqfmt are discovered, never listed by hand (a hand-kept list once shipped a
@@ -7,8 +7,10 @@ folders (schemas/, kernels/) mapped into the wheel by pyproject.toml's package-d
 discovery cannot see them under gptqfmt/ and they are named here.
 
 gptqfmt.bits._native (kernels/native_module.c over kernels/gptq_sums.h and gptq_relayout.h)
-is optional: where no C compiler or Python headers are found the build says so and goes on, and
-gptqfmt runs the numpy loops instead (gptqfmt.bits.native).
+and gptqfmt.safetensors_io._native (kernels/safetensors_native.c: a safetensors header read in
+one pass) are optional: where no C compiler or Python headers are found the build says so and
+goes on, and gptqfmt runs the numpy loops (gptqfmt.bits.native) and the Python header parser
+instead.
 """
 from setuptools import Extension, find_packages, setup
 
@@ -23,5 +25,12 @@ NATIVE = Extension(
     optional=True,
 )
 
+SAFETENSORS = Extension(
+    "gptqfmt.safetensors_io._native",
+    sources=["kernels/safetensors_native.c"],
+    extra_compile_args=["-O3"],
+    optional=True,
+)
+
 setup(packages=find_packages(include=["gptqfmt", "gptqfmt.*"]) + DATA_PACKAGES,
-      ext_modules=[NATIVE])
+      ext_modules=[NATIVE, SAFETENSORS])

@@ -25,21 +25,29 @@ OFF = ("0", "false", "no", "off")
 VERSION = 3
 
 
-def _load() -> ModuleType | None:
+def load(name: str, version: int) -> ModuleType | None:
+    """The compiled extension `name` (a dotted module name) where it was built at `version`,
+    else None."""
     try:
-        mod = importlib.import_module(f"{__package__}._native")
+        mod = importlib.import_module(name)
     except ImportError:
         return None
     # a build left in place from other sources (an editable install not rebuilt) is not run
-    return mod if getattr(mod, "VERSION", None) == VERSION else None
+    return mod if getattr(mod, "VERSION", None) == version else None
 
 
-_NATIVE = _load()
+_NATIVE = load(f"{__package__}._native", VERSION)
+
+
+def switched_off() -> bool:
+    """Whether GPTQFMT_NATIVE turns every compiled path off (the loops here and the header
+    reader of safetensors_io), for the Python ones to run."""
+    return os.environ.get("GPTQFMT_NATIVE", "1").lower() in OFF
 
 
 def available() -> bool:
     """Whether the compiled loops were built and are not turned off (GPTQFMT_NATIVE=0)."""
-    return _NATIVE is not None and os.environ.get("GPTQFMT_NATIVE", "1").lower() not in OFF
+    return _NATIVE is not None and not switched_off()
 
 
 def cell_sums(qweight: Array, bits: int, g_idx: Array, groups: int,

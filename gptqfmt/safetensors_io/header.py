@@ -16,7 +16,7 @@ from typing import NamedTuple, NoReturn
 
 from ..errors import FindingError
 from ..findings import Finding
-from . import foreign
+from . import compiled, foreign
 from .dtypes import DTYPES, nbytes
 
 MAX_HEADER_LEN = 100_000_000
@@ -88,9 +88,28 @@ def other_format(prefix: bytes) -> foreign.Other | None:
     return foreign.identify(prefix)
 
 
+_BITS = {name: d.bits for name, d in DTYPES.items()}
+
+
 def parse_header(raw: bytes, file_size: int, path: str) -> Header:
     """Parse and validate header JSON `raw` (the N bytes after the length) of a file of
-    `file_size`."""
+    `file_size`.
+
+    A header of the plain kind every writer writes (printable ASCII strings, entries of
+    exactly dtype, shape and data_offsets, tensors tiling the data) is read in one compiled
+    pass where the install built it (compiled.scan); that pass takes nothing it is not
+    sure of, and whatever it leaves is read here, with a finding for the first rule broken.
+    Both give the same Header for the same bytes."""
+    plain = compiled.scan(raw, _BITS, TensorInfo)
+    if plain is not None:
+        tensors, metadata, data_len = plain
+        last = next(reversed(tensors)) if tensors else None
+        _check_data_end(last, data_len, len(raw), file_size, path)
+        return Header(tensors, metadata, len(raw), data_len)
+    return _parse_header(raw, file_size, path)
+
+
+def _parse_header(raw: bytes, file_size: int, path: str) -> Header:
     n = len(raw)
     try:
         text = raw.decode("utf-8")
@@ -140,15 +159,20 @@ def parse_header(raw: bytes, file_size: int, path: str) -> Header:
             _fail("GQ113", path, t.name, f"data_offsets [{t.begin}, {t.end}]: expected to begin "
                   f"at {expected}; {what}")
         expected = t.end
+    _check_data_end(infos[-1].name if infos else None, expected, n, file_size, path)
+    return Header({t.name: t for t in infos}, metadata, n, expected)
+
+
+def _check_data_end(last: str | None, expected: int, n: int, file_size: int, path: str) -> None:
+    """GQ114 or GQ115 where the tensors' data (`expected` bytes, `last` the tensor that ends
+    it) does not end where the file of `file_size` with a header of `n` bytes does."""
     data_avail = file_size - 8 - n
     if expected > data_avail:
-        last = infos[-1]
-        _fail("GQ114", path, last.name, f"data ends at byte {8 + n + expected}; the file has "
+        _fail("GQ114", path, last, f"data ends at byte {8 + n + expected}; the file has "
               f"{file_size} bytes", "the file is truncated: download it again")
     if expected < data_avail:
         _fail("GQ115", path, None, f"{data_avail - expected} bytes after the last tensor "
               f"(data ends at byte {8 + n + expected}, file has {file_size})")
-    return Header({t.name: t for t in infos}, metadata, n, expected)
 
 
 def _tensor_info(name: str, entry, path: str,

@@ -88,9 +88,10 @@ def test_the_wheel_ships_data_files_and_py_typed(installed):
     assert {f"gptqfmt/schemas/{n}" for n in schemas} <= names
     assert {f"gptqfmt/kernels/{n}" for n in kernels} <= names
     assert "gptqfmt/py.typed" in names
-    # the compiled loops, where this machine's build could compile them
+    # the compiled loops and header reader, where this machine's build could compile them
     if c_compiler():
-        assert any(n.startswith("gptqfmt/bits/_native.") for n in names), sorted(names)
+        for ext in ("gptqfmt/bits/_native.", "gptqfmt/safetensors_io/_native."):
+            assert any(n.startswith(ext) for n in names), sorted(names)
     assert not any(n.startswith(("tests/", "fixtures/", "bench/")) for n in names)
     probe = ("import gptqfmt.resources as r; print(r.data_dir('schemas')); "
              "print(r.data_dir('kernels'))")
@@ -138,7 +139,8 @@ def test_a_machine_without_a_compiler_installs_and_runs_the_numpy_loops(tmp_path
                     str(tmp_path / "dist"), str(tree)], check=True, cwd=tmp_path,
                    env={**env, "CC": "false", "LDSHARED": "false"})
     wheel = next((tmp_path / "dist").glob("gptqfmt-*.whl"))
-    assert not any(n.startswith("gptqfmt/bits/_native.") for n in zipfile.ZipFile(wheel).namelist())
+    assert not any(n.startswith(("gptqfmt/bits/_native.", "gptqfmt/safetensors_io/_native."))
+                   for n in zipfile.ZipFile(wheel).namelist())
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],

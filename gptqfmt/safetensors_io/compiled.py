@@ -1,0 +1,35 @@
+"""The compiled header reader of kernels/safetensors_native.c (the extension
+gptqfmt.safetensors_io._native) where the install built it. A machine without a C compiler,
+or GPTQFMT_NATIVE=0 (which the tests use to hold the two equal), reads every header with
+header.py's parser and gets the same answers.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..bits import native
+
+# the extension's VERSION this module is written for (kernels/safetensors_native.c)
+VERSION = 1
+
+
+_NATIVE = native.load(f"{__package__}._native", VERSION)
+
+
+def available() -> bool:
+    """Whether the extension was built and is not turned off (GPTQFMT_NATIVE=0)."""
+    return _NATIVE is not None and not native.switched_off()
+
+
+def scan(raw: bytes, bits: dict[str, int], info: type) -> tuple[dict[str, Any],
+                                                                 dict[str, str] | None,
+                                                                 int] | None:
+    """(tensors, metadata, data length) of header JSON `raw` where it is of the plain kind the
+    compiled reader takes (kernels/safetensors_native.c says which), entries made as
+    `info(name, dtype, shape, begin, end)`; None where it is not, or nothing is compiled: the
+    Python parser then reads it (header.parse_header)."""
+    if not available():
+        return None
+    assert _NATIVE is not None
+    return _NATIVE.scan(raw, bits, info)
+

@@ -1,0 +1,409 @@
+// gptqfmt.safetensors_io._native: a safetensors header read in one pass, in C. Built at install
+// time where a C compiler is found (setup.py marks it optional); header.py's parser reads
+// every header where it is missing.
+//
+// scan: a safetensors header read in one pass, for the headers every writer of the field
+// writes. A mixture of experts' shards hold hundreds of thousands of tensor entries;
+// json.loads, then a Python object and a check per entry, took most of the time to open such
+// a checkpoint. It takes only a strict subset of JSON whose meaning is plain, and answers None for anything
+// else, for header.py's parser to read and report: strings of printable ASCII without escapes,
+// non-negative integers of up to 18 digits, entries of exactly the keys dtype, shape and
+// data_offsets, a __metadata__ object of strings, no key twice, a dtype it is given the size
+// of, offsets that span the shape's bytes, tensors that tile the data from byte 0 without a
+// hole or an overlap. What it answers is what header.py's parser answers for the same bytes
+// (the tests hold the two equal on fixtures and on mutated headers).
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MODULE_VERSION 1
+#define MAX_DIMS 16      // more dimensions than any weight has: the Python parser takes those
+#define MAX_DIGITS 18    // below 2^63, so no integer here overflows
+#define SHAPE_CACHE 32   // distinct (dtype, shape) pairs a file's entries share objects from
+
+typedef struct {
+    const char* p;
+    const char* end;
+} Cursor;
+
+static void skip_ws(Cursor* c) {
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t'))
+        ++c->p;
+}
+
+static int take(Cursor* c, char ch) {
+    skip_ws(c);
+    if (c->p < c->end && *c->p == ch) {
+        ++c->p;
+        return 1;
+    }
+    return 0;
+}
+
+// A string of printable ASCII without escapes: its bytes [*s, *s + *n). 0 for anything else.
+static int string(Cursor* c, const char** s, Py_ssize_t* n) {
+    if (!take(c, '"')) return 0;
+    const char* start = c->p;
+    while (c->p < c->end) {
+        unsigned char ch = (unsigned char)*c->p;
+        if (ch == '"') {
+            *s = start;
+            *n = c->p - start;
+            ++c->p;
+            return 1;
+        }
+        if (ch < 0x20 || ch > 0x7e || ch == '\\') return 0;
+        ++c->p;
+    }
+    return 0;
+}
+
+// A non-negative JSON integer of at most MAX_DIGITS digits (no sign, no leading zero, no
+// fraction or exponent after it).
+static int unsigned_int(Cursor* c, uint64_t* out) {
+    skip_ws(c);
+    const char* start = c->p;
+    uint64_t v = 0;
+    while (c->p < c->end && *c->p >= '0' && *c->p <= '9') {
+        v = v * 10 + (uint64_t)(*c->p - '0');
+        ++c->p;
+    }
+    Py_ssize_t digits = c->p - start;
+    if (digits == 0 || digits > MAX_DIGITS || (digits > 1 && *start == '0')) return 0;
+    if (c->p < c->end && (*c->p == '.' || *c->p == 'e' || *c->p == 'E')) return 0;
+    *out = v;
+    return 1;
+}
+
+static int key_is(const char* s, Py_ssize_t n, const char* word) {
+    return (Py_ssize_t)strlen(word) == n && memcmp(s, word, (size_t)n) == 0;
+}
+
+typedef struct {
+    PyObject* name;  // owned
+    PyObject* dtype; // borrowed from the dtype table
+    PyObject* shape; // borrowed from the shape cache
+    uint64_t begin, end;
+    Py_ssize_t order;  // its place in the header: ties keep it, as a stable sort does
+} Entry;
+
+typedef struct {
+    const char* s;   // the dtype's bytes in the header (compared by content)
+    Py_ssize_t n;
+    PyObject* name;  // owned: the interned str
+    int bits;
+} Dtype;
+
+typedef struct {
+    Py_ssize_t dtype;  // index into the dtype table
+    int ndim;
+    uint64_t dims[MAX_DIMS];
+    uint64_t nbytes;
+    PyObject* shape;   // owned tuple
+} Shape;
+
+typedef struct {
+    Entry* entries;
+    Py_ssize_t count, cap;
+    Dtype dtypes[64];
+    Py_ssize_t n_dtypes;
+    Shape shapes[SHAPE_CACHE];
+    Py_ssize_t n_shapes;
+    PyObject* names;   // name -> None, to find a key met twice
+    PyObject* metadata;
+} Scan;
+
+static void scan_free(Scan* s) {
+    for (Py_ssize_t i = 0; i < s->count; ++i) Py_XDECREF(s->entries[i].name);
+    PyMem_Free(s->entries);
+    for (Py_ssize_t i = 0; i < s->n_dtypes; ++i) Py_XDECREF(s->dtypes[i].name);
+    for (Py_ssize_t i = 0; i < s->n_shapes; ++i) Py_XDECREF(s->shapes[i].shape);
+    Py_XDECREF(s->names);
+    Py_XDECREF(s->metadata);
+}
+
+// The result of a step: go on, not taken (answer None), or a Python error is set.
+enum { OK = 0, NOT_TAKEN = 1, ERROR = -1 };
+
+// The dtype table's index of the dtype named by [s, s + n): looked up in `bits` (dtype name
+// -> bits per element) the first time it is met in the file.
+static int dtype_of(Scan* sc, PyObject* bits, const char* s, Py_ssize_t n, Py_ssize_t* index) {
+    for (Py_ssize_t i = 0; i < sc->n_dtypes; ++i)
+        if (sc->dtypes[i].n == n && memcmp(sc->dtypes[i].s, s, (size_t)n) == 0) {
+            *index = i;
+            return OK;
+        }
+    if (sc->n_dtypes == (Py_ssize_t)(sizeof sc->dtypes / sizeof sc->dtypes[0])) return NOT_TAKEN;
+    PyObject* name = PyUnicode_FromStringAndSize(s, n);
+    if (name == NULL) return ERROR;
+    PyObject* b = PyDict_GetItemWithError(bits, name);
+    if (b == NULL) {
+        Py_DECREF(name);
+        return PyErr_Occurred() ? ERROR : NOT_TAKEN;   // an unknown dtype: GQ108 there
+    }
+    long v = PyLong_AsLong(b);
+    if (v == -1 && PyErr_Occurred()) {
+        Py_DECREF(name);
+        return ERROR;
+    }
+    PyUnicode_InternInPlace(&name);
+    Dtype* d = &sc->dtypes[sc->n_dtypes];
+    d->s = s;
+    d->n = n;
+    d->name = name;
+    d->bits = (int)v;
+    *index = sc->n_dtypes++;
+    return OK;
+}
+
+// The shared shape tuple of (dtype, dims) and its bytes; NOT_TAKEN where the bytes overflow
+// or are not whole (GQ111, GQ112 there).
+static int shape_of(Scan* sc, Py_ssize_t dtype, const uint64_t* dims, int ndim,
+                    PyObject** shape, uint64_t* nbytes) {
+    for (Py_ssize_t i = 0; i < sc->n_shapes; ++i) {
+        Shape* h = &sc->shapes[i];
+        if (h->dtype == dtype && h->ndim == ndim &&
+            memcmp(h->dims, dims, sizeof(uint64_t) * (size_t)ndim) == 0) {
+            *shape = h->shape;
+            *nbytes = h->nbytes;
+            return OK;
+        }
+    }
+    // a file of more kinds of tensor than the cache holds is rare: the Python parser reads it
+    if (sc->n_shapes == SHAPE_CACHE) return NOT_TAKEN;
+    uint64_t numel = 1;
+    for (int i = 0; i < ndim; ++i)
+        if (__builtin_mul_overflow(numel, dims[i], &numel)) return NOT_TAKEN;
+    uint64_t total_bits;
+    if (__builtin_mul_overflow(numel, (uint64_t)sc->dtypes[dtype].bits, &total_bits) ||
+        total_bits % 8 != 0)
+        return NOT_TAKEN;
+    PyObject* t = PyTuple_New(ndim);
+    if (t == NULL) return ERROR;
+    for (int i = 0; i < ndim; ++i) {
+        PyObject* d = PyLong_FromUnsignedLongLong(dims[i]);
+        if (d == NULL) {
+            Py_DECREF(t);
+            return ERROR;
+        }
+        PyTuple_SET_ITEM(t, i, d);
+    }
+    Shape* h = &sc->shapes[sc->n_shapes++];
+    h->dtype = dtype;
+    h->ndim = ndim;
+    memcpy(h->dims, dims, sizeof(uint64_t) * (size_t)ndim);
+    h->nbytes = total_bits / 8;
+    h->shape = t;   // the cache owns it
+    *shape = t;
+    *nbytes = h->nbytes;
+    return OK;
+}
+
+static int entry(Scan* sc, Cursor* c, PyObject* bits, PyObject* name) {
+    const char* ds = NULL;
+    Py_ssize_t dn = 0;
+    uint64_t dims[MAX_DIMS];
+    int ndim = -1;
+    uint64_t off[2];
+    int have_off = 0;
+    if (!take(c, '{')) return NOT_TAKEN;
+    for (int k = 0; k < 3; ++k) {
+        const char* ks;
+        Py_ssize_t kn;
+        if (k > 0 && !take(c, ',')) return NOT_TAKEN;
+        if (!string(c, &ks, &kn) || !take(c, ':')) return NOT_TAKEN;
+        if (key_is(ks, kn, "dtype") && ds == NULL) {
+            if (!string(c, &ds, &dn)) return NOT_TAKEN;
+        } else if (key_is(ks, kn, "shape") && ndim < 0) {
+            if (!take(c, '[')) return NOT_TAKEN;
+            ndim = 0;
+            if (!take(c, ']')) {
+                do {
+                    if (ndim == MAX_DIMS || !unsigned_int(c, &dims[ndim])) return NOT_TAKEN;
+                    ++ndim;
+                } while (take(c, ','));
+                if (!take(c, ']')) return NOT_TAKEN;
+            }
+        } else if (key_is(ks, kn, "data_offsets") && !have_off) {
+            if (!take(c, '[') || !unsigned_int(c, &off[0]) || !take(c, ',') || !unsigned_int(c, &off[1]) ||
+                !take(c, ']'))
+                return NOT_TAKEN;
+            have_off = 1;
+        } else {
+            return NOT_TAKEN;   // another key, or one of the three twice
+        }
+    }
+    if (!take(c, '}')) return NOT_TAKEN;
+    Py_ssize_t d;
+    int r = dtype_of(sc, bits, ds, dn, &d);
+    if (r != OK) return r;
+    PyObject* shape;
+    uint64_t nbytes;
+    r = shape_of(sc, d, dims, ndim, &shape, &nbytes);
+    if (r != OK) return r;
+    if (off[1] < off[0] || off[1] - off[0] != nbytes) return NOT_TAKEN;
+    if (sc->count == sc->cap) {
+        Py_ssize_t cap = sc->cap ? 2 * sc->cap : 256;
+        Entry* e = PyMem_Realloc(sc->entries, sizeof(Entry) * (size_t)cap);
+        if (e == NULL) {
+            PyErr_NoMemory();
+            return ERROR;
+        }
+        sc->entries = e;
+        sc->cap = cap;
+    }
+    Entry* e = &sc->entries[sc->count++];
+    Py_INCREF(name);
+    e->name = name;
+    e->dtype = sc->dtypes[d].name;
+    e->shape = shape;
+    e->begin = off[0];
+    e->end = off[1];
+    e->order = sc->count - 1;
+    return OK;
+}
+
+static int metadata(Scan* sc, Cursor* c) {
+    if (sc->metadata != NULL || !take(c, '{')) return NOT_TAKEN;
+    sc->metadata = PyDict_New();
+    if (sc->metadata == NULL) return ERROR;
+    if (take(c, '}')) return OK;
+    do {
+        const char *ks, *vs;
+        Py_ssize_t kn, vn;
+        if (!string(c, &ks, &kn) || !take(c, ':') || !string(c, &vs, &vn)) return NOT_TAKEN;
+        PyObject* k = PyUnicode_FromStringAndSize(ks, kn);
+        if (k == NULL) return ERROR;
+        int has = PyDict_Contains(sc->metadata, k);
+        PyObject* v = has == 0 ? PyUnicode_FromStringAndSize(vs, vn) : NULL;
+        int r = v == NULL ? (has == 1 ? NOT_TAKEN : ERROR)
+                          : (PyDict_SetItem(sc->metadata, k, v) < 0 ? ERROR : OK);
+        Py_DECREF(k);
+        Py_XDECREF(v);
+        if (r != OK) return r;
+    } while (take(c, ','));
+    return take(c, '}') ? OK : NOT_TAKEN;
+}
+
+static int by_offsets(const void* a, const void* b) {
+    const Entry *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return x->order < y->order ? -1 : (x->order > y->order);
+}
+
+static int header(Scan* sc, Cursor* c, PyObject* bits) {
+    if (!take(c, '{')) return NOT_TAKEN;
+    if (!take(c, '}')) {
+        do {
+            const char* ks;
+            Py_ssize_t kn;
+            if (!string(c, &ks, &kn) || !take(c, ':')) return NOT_TAKEN;
+            int r;
+            if (key_is(ks, kn, "__metadata__")) {
+                r = metadata(sc, c);
+            } else {
+                PyObject* name = PyUnicode_FromStringAndSize(ks, kn);
+                if (name == NULL) return ERROR;
+                Py_ssize_t before = PyDict_GET_SIZE(sc->names);
+                r = PyDict_SetItem(sc->names, name, Py_None) < 0 ? ERROR
+                    : PyDict_GET_SIZE(sc->names) == before ? NOT_TAKEN   // met twice: GQ107
+                    : entry(sc, c, bits, name);
+                Py_DECREF(name);
+            }
+            if (r != OK) return r;
+        } while (take(c, ','));
+        if (!take(c, '}')) return NOT_TAKEN;
+    }
+    skip_ws(c);
+    return c->p == c->end ? OK : NOT_TAKEN;
+}
+
+// scan(raw: bytes, bits: dict[str, int], info: type) -> (tensors, metadata, data_len) | None
+// tensors: name -> info(name, dtype, shape, begin, end) in data order; metadata: dict or None.
+static PyObject* scan(PyObject* self, PyObject* args) {
+    Py_buffer raw;
+    PyObject *bits, *info;
+    if (!PyArg_ParseTuple(args, "y*O!O!", &raw, &PyDict_Type, &bits, &PyType_Type, &info))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject*)info, &PyTuple_Type) ||
+        ((PyTypeObject*)info)->tp_basicsize != PyTuple_Type.tp_basicsize) {
+        PyBuffer_Release(&raw);
+        PyErr_SetString(PyExc_TypeError, "info must be a tuple type without fields of its own");
+        return NULL;
+    }
+    Scan sc;
+    memset(&sc, 0, sizeof sc);
+    PyObject* out = NULL;
+    PyObject* tensors = NULL;
+    sc.names = PyDict_New();
+    if (sc.names == NULL) goto done;
+    Cursor c = {(const char*)raw.buf, (const char*)raw.buf + raw.len};
+    int r = header(&sc, &c, bits);
+    if (r == ERROR) goto done;
+    if (r == NOT_TAKEN) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    int sorted = 1;
+    for (Py_ssize_t i = 1; i < sc.count && sorted; ++i)
+        sorted = by_offsets(&sc.entries[i - 1], &sc.entries[i]) <= 0;
+    if (!sorted) qsort(sc.entries, (size_t)sc.count, sizeof(Entry), by_offsets);
+    uint64_t expected = 0;
+    for (Py_ssize_t i = 0; i < sc.count; ++i) {
+        if (sc.entries[i].begin != expected) {   // a hole or an overlap: GQ113 there
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        expected = sc.entries[i].end;
+    }
+    tensors = PyDict_New();
+    if (tensors == NULL) goto done;
+    PyTypeObject* type = (PyTypeObject*)info;
+    for (Py_ssize_t i = 0; i < sc.count; ++i) {
+        Entry* e = &sc.entries[i];
+        // what tuple.__new__(info, items) does for a named tuple, without its Python __new__
+        PyObject* t = type->tp_alloc(type, 5);
+        if (t == NULL) goto done;
+        PyObject* begin = PyLong_FromUnsignedLongLong(e->begin);
+        PyObject* end = PyLong_FromUnsignedLongLong(e->end);
+        PyTuple_SET_ITEM(t, 0, Py_NewRef(e->name));
+        PyTuple_SET_ITEM(t, 1, Py_NewRef(e->dtype));
+        PyTuple_SET_ITEM(t, 2, Py_NewRef(e->shape));
+        PyTuple_SET_ITEM(t, 3, begin);
+        PyTuple_SET_ITEM(t, 4, end);
+        int bad = begin == NULL || end == NULL || PyDict_SetItem(tensors, e->name, t) < 0;
+        Py_DECREF(t);
+        if (bad) goto done;
+    }
+    out = Py_BuildValue("(OOK)", tensors, sc.metadata ? sc.metadata : Py_None,
+                        (unsigned long long)expected);
+done:
+    Py_XDECREF(tensors);
+    scan_free(&sc);
+    PyBuffer_Release(&raw);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS,
+     "scan(raw, bits, info) -> (tensors, metadata, data_len) | None: a safetensors header "
+     "of the plain kind, or None for the Python parser to read."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native",
+    "A safetensors header read in one pass (kernels/safetensors_native.c).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject* m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", MODULE_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
