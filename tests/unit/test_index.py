@@ -266,6 +266,10 @@ def test_a_tensor_in_two_shards_is_where_the_index_says_when_in_either(tmp_path)
                                              "contain it; it is in s1.safetensors"])):
         (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
             "a": "s1.safetensors", "b": "s2.safetensors", "c": "s3.safetensors", "t": where}}))
-        found = open_store(d).findings
+        store = open_store(d)
+        found = store.findings
         assert [f.message for f in found if f.code == "GQ123"] == wrong
         assert [f.tensor for f in found if f.code == "GQ126"] == ["t"]
+        # a tensor's entry is the one of the file it is located in, and only its tensors have one
+        assert store.infos == {t: store.files[s].tensors[t] for t, s in store.locations.items()}
+        assert store.info("t") is store.files["s1.safetensors"].tensors["t"]
