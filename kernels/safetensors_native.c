@@ -5,13 +5,14 @@
 // scan: a safetensors header read in one pass, for the headers every writer of the field
 // writes. A mixture of experts' shards hold hundreds of thousands of tensor entries;
 // json.loads, then a Python object and a check per entry, took most of the time to open such
-// a checkpoint. It takes only a strict subset of JSON whose meaning is plain, and answers None for anything
-// else, for header.py's parser to read and report: strings of printable ASCII without escapes,
-// non-negative integers of up to 18 digits, entries of exactly the keys dtype, shape and
-// data_offsets, a __metadata__ object of strings, no key twice, a dtype it is given the size
-// of, offsets that span the shape's bytes, tensors that tile the data from byte 0 without a
-// hole or an overlap. What it answers is what header.py's parser answers for the same bytes
-// (the tests hold the two equal on fixtures and on mutated headers).
+// a checkpoint. It takes only a strict subset of JSON whose meaning is plain, and answers
+// None for anything else, for header.py's parser to read and report: strings of printable
+// ASCII without escapes, non-negative integers of up to 18 digits, entries of exactly the
+// keys dtype, shape and data_offsets, a __metadata__ object of strings, no key twice, a dtype
+// it is given the size of, offsets that span the shape's bytes, tensors that tile the data
+// from byte 0 without a hole or an overlap. What it answers is what header.py's parser
+// answers for the same bytes (the tests hold the two equal on fixtures and on mutated
+// headers).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -227,8 +228,8 @@ static int entry(Scan* sc, Cursor* c, PyObject* bits, PyObject* name) {
                 if (!take(c, ']')) return NOT_TAKEN;
             }
         } else if (key_is(ks, kn, "data_offsets") && !have_off) {
-            if (!take(c, '[') || !unsigned_int(c, &off[0]) || !take(c, ',') || !unsigned_int(c, &off[1]) ||
-                !take(c, ']'))
+            if (!take(c, '[') || !unsigned_int(c, &off[0]) || !take(c, ',') ||
+                !unsigned_int(c, &off[1]) || !take(c, ']'))
                 return NOT_TAKEN;
             have_off = 1;
         } else {
