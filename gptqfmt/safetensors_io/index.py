@@ -272,27 +272,8 @@ def _open_indexed(root: Path) -> TensorStore:
     if failed:
         store.unreadable.update((t, s) for t, s in weight_map.items()
                                 if s in failed and t not in store.locations)
-    # Tensors must sit exactly where the map says: so they do where the map is what was found
-    # (one comparison of two dicts, the usual case). Else the few mapped elsewhere than where
-    # they were found are found first, as a set difference (not a step a tensor of the
-    # hundreds of thousands mapped), then sorted; one found first in another file may still
-    # be in its own.
-    exact = weight_map == store.locations
-    for t, s in [] if exact else sorted(
-            (t, s) for t, s in weight_map.items() - store.locations.items()
-            if s in store.files and t not in store.files[s].tensors):
-        actual = store.locations.get(t)
-        where = f"; it is in {actual}" if actual else ""
-        store.findings.append(Finding("GQ123", f"index maps it to {s}, which does not "
-                                      f"contain it{where}", file=INDEX_NAME, tensor=t))
-    for name, f in [] if exact else store.files.items():
-        if weight_map.keys() >= f.tensors.keys():   # the rule: every tensor listed
-            continue
-        for t in f.tensors:
-            if t not in weight_map:
-                store.findings.append(Finding("GQ124", "not listed in the index weight_map; "
-                                              "loaders that follow the index never see it",
-                                              file=name, tensor=t))
+    if weight_map != store.locations:   # else every tensor sits where the map says: one compare
+        store.findings += _misplaced(store, weight_map)
     referenced = set(weight_map.values())
     for p in _listdir(root):
         if p.name.endswith(SUFFIX) and p.name not in referenced:
@@ -315,6 +296,27 @@ def _open_indexed(root: Path) -> TensorStore:
         raise FindingError(*store.findings, Finding("GQ128", "no shard of the index could be "
                                                     "read", file=INDEX_NAME))
     return store
+
+
+def _misplaced(store: TensorStore, weight_map: dict[str, str]) -> list[Finding]:
+    """GQ123 for each tensor the index maps to a file that does not hold it, GQ124 for each
+    tensor of a file that the index does not list. The few mapped elsewhere than where they
+    were found are found first, as a set difference (not a step a tensor of the hundreds of
+    thousands mapped), then sorted; one found first in another file may still be in its own."""
+    out = []
+    for t, s in sorted((t, s) for t, s in weight_map.items() - store.locations.items()
+                       if s in store.files and t not in store.files[s].tensors):
+        actual = store.locations.get(t)
+        where = f"; it is in {actual}" if actual else ""
+        out.append(Finding("GQ123", f"index maps it to {s}, which does not contain it{where}",
+                           file=INDEX_NAME, tensor=t))
+    for name, f in store.files.items():
+        if weight_map.keys() >= f.tensors.keys():   # the rule: every tensor listed
+            continue
+        out += [Finding("GQ124", "not listed in the index weight_map; loaders that follow the "
+                        "index never see it", file=name, tensor=t)
+                for t in f.tensors if t not in weight_map]
+    return out
 
 
 def total_sizes(files) -> tuple[int, int]:

@@ -221,6 +221,7 @@ def test_generated_headers_read_the_same(entries, metadata, ws, rnd):
 def test_mutated_fixture_headers_read_the_same():
     rnd = random.Random(7)
     headers = [(raw, size) for _, raw, size in fixture_headers() if len(raw) > 40]
+    taken = 0
     for _ in range(1500):
         raw, size = rnd.choice(headers)
         b = bytearray(raw)
@@ -228,6 +229,36 @@ def test_mutated_fixture_headers_read_the_same():
             at = rnd.randrange(len(b))
             b[at] = rnd.choice(b'{}[],:"\\0129-. aeF') if rnd.random() < 0.8 else rnd.randrange(256)
         same(bytes(b), size)
+        taken += scanned(bytes(b)) is not None
+    assert taken > 100   # the compiled reader's answers compared, not only the parser's
+
+
+PLAIN_NAMES = st.text(alphabet=st.sampled_from("ab.0_ /-:"), min_size=0, max_size=8)
+
+
+@needs_build
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(PLAIN_NAMES, st.tuples(st.sampled_from(["F16", "I32", "BF16", "BOOL",
+                                                               "U8", "F64"]),
+                                              st.lists(st.integers(0, 6), max_size=4)),
+                       max_size=8),
+       st.dictionaries(PLAIN_NAMES, PLAIN_NAMES, max_size=2), st.booleans(),
+       st.randoms(use_true_random=False))
+def test_generated_plain_headers_are_taken_and_read_the_same(entries, metadata, meta, rnd):
+    """Any header of the plain kind, in any order, is the compiled reader's, with the Python
+    parser's answer."""
+    items = list(entries.items())
+    rnd.shuffle(items)   # written out of data order too
+    doc, at = {}, 0
+    for name, (dtype, shape) in items:
+        doc[name] = entry(dtype, tuple(shape), at)
+        at = doc[name]["data_offsets"][1]
+    if meta and "__metadata__" not in doc:
+        doc["__metadata__"] = metadata
+    raw = json.dumps(dict(sorted(doc.items())), indent=rnd.choice([None, 1])).encode()
+    assert scanned(raw) is not None
+    size = 8 + len(raw) + at
+    assert parsed(raw, size, True) == parsed(raw, size, False)
 
 
 def test_without_the_extension_a_header_still_reads(monkeypatch):
