@@ -13,13 +13,21 @@
 // from byte 0 without a hole or an overlap. What it answers is what header.py's parser
 // answers for the same bytes (the tests hold the two equal on fixtures and on mutated
 // headers).
+//
+// survey: many small ranges of one open file read with the GIL released, each compared with
+// the first range of its group or checked for zero bytes (see survey below).
+#define _GNU_SOURCE   // preadv2 and RWF_NOWAIT where the C library has them
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
-#define MODULE_VERSION 1
+#define MODULE_VERSION 2
 #define MAX_DIMS 16      // more dimensions than any weight has: the Python parser takes those
 #define MAX_DIGITS 18    // below 2^63, so no integer here overflows
 #define SHAPE_CACHE 32   // distinct (dtype, shape) pairs a file's entries share objects from
@@ -388,16 +396,263 @@ done:
     return out;
 }
 
+
+// -- survey ----------------------------------------------------------------------------------
+#define SURVEY_EQUAL 1   // the range holds the bytes of its group's first range (that one too)
+#define SURVEY_ZERO 2    // every byte of the range is 0 (ranges of group -1 only)
+#define SURVEY_UNREAD 4  // the range could not be read whole: nothing is said of it
+
+// All of [at, at + len) into buf, from `got` bytes already there; the bytes read in all.
+static int64_t read_rest(int fd, char* buf, int64_t len, int64_t at, int64_t got) {
+    while (got < len) {
+        ssize_t n = pread(fd, buf + got, (size_t)(len - got), (off_t)(at + got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;   // an error, or the end of the file: the caller says UNREAD
+        got += n;
+    }
+    return got;
+}
+
+typedef struct {
+    int fd;
+    int64_t hint, every;
+    int cold, asking;      // asking: reads that do not wait tell whether the file is cached
+    int64_t told, next;    // ranges [0, told) told to the kernel; tell more at range `next`
+} Ahead;
+
+// Before range j is read: once a range is found missing from the page cache (a read that does
+// not wait, at a file's first two ranges and every `every`-th after, gets less than all of
+// it), the kernel is told of the ranges up to `hint` bytes past the one being read, each
+// once, and more half way there; as reader.ReadAhead does for the Python reads. Returns
+// the bytes of range j already read into buf.
+static int64_t ahead_before(Ahead* a, const int64_t* spans, int64_t count, int64_t j,
+                            char* buf) {
+    int64_t got = 0;
+    const int64_t at = spans[3 * j], len = spans[3 * j + 1];
+#if defined(RWF_NOWAIT) && defined(POSIX_FADV_WILLNEED)
+    if (!a->cold && a->asking && j % a->every <= 1 && len > 0) {
+        struct iovec v = {buf, (size_t)len};
+        ssize_t n = preadv2(a->fd, &v, 1, (off_t)at, RWF_NOWAIT);
+        if (n == len) return len;
+        if (n < 0 && errno != EAGAIN) {   // a system or file system that refuses the flag
+            a->asking = 0;
+            return 0;
+        }
+        got = n > 0 ? n : 0;
+        a->cold = 1;
+        a->told = a->next = j;
+    }
+    if (a->cold && j >= a->next) {
+        int64_t total = 0, i = j;
+        for (; i < count && total < a->hint; ++i) {
+            if (i >= a->told && spans[3 * i + 1] > 0)
+                posix_fadvise(a->fd, (off_t)spans[3 * i], (off_t)spans[3 * i + 1],
+                              POSIX_FADV_WILLNEED);
+            total += spans[3 * i + 1];
+        }
+        if (i > a->told) a->told = i;
+        a->next = j + ((i - j) / 2 > 1 ? (i - j) / 2 : 1);
+    }
+#else
+    (void)spans; (void)count; (void)j; (void)buf; (void)a; (void)at; (void)len;
+#endif
+    return got;
+}
+
+// Every range of spans [count, 3] (offset, length, group) of open file fd read in order and
+// judged into flags (SURVEY_*): a range of group g >= 0 compared with the first range of
+// group g (kept in memory, one per group, until the call returns), one of group -1 checked
+// for zero bytes. Called without the GIL. 0, or -1 where memory ran out.
+static int survey_ranges(int fd, const int64_t* spans, int64_t count, int64_t groups,
+                         int64_t hint, int64_t every, int cold, char* flags) {
+    int64_t most = 0;
+    for (int64_t j = 0; j < count; ++j)
+        if (spans[3 * j + 1] > most) most = spans[3 * j + 1];
+    char** reps = (char**)calloc((size_t)groups + 1, sizeof(char*));
+    int64_t* rep_len = (int64_t*)calloc((size_t)groups + 1, sizeof(int64_t));
+    char* scratch = (char*)malloc((size_t)most + 1);
+    int failed = reps == NULL || rep_len == NULL || scratch == NULL;
+    Ahead a = {fd, hint, every, cold != 0, 1, 0, 0};
+    for (int64_t j = 0; j < count && !failed; ++j) {
+        const int64_t at = spans[3 * j], len = spans[3 * j + 1], g = spans[3 * j + 2];
+        // a group's first range is kept (the others are compared with it)
+        const int first = g >= 0 && reps[g] == NULL && rep_len[g] == 0;
+        char* buf = scratch;
+        if (first && (buf = reps[g] = (char*)malloc((size_t)len + 1)) == NULL) {
+            failed = 1;
+            break;
+        }
+        int64_t got = read_rest(fd, buf, len, at, ahead_before(&a, spans, count, j, buf));
+        char f = 0;
+        if (got != len) {
+            f = SURVEY_UNREAD;
+            if (first) {   // the group has nothing to compare with: its ranges say nothing
+                free(reps[g]);
+                reps[g] = NULL;
+                rep_len[g] = -1;
+            }
+        } else if (g < 0) {
+            if (len == 0 || (buf[0] == 0 && memcmp(buf, buf + 1, (size_t)len - 1) == 0))
+                f = SURVEY_ZERO;
+        } else if (first) {
+            rep_len[g] = len;
+            f = SURVEY_EQUAL;
+        } else if (reps[g] != NULL && rep_len[g] == len &&
+                   memcmp(buf, reps[g], (size_t)len) == 0) {
+            f = SURVEY_EQUAL;
+        }
+        flags[j] = f;
+    }
+    if (reps != NULL)
+        for (int64_t g = 0; g < groups; ++g) free(reps[g]);
+    free(reps);
+    free(rep_len);
+    free(scratch);
+    return failed ? -1 : 0;
+}
+
+// Whether `name`'s text after its last dot is one of `suffixes` (a tuple of str).
+static int has_suffix(PyObject* name, PyObject* suffixes) {
+    Py_ssize_t n;
+    const char* s = PyUnicode_AsUTF8AndSize(name, &n);
+    if (s == NULL) return -1;
+    const char* dot = memrchr(s, '.', (size_t)n);
+    if (dot == NULL || dot == s) return 0;   // a role needs a module before it
+    const char* tail = dot + 1;
+    const Py_ssize_t k = n - (tail - s);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(suffixes); ++i) {
+        Py_ssize_t m;
+        const char* want = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(suffixes, i), &m);
+        if (want == NULL) return -1;
+        if (m == k && memcmp(tail, want, (size_t)k) == 0) return 1;
+    }
+    return 0;
+}
+
+// survey(fd, infos, data_start, alike, heads, n, most, hint, every, cold) -> (rep, zero)
+// infos: a file's header entries (name, dtype, shape, begin, end) in the order to read them
+// (the file's data order: a disk reads ahead of reads that move forward). An entry whose name
+// ends in .<one of alike> of 1 to `most` bytes is compared whole with the first such entry of
+// its dtype and shape: rep maps each that holds the first one's bytes (that one too) to the
+// first one's name. An entry ending in .<one of heads> has its first `n` bytes (all of a
+// smaller one) checked: zero maps it to whether they are all 0 (an empty one is left out).
+// What could not be read whole is in neither. The reads run with the GIL released, with
+// read-ahead as reader.ReadAhead's (hint, every; cold: from the first range on).
+static PyObject* survey(PyObject* self, PyObject* args) {
+    (void)self;
+    int fd, cold;
+    PyObject *infos, *alike, *heads;
+    long long start, n, most, hint, every;
+    if (!PyArg_ParseTuple(args, "iO!LO!O!LLLLp", &fd, &PyList_Type, &infos, &start,
+                          &PyTuple_Type, &alike, &PyTuple_Type, &heads, &n, &most, &hint,
+                          &every, &cold))
+        return NULL;
+    if (start < 0 || n < 0 || most < 0 || hint < 0 || every < 1) {
+        PyErr_SetString(PyExc_ValueError, "survey: data_start, n, most and hint must be >= 0, "
+                        "every >= 1");
+        return NULL;
+    }
+    const Py_ssize_t total = PyList_GET_SIZE(infos);
+    PyObject *kinds = PyDict_New(), *rep = PyDict_New(), *zero = PyDict_New();
+    PyObject** names = (PyObject**)malloc(sizeof(PyObject*) * (size_t)(total + 1));
+    int64_t* spans = (int64_t*)malloc(sizeof(int64_t) * 3 * (size_t)(total + 1));
+    PyObject** firsts = NULL;
+    char* flags = NULL;
+    PyObject* out = NULL;
+    int64_t count = 0;
+    if (kinds == NULL || rep == NULL || zero == NULL || names == NULL || spans == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < total; ++i) {
+        PyObject* e = PyList_GET_ITEM(infos, i);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 5 ||
+            !PyUnicode_Check(PyTuple_GET_ITEM(e, 0))) {
+            PyErr_SetString(PyExc_TypeError, "survey: infos must be (name, dtype, shape, "
+                            "begin, end) tuples");
+            goto done;
+        }
+        PyObject* name = PyTuple_GET_ITEM(e, 0);
+        const int whole = has_suffix(name, alike);
+        const int head = whole ? 0 : has_suffix(name, heads);
+        if (whole < 0 || head < 0) goto done;
+        if (!whole && !head) continue;
+        const long long begin = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 3));
+        const long long end = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 4));
+        if (PyErr_Occurred()) goto done;
+        const long long size = end - begin;
+        if (begin < 0 || size <= 0 || (whole && size > most)) continue;
+        int64_t g = -1;
+        if (whole) {
+            PyObject* key = PyTuple_Pack(2, PyTuple_GET_ITEM(e, 1), PyTuple_GET_ITEM(e, 2));
+            if (key == NULL) goto done;
+            PyObject* index = PyLong_FromSsize_t(PyDict_GET_SIZE(kinds));
+            PyObject* got = index ? PyDict_SetDefault(kinds, key, index) : NULL;
+            Py_DECREF(key);
+            Py_XDECREF(index);
+            if (got == NULL) goto done;
+            g = PyLong_AsLongLong(got);
+        }
+        names[count] = name;   // borrowed: infos holds it for the call
+        spans[3 * count] = start + begin;
+        spans[3 * count + 1] = whole ? size : (size < n ? size : n);
+        spans[3 * count + 2] = g;
+        ++count;
+    }
+    const int64_t groups = PyDict_GET_SIZE(kinds);
+    flags = (char*)malloc((size_t)count + 1);
+    firsts = (PyObject**)calloc((size_t)groups + 1, sizeof(PyObject*));
+    if (flags == NULL || firsts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = survey_ranges(fd, spans, count, groups, hint, every, cold, flags);
+    Py_END_ALLOW_THREADS
+    if (r < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int64_t j = 0; j < count; ++j) {
+        const int64_t g = spans[3 * j + 2];
+        if (flags[j] & SURVEY_UNREAD) continue;
+        int bad = 0;
+        if (g < 0) {
+            bad = PyDict_SetItem(zero, names[j], flags[j] & SURVEY_ZERO ? Py_True : Py_False);
+        } else if (flags[j] & SURVEY_EQUAL) {   // a group's first range read is flagged too
+            if (firsts[g] == NULL) firsts[g] = names[j];
+            bad = PyDict_SetItem(rep, names[j], firsts[g]);
+        }
+        if (bad < 0) goto done;
+    }
+    out = PyTuple_Pack(2, rep, zero);
+done:
+    Py_XDECREF(kinds);
+    Py_XDECREF(rep);
+    Py_XDECREF(zero);
+    free(names);
+    free(spans);
+    free(firsts);
+    free(flags);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(raw, bits, info) -> (tensors, metadata, data_len) | None: a safetensors header "
      "of the plain kind, or None for the Python parser to read."},
+    {"survey", survey, METH_VARARGS,
+     "survey(fd, infos, data_start, alike, heads, n, most, hint, every, cold) -> (rep, zero): "
+     "which small tensors of a file hold the bytes of the first of their dtype and shape, "
+     "and which begin with n zero bytes, read with the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native",
-    "A safetensors header read in one pass (kernels/safetensors_native.c).", -1, methods,
+    "A safetensors header read in one pass, and many small ranges surveyed "
+    "(kernels/safetensors_native.c).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__native(void) {

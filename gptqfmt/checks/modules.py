@@ -14,7 +14,7 @@ from ..bits.packing import maxq as code_max
 from ..detection.decide import AMBIGUOUS, ModuleVerdict, corruption_signatures, zero_clamp
 from ..findings import Finding
 from ..formats.gptq.checkpoint import Checkpoint, Module
-from ..formats.model import QuantModule
+from ..formats.model import PROBE, PROBED, QuantModule
 from ..formats.source import Source
 from ..runtimes.groups import maxq_readings
 from ..safetensors_io.dtypes import FP16_MAX, finite_nonzero_absmax, to_float32
@@ -53,7 +53,6 @@ def module_findings(src: Source, m: QuantModule, verdict: ModuleVerdict | None =
     return out + declared_findings(ck, mod)
 
 
-PROBE = 4096          # the first bytes of a tensor looked at for a nonzero byte (one page)
 ZERO_SCAN = 1 << 20   # then per step, where the probe found none
 
 
@@ -65,7 +64,7 @@ def _all_zero_after_probe(raw: np.ndarray) -> bool:
 
 def probed(m: QuantModule) -> list[str]:
     """The tensors of module `m` whose first PROBE bytes zero_tensor_findings looks at."""
-    return [t for r in ("qweight", "scales") if (t := m.tensors.get(r))]
+    return [t for r in PROBED if (t := m.tensors.get(r))]
 
 
 def probe_reads(m: QuantModule) -> list[tuple[str, list[tuple[int, int]] | None]]:

@@ -144,6 +144,8 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
     remote = ckpt.store.remote
     # a mirrored checkpoint is read in threads: what a forked worker fetched would land in
     # the file but not in this process's record of what is there
+    if workers > 1 and len(mods) >= PROCESS_MIN_MODULES:
+        ckpt.store.settle()   # the store's survey thread ends: this process may fork
     if workers > 1 and len(mods) >= PROCESS_MIN_MODULES and _forks_safely() and not remote:
         ctx = multiprocessing.get_context("fork")
         pool: Executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,

@@ -37,6 +37,10 @@ class Kind(IntEnum):
 
 F32, F16, BF16 = Kind.F32, Kind.F16, Kind.BF16
 DTYPE_KIND = {"F32": F32, "F16": F16, "BF16": BF16}  # safetensors dtype -> kind
+# A module's tensors that are probed for zero bytes (a tensor never written), by role, and the
+# first bytes of each looked at for a nonzero byte (one page)
+PROBED = ("qweight", "scales")
+PROBE = 4096
 
 
 @dataclass(frozen=True)

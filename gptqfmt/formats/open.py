@@ -57,13 +57,15 @@ def sniff(store: TensorStore) -> Sniffed:
     return Sniffed(GPTQ, None, {}, files, found)
 
 
-def open_source(path: str | os.PathLike[str]) -> Source:
+def open_source(path: str | os.PathLike[str], survey: bool = False) -> Source:
     """The checkpoint at `path` (a directory or one .safetensors file) as a Source in its own
     format (see the module docstring). Raises UsageError for a path that is not one, and
-    FindingError where nothing can be read."""
+    FindingError where nothing can be read. `survey`: for a caller about to read every small
+    g_idx and qzeros and probe every module (inspect), a GPTQ checkpoint starts those reads on
+    a second thread as it is opened (open_checkpoint)."""
     store = open_store(path)
     try:
-        return _reader(path, store, sniff(store))
+        return _reader(path, store, sniff(store), survey)
     except BaseException:
         store.close()
         raise
@@ -86,7 +88,8 @@ def open_labelled(path: str | os.PathLike[str]) -> tuple[Source, Checkpoint]:
     return src, src.ckpt
 
 
-def _reader(path: str | os.PathLike[str], store: TensorStore, s: Sniffed) -> Source:
+def _reader(path: str | os.PathLike[str], store: TensorStore, s: Sniffed,
+            survey: bool = False) -> Source:
     src: ct.CtSource | awq.AwqSource
     if s.format == COMPRESSED_TENSORS:
         if s.label is None:
@@ -98,7 +101,7 @@ def _reader(path: str | os.PathLike[str], store: TensorStore, s: Sniffed) -> Sou
     elif s.format == AWQ:
         src = awq.AwqSource(store, s.label, s.doc, s.config_files)
     else:   # GPTQ reads its configs itself (load_config: its own findings, GQ201/GQ202 too)
-        return GptqSource(open_checkpoint(path, store))
+        return GptqSource(open_checkpoint(path, store, survey))
     src.findings[:0] = s.findings   # config files that could not be read (GQ201, GQ202)
     src.path = store.root if Path(path).is_dir() else Path(path)
     return src

@@ -85,7 +85,7 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> InspectResult:
     """Model the checkpoint at `path`, check what bounded reads allow and, where its zero points
     follow a label, detect their convention (every qzeros, a sample of qweight rows) and what
     each runtime makes of it."""
-    src = open_source(path)
+    src = open_source(path, survey=True)
     ck = src.labelled
     findings = list(src.findings)
     det = runtimes = None

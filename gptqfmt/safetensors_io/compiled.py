@@ -1,7 +1,8 @@
-"""The compiled header reader of kernels/safetensors_native.c (the extension
+"""The compiled header reader and range survey of kernels/safetensors_native.c (the extension
 gptqfmt.safetensors_io._native) where the install built it. A machine without a C compiler,
 or GPTQFMT_NATIVE=0 (which the tests use to hold the two equal), reads every header with
-header.py's parser and gets the same answers.
+header.py's parser and gets the same answers, and surveys nothing (survey.py: every tensor is
+then read where it is asked for).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from ..bits import native
 
 # the extension's VERSION this module is written for (kernels/safetensors_native.c)
-VERSION = 1
+VERSION = 2
 
 
 _NATIVE = native.load(f"{__package__}._native", VERSION)
@@ -33,3 +34,17 @@ def scan(raw: bytes, bits: dict[str, int], info: type) -> tuple[dict[str, Any],
     assert _NATIVE is not None
     return _NATIVE.scan(raw, bits, info)
 
+
+
+
+def survey(fd: int, infos: list[Any], data_start: int, alike: tuple[str, ...],
+           heads: tuple[str, ...], n: int, most: int, hint: int, every: int,
+           cold: bool = False) -> tuple[dict[str, str], dict[str, bool]]:
+    """(rep, zero) of one file's small tensors, read from open file `fd` with the GIL
+    released (kernels/safetensors_native.c says how): `infos` its header entries in the order
+    to read them; a tensor named .<one of alike> of at most `most` bytes maps in rep to the
+    first of its dtype and shape whose bytes it holds; one named .<one of heads> maps in zero
+    to whether its first `n` bytes are all 0. Read-ahead as reader.ReadAhead's (`hint`,
+    `every`; `cold`: from the first range). Only where available()."""
+    assert _NATIVE is not None
+    return _NATIVE.survey(fd, infos, data_start, alike, heads, n, most, hint, every, cold)

@@ -19,11 +19,12 @@ import numpy as np
 from ..errors import FindingError, UsageError
 from ..findings import Finding
 from ..resources import validator
-from . import foreign, journal
+from . import compiled, foreign, journal
 from .header import TensorInfo
 from .hub import cache_root_hint, cache_root_note
 from .reader import Part, SafetensorsFile, sniff
 from .remote import fetch_all
+from .survey import Pass, Survey
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -43,6 +44,8 @@ class TensorStore:
     # tensor -> its header entry in the file `locations` names: asked hundreds of thousands of
     # times of a mixture of experts, one lookup where the file's would be three
     infos: dict[str, TensorInfo] = field(default_factory=dict)
+    # many small tensors read on a second thread (start_survey), None where none was started
+    survey: Survey | None = None
 
     def info(self, tensor: str) -> TensorInfo:
         return self.infos[tensor]
@@ -85,15 +88,45 @@ class TensorStore:
         for name, ts in by_file.items():
             yield from self.files[name].heads(ts, n)
 
+    def start_survey(self, passes: list[Pass], n: int) -> None:
+        """Survey (survey.py) the tensors named with the suffixes of `passes` on a second
+        thread, from now on, where the compiled loops are built: heads_grouped and zero_heads
+        then read only what it leaves unsaid."""
+        if self.survey is None and compiled.available() and not self.remote:
+            self.survey = Survey(self.files, self.locations, passes, n)
+
+    def settle(self) -> None:
+        """Wait for the survey's thread to end, if one runs: before this process forks (a
+        child of a process with a thread running may inherit a lock held)."""
+        if self.survey is not None:
+            self.survey.close()
+
+    def heads_grouped(self, tensors: Iterable[str]) -> Iterator[tuple[bytes, list[str]]]:
+        """Every one of `tensors` whole, as (bytes, the tensors that hold them): where the
+        survey found tensors alike, their group's representative is read once for all of
+        them; every other tensor is read alone (heads)."""
+        if self.survey is None:
+            known: dict[str, list[str]] = {}
+            rest = list(tensors)
+        else:
+            known, rest = self.survey.groups(tensors)
+        for r, raw in self.heads(known):
+            yield raw, known[r]
+        for t, raw in self.heads(rest):
+            yield raw, [t]
+
     def zero_heads(self, tensors: Iterable[str], n: int) -> set[str]:
         """Those of `tensors` whose first `n` bytes (all of a smaller one) are zero bytes, an
-        empty tensor never.
+        empty tensor never; as the survey found them where it did.
 
         Worked example: a 4-bit qweight whose first word is 0x00000010 has a nonzero head;
         one never packed (every word 0) has n zero bytes and is named."""
+        found, rest = (set(), list(tensors)) if self.survey is None else \
+            self.survey.zero_heads(tensors, n)
         zero = bytes(n)   # one to compare with, not one a tensor
-        return {t for t, head in self.heads(tensors, n)
-                if head and (head == zero if len(head) == n else head.count(0) == len(head))}
+        return found | {t for t, head in self.heads(rest, n)
+                        if head and (head == zero if len(head) == n else
+                                     head.count(0) == len(head))}
 
     def file_of(self, tensor: str) -> str:
         """The file that holds `tensor`, or the shard the index puts it in that cannot be
@@ -118,6 +151,7 @@ class TensorStore:
                 f.release()
 
     def close(self) -> None:
+        self.settle()
         for f in self.files.values():
             f.close()
 

@@ -24,7 +24,7 @@ from ...bits.packing import block
 from ...findings import Finding
 from ...safetensors_io.dtypes import DTYPES, PACK_DTYPE_NAMES, WORD_DTYPES, to_float32
 from ...safetensors_io.index import TensorStore, open_store
-from ..model import DTYPE_KIND, ModuleTensors, is_lm_head
+from ..model import DTYPE_KIND, PROBE, PROBED, ModuleTensors, is_lm_head
 from .config import ModuleConfig, QuantConfig, load_config
 
 ROLES = ("qweight", "qzeros", "scales", "g_idx", "bias")
@@ -142,10 +142,15 @@ class Checkpoint:
         small = {i: m for i, m in enumerate(mods)
                  if self.store.info(m.tensors["qzeros"]).nbytes <= most}
         todo = {m.tensors["qzeros"]: m for m in small.values() if m.name not in self._patterns}
-        for t, raw in self.store.heads(todo):
-            m, info = todo[t], self.store.info(t)
-            self._patterns[m.name] = symmetric_pattern_of_bytes(
-                raw, DTYPES[info.dtype].numpy.str, info.shape, m.bits)
+        for raw, ts in self.store.heads_grouped(todo):
+            info = self.store.info(ts[0])   # tensors alike share their dtype and shape
+            found: dict[int, str | None] = {}   # by bits
+            for t in ts:
+                m = todo[t]
+                if m.bits not in found:
+                    found[m.bits] = symmetric_pattern_of_bytes(
+                        raw, DTYPES[info.dtype].numpy.str, info.shape, m.bits)
+                self._patterns[m.name] = found[m.bits]
         return {i: self._patterns[m.name] for i, m in small.items()}
 
     def keep_patterns(self, patterns: dict[str, str | None]) -> None:
@@ -185,10 +190,17 @@ class Checkpoint:
         self.close()
 
 
-def open_checkpoint(path: str | os.PathLike[str], store: TensorStore | None = None) -> Checkpoint:
+def open_checkpoint(path: str | os.PathLike[str], store: TensorStore | None = None,
+                    survey: bool = False) -> Checkpoint:
     """Open and model a checkpoint (headers, configs, g_idx; no qweight data is read); `store`:
-    its tensor store when already open (the one open, formats/open.py, sniffed it)."""
+    its tensor store when already open (the one open, formats/open.py, sniffed it). `survey`:
+    for a caller about to read every g_idx and small qzeros and probe every qweight and scales
+    (inspect), those reads start now on a second thread (TensorStore.start_survey)."""
     store = store or open_store(path)
+    if survey:
+        # g_idx first: modelling asks for them; detection the qzeros, then the checks the
+        # probes
+        store.start_survey([(("g_idx",), ()), (("qzeros",), PROBED)], PROBE)
     findings = list(store.findings)
     first = next(iter(store.files.values()))
     config, cfg_findings = load_config(store.root, first.metadata)
@@ -291,7 +303,16 @@ def _infer_all(found: list[InvalidModule], store: TensorStore, findings: list[Fi
                     DTYPES[store.info(g).dtype].numpy).tobytes())
     with_g_idx = {found[i].tensors["g_idx"]: g_idx for i, (_, g_idx) in later
                   if g_idx is not None}
-    same = {t for t, b in store.heads(with_g_idx) if b == with_g_idx[t]}
+    same: set[str] = set()
+    for raw, ts in store.heads_grouped(with_g_idx):
+        equal: dict[int, bool] = {}   # alike tensors share their kind's expected bytes
+        for t in ts:
+            expected = with_g_idx[t]
+            ok = equal.get(id(expected))
+            if ok is None:
+                ok = equal[id(expected)] = raw == expected
+            if ok:
+                same.add(t)
     for i, (first, g_idx) in later:
         m = found[i]
         if g_idx is None or m.tensors["g_idx"] in same:

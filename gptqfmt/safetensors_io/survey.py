@@ -1,0 +1,137 @@
+"""A survey of many small tensors, read on a second thread while the caller models the
+checkpoint: which of them hold the same bytes as another of their dtype and shape in their
+file, and which begin with zero bytes.
+
+A mixture of experts has tens of thousands of modules whose g_idx and (symmetric) qzeros are
+byte for byte alike, and whose qweight and scales are probed for zero bytes: 146,000 small
+reads, each a system call and a copy. Read where they are asked for, they take the main
+thread half a second; here the compiled loops (kernels/safetensors_native.c, `survey`) read
+them with the GIL released, on a core the main thread leaves idle, from the moment the headers
+are parsed. The caller then reads one tensor of each alike group instead of all of them
+(TensorStore.heads_grouped), and takes the zero probes as found (TensorStore.zero_heads).
+
+What it says is exact (bytes compared, not hashed); what it could not read, or was not asked,
+is left to the ordinary reads, which report what they find. Without the compiled loops
+(GPTQFMT_NATIVE=0, no C compiler) nothing is surveyed and every tensor is read where it is
+asked for: the answers are the same.
+
+Worked example: three g_idx of 16 KiB in one shard, the first and third `arange(4096) // 128`
+and the second permuted: the survey says the third holds the first's bytes (they form a
+group whose representative is the first) and says nothing of the second; heads_grouped reads
+the first once for the two, and the second alone.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeVar
+
+from . import compiled
+from .reader import CHECK_EVERY, HINT_BYTES, SafetensorsFile
+
+# a tensor larger than this is not surveyed whole (a group's first one is held in memory
+# while its file is read): detection reads qzeros up to this size in the parent too
+MOST = 128 << 10
+
+Pass = tuple[tuple[str, ...], tuple[str, ...]]   # (suffixes compared whole, suffixes probed)
+T = TypeVar("T")
+
+
+class Survey:
+    """Started on its own thread at construction. `passes`, each over every file in turn, in
+    the order the caller will ask for them: (the name suffixes, after the last dot, of the
+    tensors compared whole with the first of their dtype and shape in their file, up to MOST
+    bytes; those whose first `n` bytes are checked for zero). A query about a tensor waits
+    for the pass that surveys it. Files mirrored from the Hub are not surveyed (their reads
+    are fetched in batches of their own)."""
+
+    def __init__(self, files: dict[str, SafetensorsFile], locations: dict[str, str],
+                 passes: Sequence[Pass], n: int, cold: bool = False):
+        self.n = n
+        self._files = files
+        # a tensor stored in two files is read from the one `locations` names (the other
+        # copy is a finding): where there is one, each file's answers are kept only for its own
+        self._locations = locations if sum(len(f.tensors) for f in files.values()) != \
+            len(locations) else None
+        self._passes = [(tuple(a), tuple(h)) for a, h in passes]
+        self._pass_of = {s: i for i, (a, h) in enumerate(self._passes) for s in a + h}
+        self._cold = cold
+        self.rep: dict[str, str] = {}     # tensor -> the first tensor of its group it equals
+        self.zero: dict[str, bool] = {}   # tensor -> whether its first n bytes are all 0
+        self._done = [threading.Event() for _ in self._passes]
+        self._thread = threading.Thread(target=self._run, name="gptqfmt-survey", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Wait for the thread (a store being closed leaves no reader behind)."""
+        self._thread.join()
+
+    def _said(self, found: dict[str, T], tensors: Iterable[str]
+              ) -> Iterator[tuple[str, T | None]]:
+        """(tensor, what `found` says of it, None where nothing) for each of `tensors`,
+        once the pass that surveys it, if any, is done."""
+        for t in tensors:
+            v = found.get(t)
+            if v is None:
+                p = self._pass_of.get(t.rpartition(".")[2])
+                if p is not None:
+                    self._done[p].wait()
+                    v = found.get(t)
+            yield t, v
+
+    def groups(self, tensors: Iterable[str]) -> tuple[dict[str, list[str]], list[str]]:
+        """({representative: [those of `tensors` that hold its bytes]}, the tensors the survey
+        says nothing of)."""
+        known: dict[str, list[str]] = {}
+        rest: list[str] = []
+        for t, r in self._said(self.rep, tensors):
+            if r is None:
+                rest.append(t)
+            else:
+                known.setdefault(r, []).append(t)
+        return known, rest
+
+    def zero_heads(self, tensors: Iterable[str], n: int) -> tuple[set[str], list[str]]:
+        """(those of `tensors` whose first `n` bytes are zero, the tensors the survey says
+        nothing of at `n`)."""
+        if n != self.n:
+            return set(), list(tensors)
+        zero, rest = set(), []
+        for t, z in self._said(self.zero, tensors):
+            if z is None:
+                rest.append(t)
+            elif z:
+                zero.add(t)
+        return zero, rest
+
+    def _run(self) -> None:
+        try:
+            for (alike, heads), done in zip(self._passes, self._done):
+                for name, f in self._files.items():
+                    if f.filler is None:
+                        self._file(name, f, alike, heads)
+                done.set()
+        except Exception:   # noqa: BLE001 - anything unsaid is read where it is asked for
+            pass
+        finally:
+            for done in self._done:
+                done.set()
+
+    def _file(self, name: str, f: SafetensorsFile, alike: tuple[str, ...],
+              heads: tuple[str, ...]) -> None:
+        """One file, in one call of the compiled loops, its entries in the header's order
+        (the order of their data)."""
+        fd = os.open(f.path, os.O_RDONLY)
+        try:
+            rep, zero = compiled.survey(fd, list(f.header.tensors.values()),
+                                        f.header.data_start, alike, heads, self.n, MOST,
+                                        HINT_BYTES, CHECK_EVERY, self._cold)
+        finally:
+            os.close(fd)
+        where = self._locations
+        if where is not None:
+            rep = {t: r for t, r in rep.items() if where.get(t) == name == where.get(r)}
+            zero = {t: z for t, z in zero.items() if where.get(t) == name}
+        self.rep.update(rep)
+        self.zero.update(zero)

@@ -1,0 +1,318 @@
+"""The survey of many small tensors (safetensors_io/survey.py over the compiled loops of
+kernels/safetensors_native.c) against a slow reading of the same bytes: which tensors hold
+the bytes of the first of their dtype and shape in their file, and which begin with zero
+bytes; what it cannot read it leaves unsaid; the store's readers that use it give what they
+give without it, and read only one tensor of each alike group."""
+import os
+import random
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptqfmt.formats.gptq.checkpoint import open_checkpoint
+from gptqfmt.safetensors_io import compiled, survey
+from gptqfmt.safetensors_io.index import open_store
+from gptqfmt.safetensors_io.reader import CHECK_EVERY, HINT_BYTES, SafetensorsFile
+from gptqfmt.safetensors_io.writer import save_file
+from tests.support import loops
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_build = pytest.mark.skipif(not compiled.available(),
+                                 reason="gptqfmt.safetensors_io._native was not built")
+ALIKE, HEADS = ("g_idx", "qzeros"), ("qweight", "scales")
+
+
+def reference(path: Path, alike, heads, n: int, most: int):
+    """(rep, zero) as survey defines them, from the file's bytes read whole."""
+    f = SafetensorsFile(path)
+    blob = path.read_bytes()
+    start = f.header.data_start
+    first: dict = {}
+    rep, zero = {}, {}
+    for info in sorted(f.header.tensors.values(), key=lambda i: i.begin):
+        prefix, dot, role = info.name.rpartition(".")
+        if not (dot and prefix):
+            continue
+        raw = blob[start + info.begin:start + info.end]
+        if role in alike:
+            if not 0 < len(raw) <= most:
+                continue
+            key = (info.dtype, tuple(info.shape))
+            if key not in first:
+                first[key] = (info.name, raw)
+            if raw == first[key][1]:
+                rep[info.name] = first[key][0]
+        elif role in heads and raw:
+            zero[info.name] = not any(raw[:n])
+    return rep, zero
+
+
+def surveyed(path: Path, alike=ALIKE, heads=HEADS, n=64, most=survey.MOST, cold=False):
+    f = SafetensorsFile(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return compiled.survey(fd, list(f.header.tensors.values()), f.header.data_start,
+                               tuple(alike), tuple(heads), n, most, HINT_BYTES, CHECK_EVERY,
+                               cold)
+    finally:
+        os.close(fd)
+
+
+def random_file(path: Path, rng: random.Random, count: int = 60) -> None:
+    """Tensors named for the roles surveyed and others, of a few dtypes and shapes: copies of
+    an earlier one of their kind, random, all zero, zero for a while and then not."""
+    kinds = [(np.int32, (rng.randint(1, 4), rng.randint(1, 6))) for _ in range(3)] + \
+        [(np.float16, (rng.randint(1, 9),)), (np.uint8, (rng.randint(1, 200),))]
+    made: dict = {}
+    tensors = {}
+    roles = list(ALIKE + HEADS) + ["weight", "bias", "g_idx_x"]
+    for i in range(count):
+        dtype, shape = rng.choice(kinds)
+        role = rng.choice(roles)
+        name = rng.choice([f"m{i}.{role}", f"a.b{i}.{role}", f"{role}{i}", f"x{i}..{role}"])
+        how = rng.random()
+        earlier = made.get((dtype, shape))
+        if earlier is not None and how < 0.45:
+            a = earlier.copy()
+        elif how < 0.6:
+            a = np.zeros(shape, dtype)
+        elif how < 0.7 and int(np.prod(shape)) > 1:
+            a = np.zeros(shape, dtype)
+            a.reshape(-1)[-1] = 1
+        else:
+            a = np.frombuffer(rng.randbytes(int(np.prod(shape)) * np.dtype(dtype).itemsize),
+                              dtype).reshape(shape).copy()
+        made.setdefault((dtype, shape), a)
+        tensors[name] = a
+    tensors[f"z{count}.qweight"] = np.zeros((0,), np.int32)   # empty: said of by neither
+    save_file(tensors, path)
+
+
+@needs_build
+@pytest.mark.parametrize("seed", range(40))
+def test_the_compiled_survey_says_what_the_bytes_say(tmp_path, seed):
+    rng = random.Random(seed)
+    p = tmp_path / "x.safetensors"
+    random_file(p, rng)
+    n, most = rng.choice([1, 4, 64, 4096]), rng.choice([8, 64, survey.MOST])
+    want = reference(p, ALIKE, HEADS, n, most)
+    assert surveyed(p, n=n, most=most) == want
+    # told ahead from the first range (a cold page cache): the same answers
+    assert surveyed(p, n=n, most=most, cold=True) == want
+
+
+@needs_build
+def test_a_file_cut_short_after_its_header_was_read_leaves_the_rest_unsaid(tmp_path):
+    p = tmp_path / "x.safetensors"
+    a = np.arange(64, dtype=np.int32)
+    save_file({f"m{i}.g_idx": a for i in range(8)} | {f"m{i}.qweight": np.zeros(64, np.int32)
+                                                        for i in range(8)}, p)
+    f = SafetensorsFile(p)
+    infos = list(f.header.tensors.values())
+    cut = infos[len(infos) // 2]
+    with open(p, "r+b") as fh:   # the file shrinks in the middle of a tensor
+        fh.truncate(f.header.data_start + cut.begin + 3)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        rep, zero = compiled.survey(fd, infos, f.header.data_start, ALIKE, HEADS, 64,
+                                    survey.MOST, HINT_BYTES, CHECK_EVERY, False)
+    finally:
+        os.close(fd)
+    read = {i.name for i in infos if i.end <= cut.begin}
+    assert set(rep) | set(zero) == read
+    assert all(zero[t] for t in zero)
+
+
+@needs_build
+def test_a_group_whose_first_tensor_cannot_be_read_says_nothing(tmp_path):
+    """The first of a group past the end of the file: the others of that group are not
+    compared with anything."""
+    p = tmp_path / "x.safetensors"
+    save_file({"a.g_idx": np.arange(8, dtype=np.int32),
+               "b.g_idx": np.arange(8, dtype=np.int32)}, p)
+    f = SafetensorsFile(p)
+    infos = sorted(f.header.tensors.values(), key=lambda i: i.begin)
+    fd = os.open(p, os.O_RDONLY)
+    try:   # the second read first, then the first from past the end of the file
+        late = infos[0]._replace(begin=10_000, end=10_032)
+        rep, zero = compiled.survey(fd, [infos[1], late], f.header.data_start, ALIKE, HEADS,
+                                    64, survey.MOST, HINT_BYTES, CHECK_EVERY, False)
+    finally:
+        os.close(fd)
+    assert rep == {infos[1].name: infos[1].name} and zero == {}
+
+
+@needs_build
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="every >= 1"):
+        compiled.survey(0, [], 0, ALIKE, HEADS, 64, 8, HINT_BYTES, 0, False)
+    with pytest.raises(TypeError, match="tuples"):
+        compiled.survey(0, [("a.g_idx",)], 0, ALIKE, HEADS, 64, 8, HINT_BYTES, 1, False)
+
+
+def shards(tmp_path: Path, rng: random.Random, files: int = 3) -> Path:
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    for i in range(files):
+        random_file(d / f"model-{i:05d}-of-{files:05d}.safetensors", rng, 40)
+    return d
+
+
+@needs_build
+@pytest.mark.parametrize("seed", range(6))
+def test_the_store_reads_the_same_with_and_without_a_survey(tmp_path, seed, monkeypatch):
+    """heads_grouped gives every tensor its own bytes, reading one tensor of each group the
+    survey found; zero_heads names the same tensors."""
+    d = shards(tmp_path, random.Random(seed))
+    plain, st = open_store(d), open_store(d)
+    st.start_survey([(("g_idx",), ()), (("qzeros",), HEADS)], 64)
+    assert st.survey is not None
+    names = sorted(plain.locations)
+    whole = [t for t in names if t.rpartition(".")[2] in ALIKE]
+    probed = [t for t in names if t.rpartition(".")[2] in HEADS]
+    want, want_zero = dict(plain.heads(whole)), plain.zero_heads(probed, 64)
+    read: list[str] = []
+    heads = SafetensorsFile.heads
+
+    def counted(self, ts, n=None):
+        read.extend(ts)
+        return heads(self, ts, n)
+    monkeypatch.setattr(SafetensorsFile, "heads", counted)
+    got = {t: raw for raw, ts in st.heads_grouped(whole) for t in ts}
+    assert got == want
+    reps = set(st.survey.rep.values())
+    grouped = [t for t in whole if t in st.survey.rep]
+    assert grouped and set(read) <= reps | (set(whole) - set(grouped))
+    assert len(read) == len(set(st.survey.rep[t] for t in grouped)) + \
+        len(set(whole) - set(grouped))
+    read.clear()
+    assert st.zero_heads(probed, 64) == want_zero
+    # every probe answered by the survey but the empty one, which it leaves to the reads
+    assert read == [t for t in probed if not plain.info(t).nbytes]
+    assert st.zero_heads(probed, 65) == plain.zero_heads(probed, 65)   # another n: read
+    st.close()
+    plain.close()
+
+
+def test_without_the_compiled_loops_nothing_is_surveyed(tmp_path):
+    d = shards(tmp_path, random.Random(0), 1)
+    with loops(compiled=False):
+        st = open_store(d)
+        st.start_survey([(ALIKE, HEADS)], 64)
+    assert st.survey is None
+    st.close()
+
+
+def gptq_fixtures():
+    return sorted(p for p in (ROOT / "fixtures" / "ckpt").iterdir() if p.is_dir())
+
+
+def modelled(path: Path, survey_on: bool):
+    ck = open_checkpoint(path, survey=survey_on)
+    try:
+        mods = [(m.name, m.valid, getattr(m, "group_size", None), getattr(m, "act_order", None),
+                 getattr(m, "in_features", None)) for m in ck.modules]
+        patterns = ck.small_patterns(ck.valid_modules, 128 << 10)
+        return mods, [f.to_json() for f in ck.findings], patterns
+    finally:
+        ck.store.close()
+
+
+@needs_build
+def test_a_surveyed_checkpoint_is_modelled_and_read_as_an_unsurveyed_one(tmp_path):
+    """Every GPTQ fixture: the same modules, findings and symmetric patterns; and one whose
+    g_idx and qzeros were edited among alike modules (a permuted g_idx, one qzeros word)."""
+    for p in gptq_fixtures():
+        assert modelled(p, True) == modelled(p, False), p.name
+    src = next(p for p in gptq_fixtures() if p.name == "b4-sym-noact-gptq-sharded")
+    d = tmp_path / "edited"
+    shutil.copytree(src, d)
+    st = open_store(d)
+    g = sorted(t for t in st.locations if t.endswith(".g_idx"))
+    z = sorted(t for t in st.locations if t.endswith(".qzeros"))
+    edits = [(g[-1], 0, 4), (z[1], 8, 1)]   # (tensor, byte, xor)
+    places = [(st.files[st.locations[t]].path,
+               st.files[st.locations[t]].header.data_start + st.info(t).begin + at, x)
+              for t, at, x in edits]
+    st.close()
+    for path, at, x in places:
+        with open(path, "r+b") as fh:
+            fh.seek(at)
+            b = fh.read(1)[0]
+            fh.seek(at)
+            fh.write(bytes([b ^ x]))
+    on, off = modelled(d, True), modelled(d, False)
+    assert on == off
+    assert any(f["code"] for f in on[1])
+
+
+@needs_build
+def test_inspect_reports_the_same_with_and_without_the_survey():
+    """inspect's whole document on every GPTQ fixture, the compiled survey on and off (the
+    loops off leave nothing surveyed)."""
+    from gptqfmt.ops.inspect import inspect_checkpoint
+    for p in gptq_fixtures():
+        with loops(compiled=True):
+            a = inspect_checkpoint(p).to_json()
+        with loops(compiled=False):
+            b = inspect_checkpoint(p).to_json()
+        a["tool"] = b["tool"] = None
+        assert a == b, p.name
+
+
+def test_a_survey_that_fails_leaves_everything_to_the_reads(tmp_path, monkeypatch):
+    """A survey whose reads raise says nothing; the store reads everything itself."""
+    d = shards(tmp_path, random.Random(3), 1)
+
+    def broken(*a, **k):
+        raise OSError("no")
+    monkeypatch.setattr(compiled, "survey", broken)
+    plain = open_store(d)
+    st = open_store(d)
+    st.survey = survey.Survey(st.files, st.locations, [(ALIKE, HEADS)], 64)
+    names = [t for t in sorted(st.locations) if t.rpartition(".")[2] in ALIKE]
+    assert {t: raw for raw, ts in st.heads_grouped(names) for t in ts} == \
+        dict(plain.heads(names))
+    st.close()
+    plain.close()
+
+
+@needs_build
+def test_the_survey_thread_has_ended_before_detection_forks(monkeypatch):
+    """inspect's detection forks worker processes; the survey's thread is gone by then (a
+    child of a process with a thread running may inherit a lock held). The survey's last pass
+    is held until the store is told to settle (or, were it never told, until detection asks
+    whether it may fork, so that the test ends)."""
+    from gptqfmt.detection import read as detection_read
+    from gptqfmt.ops.inspect import inspect_checkpoint
+    from gptqfmt.safetensors_io.index import TensorStore
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    real_forks, real_survey, real_settle = (detection_read._forks_safely, compiled.survey,
+                                            TensorStore.settle)
+
+    def held(fd, infos, start, alike, *rest):
+        if alike == ("qzeros",):
+            gate.wait()
+        return real_survey(fd, infos, start, alike, *rest)
+
+    def settle(self):
+        gate.set()
+        real_settle(self)
+
+    def forks_safely():
+        seen.append([t.name for t in threading.enumerate()])
+        gate.set()
+        return real_forks()
+    monkeypatch.setattr(compiled, "survey", held)
+    monkeypatch.setattr(TensorStore, "settle", settle)
+    monkeypatch.setattr(detection_read, "_forks_safely", forks_safely)
+    monkeypatch.setattr(detection_read, "PROCESS_MIN_MODULES", 1)
+    monkeypatch.setattr(detection_read, "cpus", lambda: 2)
+    monkeypatch.setattr(detection_read, "SMALL", 0)   # every module to the workers
+    r = inspect_checkpoint(ROOT / "fixtures" / "ckpt" / "b4-asym-noact-gptq-sharded")
+    assert r.source.store.survey is not None
+    assert seen and not any("gptqfmt-survey" in names for names in seen)
