@@ -529,112 +529,190 @@ static int has_suffix(PyObject* name, PyObject* suffixes) {
     return 0;
 }
 
-// survey(fd, infos, data_start, alike, heads, n, most, hint, every, cold) -> (rep, zero)
-// infos: a file's header entries (name, dtype, shape, begin, end) in the order to read them
-// (the file's data order: a disk reads ahead of reads that move forward). An entry whose name
-// ends in .<one of alike> of 1 to `most` bytes is compared whole with the first such entry of
-// its dtype and shape: rep maps each that holds the first one's bytes (that one too) to the
-// first one's name. An entry ending in .<one of heads> has its first `n` bytes (all of a
-// smaller one) checked: zero maps it to whether they are all 0 (an empty one is left out).
-// What could not be read whole is in neither. The reads run with the GIL released, with
-// read-ahead as reader.ReadAhead's (hint, every; cold: from the first range on).
-static PyObject* survey(PyObject* self, PyObject* args) {
-    (void)self;
-    int fd, cold;
-    PyObject *infos, *alike, *heads;
-    long long start, n, most, hint, every;
-    if (!PyArg_ParseTuple(args, "iO!LO!O!LLLLp", &fd, &PyList_Type, &infos, &start,
-                          &PyTuple_Type, &alike, &PyTuple_Type, &heads, &n, &most, &hint,
-                          &every, &cold))
-        return NULL;
-    if (start < 0 || n < 0 || most < 0 || hint < 0 || every < 1) {
-        PyErr_SetString(PyExc_ValueError, "survey: data_start, n, most and hint must be >= 0, "
-                        "every >= 1");
-        return NULL;
-    }
-    const Py_ssize_t total = PyList_GET_SIZE(infos);
-    PyObject *kinds = PyDict_New(), *rep = PyDict_New(), *zero = PyDict_New();
-    PyObject** names = (PyObject**)malloc(sizeof(PyObject*) * (size_t)(total + 1));
-    int64_t* spans = (int64_t*)malloc(sizeof(int64_t) * 3 * (size_t)(total + 1));
-    PyObject** firsts = NULL;
-    char* flags = NULL;
-    PyObject* out = NULL;
+// One file's ranges, chosen from its header entries (survey says which) while the GIL is held.
+typedef struct {
+    PyObject* path;    // bytes (the file system's encoding)
+    int64_t first;     // its ranges: [first, first + count) of the shared arrays
+    int64_t count;
+    int64_t groups;    // kinds (dtype, shape) of its whole ranges
+} SurveyFile;
+
+// Choose file `sf`'s ranges from `infos` into spans and names (from sf->first on); -1 with an
+// exception set on bad input or no memory.
+static int survey_choose(SurveyFile* sf, PyObject* infos, long long start, PyObject* alike,
+                         PyObject* heads, long long n, long long most, int64_t* spans,
+                         PyObject** names) {
+    PyObject* kinds = PyDict_New();
+    if (kinds == NULL) return -1;
     int64_t count = 0;
-    if (kinds == NULL || rep == NULL || zero == NULL || names == NULL || spans == NULL) {
-        if (!PyErr_Occurred()) PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < total; ++i) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(infos); ++i) {
         PyObject* e = PyList_GET_ITEM(infos, i);
         if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 5 ||
             !PyUnicode_Check(PyTuple_GET_ITEM(e, 0))) {
             PyErr_SetString(PyExc_TypeError, "survey: infos must be (name, dtype, shape, "
                             "begin, end) tuples");
-            goto done;
+            goto fail;
         }
         PyObject* name = PyTuple_GET_ITEM(e, 0);
         const int whole = has_suffix(name, alike);
         const int head = whole ? 0 : has_suffix(name, heads);
-        if (whole < 0 || head < 0) goto done;
+        if (whole < 0 || head < 0) goto fail;
         if (!whole && !head) continue;
         const long long begin = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 3));
         const long long end = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 4));
-        if (PyErr_Occurred()) goto done;
+        if (PyErr_Occurred()) goto fail;
         const long long size = end - begin;
         if (begin < 0 || size <= 0 || (whole && size > most)) continue;
         int64_t g = -1;
         if (whole) {
             PyObject* key = PyTuple_Pack(2, PyTuple_GET_ITEM(e, 1), PyTuple_GET_ITEM(e, 2));
-            if (key == NULL) goto done;
+            if (key == NULL) goto fail;
             PyObject* index = PyLong_FromSsize_t(PyDict_GET_SIZE(kinds));
             PyObject* got = index ? PyDict_SetDefault(kinds, key, index) : NULL;
             Py_DECREF(key);
             Py_XDECREF(index);
-            if (got == NULL) goto done;
+            if (got == NULL) goto fail;
             g = PyLong_AsLongLong(got);
         }
-        names[count] = name;   // borrowed: infos holds it for the call
-        spans[3 * count] = start + begin;
-        spans[3 * count + 1] = whole ? size : (size < n ? size : n);
-        spans[3 * count + 2] = g;
-        ++count;
+        const int64_t j = sf->first + count++;
+        names[j] = name;   // borrowed: infos holds it for the call
+        spans[3 * j] = start + begin;
+        spans[3 * j + 1] = whole ? size : (size < n ? size : n);
+        spans[3 * j + 2] = g;
     }
-    const int64_t groups = PyDict_GET_SIZE(kinds);
-    flags = (char*)malloc((size_t)count + 1);
-    firsts = (PyObject**)calloc((size_t)groups + 1, sizeof(PyObject*));
-    if (flags == NULL || firsts == NULL) {
-        PyErr_NoMemory();
-        goto done;
+    sf->count = count;
+    sf->groups = PyDict_GET_SIZE(kinds);
+    Py_DECREF(kinds);
+    return 0;
+fail:
+    Py_DECREF(kinds);
+    return -1;
+}
+
+// survey(files, alike, heads, n, most, hint, every, cold) -> [(rep, zero)], one per file.
+// files: [(path, infos, data_start)]: a file's header entries (name, dtype, shape, begin,
+// end) in the order to read them (the file's data order: a disk reads ahead of reads that
+// move forward). An entry whose name ends in .<one of alike> of 1 to `most` bytes is compared
+// whole with the first such entry of its dtype and shape in its file: rep maps each that
+// holds the first one's bytes (that one too) to the first one's name. An entry ending in
+// .<one of heads> has its first `n` bytes (all of a smaller one) checked: zero maps it to
+// whether they are all 0 (an empty one is left out). What could not be read whole (a file
+// that cannot be opened: all of it) is in neither. The files are opened and read with the
+// GIL released, once for all of them (a thread that takes the GIL back waits for the others
+// to let it go), with read-ahead as reader.ReadAhead's (hint, every; cold: from the first
+// range of each file on).
+static PyObject* survey(PyObject* self, PyObject* args) {
+    (void)self;
+    int cold;
+    PyObject *files, *alike, *heads;
+    long long n, most, hint, every;
+    if (!PyArg_ParseTuple(args, "O!O!O!LLLLp", &PyList_Type, &files, &PyTuple_Type, &alike,
+                          &PyTuple_Type, &heads, &n, &most, &hint, &every, &cold))
+        return NULL;
+    if (n < 0 || most < 0 || hint < 0 || every < 1) {
+        PyErr_SetString(PyExc_ValueError, "survey: n, most and hint must be >= 0, every >= 1");
+        return NULL;
     }
-    int r;
-    Py_BEGIN_ALLOW_THREADS
-    r = survey_ranges(fd, spans, count, groups, hint, every, cold, flags);
-    Py_END_ALLOW_THREADS
-    if (r < 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (int64_t j = 0; j < count; ++j) {
-        const int64_t g = spans[3 * j + 2];
-        if (flags[j] & SURVEY_UNREAD) continue;
-        int bad = 0;
-        if (g < 0) {
-            bad = PyDict_SetItem(zero, names[j], flags[j] & SURVEY_ZERO ? Py_True : Py_False);
-        } else if (flags[j] & SURVEY_EQUAL) {   // a group's first range read is flagged too
-            if (firsts[g] == NULL) firsts[g] = names[j];
-            bad = PyDict_SetItem(rep, names[j], firsts[g]);
+    const Py_ssize_t nfiles = PyList_GET_SIZE(files);
+    int64_t total = 0;
+    for (Py_ssize_t f = 0; f < nfiles; ++f) {
+        PyObject* t = PyList_GET_ITEM(files, f);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3 ||
+            !PyList_Check(PyTuple_GET_ITEM(t, 1))) {
+            PyErr_SetString(PyExc_TypeError, "survey: files must be (path, infos list, "
+                            "data_start) tuples");
+            return NULL;
         }
-        if (bad < 0) goto done;
+        total += PyList_GET_SIZE(PyTuple_GET_ITEM(t, 1));
     }
-    out = PyTuple_Pack(2, rep, zero);
+    SurveyFile* sfs = (SurveyFile*)calloc((size_t)nfiles + 1, sizeof(SurveyFile));
+    PyObject** names = (PyObject**)malloc(sizeof(PyObject*) * (size_t)(total + 1));
+    int64_t* spans = (int64_t*)malloc(sizeof(int64_t) * 3 * (size_t)(total + 1));
+    char* flags = NULL;
+    int* status = NULL;
+    PyObject* out = NULL;
+    if (sfs == NULL || names == NULL || spans == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t count = 0;
+    for (Py_ssize_t f = 0; f < nfiles; ++f) {
+        PyObject* t = PyList_GET_ITEM(files, f);
+        long long start = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
+        if (start == -1 && PyErr_Occurred()) goto done;
+        if (start < 0) {
+            PyErr_SetString(PyExc_ValueError, "survey: data_start must be >= 0");
+            goto done;
+        }
+        if (!PyUnicode_FSConverter(PyTuple_GET_ITEM(t, 0), &sfs[f].path)) goto done;
+        sfs[f].first = count;
+        if (survey_choose(&sfs[f], PyTuple_GET_ITEM(t, 1), start, alike, heads, n, most,
+                          spans, names) < 0)
+            goto done;
+        count += sfs[f].count;
+    }
+    flags = (char*)malloc((size_t)count + 1);
+    status = (int*)calloc((size_t)nfiles + 1, sizeof(int));
+    if (flags == NULL || status == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t f = 0; f < nfiles; ++f) {
+        SurveyFile* sf = &sfs[f];
+        if (sf->count == 0) continue;
+        int fd = open(PyBytes_AS_STRING(sf->path), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {   // left to the reads, which report why
+            memset(flags + sf->first, SURVEY_UNREAD, (size_t)sf->count);
+            continue;
+        }
+        status[f] = survey_ranges(fd, spans + 3 * sf->first, sf->count, sf->groups, hint,
+                                  every, cold, flags + sf->first);
+        close(fd);
+    }
+    Py_END_ALLOW_THREADS
+    for (Py_ssize_t f = 0; f < nfiles; ++f)
+        if (status[f] < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    out = PyList_New(nfiles);
+    if (out == NULL) goto done;
+    for (Py_ssize_t f = 0; f < nfiles; ++f) {
+        SurveyFile* sf = &sfs[f];
+        PyObject *rep = PyDict_New(), *zero = PyDict_New();
+        PyObject** firsts = (PyObject**)calloc((size_t)sf->groups + 1, sizeof(PyObject*));
+        int bad = rep == NULL || zero == NULL || firsts == NULL;
+        for (int64_t k = 0; k < sf->count && !bad; ++k) {
+            const int64_t j = sf->first + k, g = spans[3 * j + 2];
+            if (flags[j] & SURVEY_UNREAD) continue;
+            if (g < 0) {
+                bad = PyDict_SetItem(zero, names[j],
+                                     flags[j] & SURVEY_ZERO ? Py_True : Py_False) < 0;
+            } else if (flags[j] & SURVEY_EQUAL) {   // a group's first range read is flagged too
+                if (firsts[g] == NULL) firsts[g] = names[j];
+                bad = PyDict_SetItem(rep, names[j], firsts[g]) < 0;
+            }
+        }
+        free(firsts);
+        PyObject* pair = bad ? NULL : PyTuple_Pack(2, rep, zero);
+        Py_XDECREF(rep);
+        Py_XDECREF(zero);
+        if (pair == NULL) {
+            if (!PyErr_Occurred()) PyErr_NoMemory();
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, f, pair);
+    }
 done:
-    Py_XDECREF(kinds);
-    Py_XDECREF(rep);
-    Py_XDECREF(zero);
+    if (sfs != NULL)
+        for (Py_ssize_t f = 0; f < nfiles; ++f) Py_XDECREF(sfs[f].path);
+    free(sfs);
     free(names);
     free(spans);
-    free(firsts);
     free(flags);
+    free(status);
     return out;
 }
 
@@ -643,9 +721,9 @@ static PyMethodDef methods[] = {
      "scan(raw, bits, info) -> (tensors, metadata, data_len) | None: a safetensors header "
      "of the plain kind, or None for the Python parser to read."},
     {"survey", survey, METH_VARARGS,
-     "survey(fd, infos, data_start, alike, heads, n, most, hint, every, cold) -> (rep, zero): "
-     "which small tensors of a file hold the bytes of the first of their dtype and shape, "
-     "and which begin with n zero bytes, read with the GIL released."},
+     "survey(files, alike, heads, n, most, hint, every, cold) -> [(rep, zero)]: which small "
+     "tensors of each file hold the bytes of the first of their dtype and shape there, and "
+     "which begin with n zero bytes, read with the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 

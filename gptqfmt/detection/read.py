@@ -138,7 +138,8 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
     answer does not depend on the workers or their order. `progress(n)` as each round of reads
     starts, over n modules: it returns the function told of each module read (`(1)`)."""
     mods = ckpt.valid_modules
-    sizes = [ckpt.store.info(m.tensors["qweight"]).nbytes for m in mods]
+    infos = ckpt.store.infos
+    sizes = [infos[m.tensors["qweight"]].nbytes for m in mods]
     work = _Work(ckpt, mods, full)
     workers = jobs or cpus()
     remote = ckpt.store.remote

@@ -37,14 +37,16 @@ def scan(raw: bytes, bits: dict[str, int], info: type) -> tuple[dict[str, Any],
 
 
 
-def survey(fd: int, infos: list[Any], data_start: int, alike: tuple[str, ...],
+
+def survey(files: list[tuple[str, list[Any], int]], alike: tuple[str, ...],
            heads: tuple[str, ...], n: int, most: int, hint: int, every: int,
-           cold: bool = False) -> tuple[dict[str, str], dict[str, bool]]:
-    """(rep, zero) of one file's small tensors, read from open file `fd` with the GIL
-    released (kernels/safetensors_native.c says how): `infos` its header entries in the order
-    to read them; a tensor named .<one of alike> of at most `most` bytes maps in rep to the
-    first of its dtype and shape whose bytes it holds; one named .<one of heads> maps in zero
-    to whether its first `n` bytes are all 0. Read-ahead as reader.ReadAhead's (`hint`,
-    `every`; `cold`: from the first range). Only where available()."""
+           cold: bool = False) -> list[tuple[dict[str, str], dict[str, bool]]]:
+    """(rep, zero) of each file's small tensors, `files` as (path, its header entries in the
+    order to read them, its data's start), opened and read with the GIL released
+    (kernels/safetensors_native.c says how): a tensor named .<one of alike> of at most `most`
+    bytes maps in rep to the first of its dtype and shape in its file whose bytes it holds;
+    one named .<one of heads> maps in zero to whether its first `n` bytes are all 0.
+    Read-ahead as reader.ReadAhead's (`hint`, `every`; `cold`: from each file's first range).
+    Only where available()."""
     assert _NATIVE is not None
-    return _NATIVE.survey(fd, infos, data_start, alike, heads, n, most, hint, every, cold)
+    return _NATIVE.survey(files, alike, heads, n, most, hint, every, cold)

@@ -22,7 +22,6 @@ the first once for the two, and the second alone.
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
@@ -107,31 +106,25 @@ class Survey:
 
     def _run(self) -> None:
         try:
+            files = {name: f for name, f in self._files.items() if f.filler is None}
             for (alike, heads), done in zip(self._passes, self._done):
-                for name, f in self._files.items():
-                    if f.filler is None:
-                        self._file(name, f, alike, heads)
+                # all files in one call: this thread takes the GIL back once a pass (each
+                # time it waits for the main thread to let go of it)
+                found = compiled.survey(
+                    [(f.path, list(f.header.tensors.values()), f.header.data_start)
+                     for f in files.values()], alike, heads, self.n, MOST, HINT_BYTES,
+                    CHECK_EVERY, self._cold)
+                where = self._locations
+                for name, (rep, zero) in zip(files, found):
+                    if where is not None:   # answers only for the tensors each file holds
+                        rep = {t: r for t, r in rep.items() if where.get(t) == name ==
+                               where.get(r)}
+                        zero = {t: z for t, z in zero.items() if where.get(t) == name}
+                    self.rep.update(rep)
+                    self.zero.update(zero)
                 done.set()
         except Exception:   # noqa: BLE001 - anything unsaid is read where it is asked for
             pass
         finally:
             for done in self._done:
                 done.set()
-
-    def _file(self, name: str, f: SafetensorsFile, alike: tuple[str, ...],
-              heads: tuple[str, ...]) -> None:
-        """One file, in one call of the compiled loops, its entries in the header's order
-        (the order of their data)."""
-        fd = os.open(f.path, os.O_RDONLY)
-        try:
-            rep, zero = compiled.survey(fd, list(f.header.tensors.values()),
-                                        f.header.data_start, alike, heads, self.n, MOST,
-                                        HINT_BYTES, CHECK_EVERY, self._cold)
-        finally:
-            os.close(fd)
-        where = self._locations
-        if where is not None:
-            rep = {t: r for t, r in rep.items() if where.get(t) == name == where.get(r)}
-            zero = {t: z for t, z in zero.items() if where.get(t) == name}
-        self.rep.update(rep)
-        self.zero.update(zero)

@@ -3,7 +3,6 @@ kernels/safetensors_native.c) against a slow reading of the same bytes: which te
 the bytes of the first of their dtype and shape in their file, and which begin with zero
 bytes; what it cannot read it leaves unsaid; the store's readers that use it give what they
 give without it, and read only one tensor of each alike group."""
-import os
 import random
 import shutil
 import threading
@@ -52,13 +51,10 @@ def reference(path: Path, alike, heads, n: int, most: int):
 
 def surveyed(path: Path, alike=ALIKE, heads=HEADS, n=64, most=survey.MOST, cold=False):
     f = SafetensorsFile(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return compiled.survey(fd, list(f.header.tensors.values()), f.header.data_start,
-                               tuple(alike), tuple(heads), n, most, HINT_BYTES, CHECK_EVERY,
-                               cold)
-    finally:
-        os.close(fd)
+    [found] = compiled.survey([(str(path), list(f.header.tensors.values()),
+                                f.header.data_start)], tuple(alike), tuple(heads), n, most,
+                              HINT_BYTES, CHECK_EVERY, cold)
+    return found
 
 
 def random_file(path: Path, rng: random.Random, count: int = 60) -> None:
@@ -115,12 +111,8 @@ def test_a_file_cut_short_after_its_header_was_read_leaves_the_rest_unsaid(tmp_p
     cut = infos[len(infos) // 2]
     with open(p, "r+b") as fh:   # the file shrinks in the middle of a tensor
         fh.truncate(f.header.data_start + cut.begin + 3)
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        rep, zero = compiled.survey(fd, infos, f.header.data_start, ALIKE, HEADS, 64,
+    [(rep, zero)] = compiled.survey([(str(p), infos, f.header.data_start)], ALIKE, HEADS, 64,
                                     survey.MOST, HINT_BYTES, CHECK_EVERY, False)
-    finally:
-        os.close(fd)
     read = {i.name for i in infos if i.end <= cut.begin}
     assert set(rep) | set(zero) == read
     assert all(zero[t] for t in zero)
@@ -135,22 +127,43 @@ def test_a_group_whose_first_tensor_cannot_be_read_says_nothing(tmp_path):
                "b.g_idx": np.arange(8, dtype=np.int32)}, p)
     f = SafetensorsFile(p)
     infos = sorted(f.header.tensors.values(), key=lambda i: i.begin)
-    fd = os.open(p, os.O_RDONLY)
-    try:   # the second read first, then the first from past the end of the file
-        late = infos[0]._replace(begin=10_000, end=10_032)
-        rep, zero = compiled.survey(fd, [infos[1], late], f.header.data_start, ALIKE, HEADS,
-                                    64, survey.MOST, HINT_BYTES, CHECK_EVERY, False)
-    finally:
-        os.close(fd)
+    late = infos[0]._replace(begin=10_000, end=10_032)
+    # the second read first, then the first from past the end of the file
+    [(rep, zero)] = compiled.survey([(str(p), [infos[1], late], f.header.data_start)], ALIKE,
+                                    HEADS, 64, survey.MOST, HINT_BYTES, CHECK_EVERY, False)
     assert rep == {infos[1].name: infos[1].name} and zero == {}
 
 
 @needs_build
-def test_bad_arguments_are_refused():
+def test_bad_arguments_are_refused(tmp_path):
     with pytest.raises(ValueError, match="every >= 1"):
-        compiled.survey(0, [], 0, ALIKE, HEADS, 64, 8, HINT_BYTES, 0, False)
+        compiled.survey([], ALIKE, HEADS, 64, 8, HINT_BYTES, 0, False)
     with pytest.raises(TypeError, match="tuples"):
-        compiled.survey(0, [("a.g_idx",)], 0, ALIKE, HEADS, 64, 8, HINT_BYTES, 1, False)
+        compiled.survey([("x", [("a.g_idx",)], 0)], ALIKE, HEADS, 64, 8, HINT_BYTES, 1, False)
+    with pytest.raises(TypeError, match="files must be"):
+        compiled.survey([("x", ())], ALIKE, HEADS, 64, 8, HINT_BYTES, 1, False)
+    with pytest.raises(ValueError, match="data_start"):
+        compiled.survey([("x", [], -1)], ALIKE, HEADS, 64, 8, HINT_BYTES, 1, False)
+
+
+@needs_build
+def test_files_are_surveyed_each_on_their_own_and_one_that_cannot_be_opened_says_nothing(
+        tmp_path):
+    """Groups are per file (a tensor alike one of another file is compared with its own
+    file's first); a file gone since its header was read is in neither answer."""
+    a, b, gone = (tmp_path / f"{x}.safetensors" for x in "abc")
+    save_file({"m0.g_idx": np.arange(4, dtype=np.int32),
+               "m1.g_idx": np.arange(4, dtype=np.int32)}, a)
+    save_file({"m2.g_idx": np.arange(4, dtype=np.int32), "m2.qweight": np.zeros(4, np.int32)},
+              b)
+    save_file({"m3.g_idx": np.arange(4, dtype=np.int32)}, gone)
+    files = [(str(p), list((h := SafetensorsFile(p).header).tensors.values()), h.data_start)
+             for p in (a, b, gone)]
+    gone.unlink()
+    assert compiled.survey(files, ALIKE, HEADS, 64, 8 << 10, HINT_BYTES, CHECK_EVERY,
+                           False) == [({"m0.g_idx": "m0.g_idx", "m1.g_idx": "m0.g_idx"}, {}),
+                                      ({"m2.g_idx": "m2.g_idx"}, {"m2.qweight": True}),
+                                      ({}, {})]
 
 
 def shards(tmp_path: Path, rng: random.Random, files: int = 3) -> Path:
@@ -294,10 +307,10 @@ def test_the_survey_thread_has_ended_before_detection_forks(monkeypatch):
     real_forks, real_survey, real_settle = (detection_read._forks_safely, compiled.survey,
                                             TensorStore.settle)
 
-    def held(fd, infos, start, alike, *rest):
+    def held(files, alike, *rest):
         if alike == ("qzeros",):
             gate.wait()
-        return real_survey(fd, infos, start, alike, *rest)
+        return real_survey(files, alike, *rest)
 
     def settle(self):
         gate.set()

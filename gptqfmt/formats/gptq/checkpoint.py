@@ -130,7 +130,11 @@ class Checkpoint:
         (conventions.symmetric_pattern), kept per module: the source (sym, for writers) and
         detection both ask, and a whole pass over qzeros answers with one word."""
         if m.name not in self._patterns:
-            self._patterns[m.name] = symmetric_pattern(self.view(m.tensors["qzeros"]), m.bits)
+            try:
+                self._patterns[m.name] = symmetric_pattern(self.view(m.tensors["qzeros"]),
+                                                           m.bits)
+            finally:   # read once, kept: its pages are not needed again
+                self.store.release([m.tensors["qzeros"]])
         return self._patterns[m.name]
 
     def small_patterns(self, mods: list[Module], most: int) -> dict[int, str | None]:
@@ -139,8 +143,9 @@ class Checkpoint:
         nothing mapped (TensorStore.heads), so that tens of thousands of small tensors cost a
         read each, not a page fault and a release. Larger ones are left to whoever reads the
         module (copied here, they would cost more than mapped)."""
+        infos = self.store.infos
         small = {i: m for i, m in enumerate(mods)
-                 if self.store.info(m.tensors["qzeros"]).nbytes <= most}
+                 if infos[m.tensors["qzeros"]].nbytes <= most}
         todo = {m.tensors["qzeros"]: m for m in small.values() if m.name not in self._patterns}
         for raw, ts in self.store.heads_grouped(todo):
             info = self.store.info(ts[0])   # tensors alike share their dtype and shape
@@ -330,8 +335,8 @@ def _kind(m: InvalidModule, store: TensorStore, g_idx_written: bool) -> tuple[An
     declared config; None for a module with a tensor in a shard that cannot be read."""
     if store.unreadable and any(t in store.unreadable for t in m.tensors.values()):
         return None
-    info = store.info
-    return (tuple([(r, (i := info(t)).dtype, i.shape) for r, t in m.tensors.items()]),
+    infos = store.infos   # asked four times a module: a lookup, not a call
+    return (tuple([(r, (i := infos[t]).dtype, i.shape) for r, t in m.tensors.items()]),
             m.declared, g_idx_written)
 
 
