@@ -67,7 +67,7 @@ def check_module(src: Source, out: Source, m: QuantModule, mo: QuantModule,
         return ModuleCheck(m.name, 0, 0, False, False), why
     why = field_differences(src, m, out, mo)
     truth, lossy = src.zeros(m)
-    written = unpack(out.qzeros(mo), m.bits, axis=1).astype(np.int32)
+    written = unpack(out.qzeros(mo), m.bits, axis=1)   # codes as bytes; compared as values
     differ = truth != written
     zeros_equal = bool(np.array_equal(differ, lossy))
     if not zeros_equal:
