@@ -462,9 +462,11 @@ static int64_t ahead_before(Ahead* a, const int64_t* spans, int64_t count, int64
 // Every range of spans [count, 3] (offset, length, group) of open file fd read in order and
 // judged into flags (SURVEY_*): a range of group g >= 0 compared with the first range of
 // group g (kept in memory, one per group, until the call returns), one of group -1 checked
-// for zero bytes. Called without the GIL. 0, or -1 where memory ran out.
+// for zero bytes. Once *stop is nonzero (set by another thread) the rest are UNREAD. Called
+// without the GIL. 0, or -1 where memory ran out.
 static int survey_ranges(int fd, const int64_t* spans, int64_t count, int64_t groups,
-                         int64_t hint, int64_t every, int cold, char* flags) {
+                         int64_t hint, int64_t every, int cold, char* flags,
+                         const volatile char* stop) {
     int64_t most = 0;
     for (int64_t j = 0; j < count; ++j)
         if (spans[3 * j + 1] > most) most = spans[3 * j + 1];
@@ -475,6 +477,10 @@ static int survey_ranges(int fd, const int64_t* spans, int64_t count, int64_t gr
     Ahead a = {fd, hint, every, cold != 0, 1, 0, 0};
     for (int64_t j = 0; j < count && !failed; ++j) {
         const int64_t at = spans[3 * j], len = spans[3 * j + 1], g = spans[3 * j + 2];
+        if (*stop) {
+            memset(flags + j, SURVEY_UNREAD, (size_t)(count - j));
+            break;
+        }
         // a group's first range is kept (the others are compared with it)
         const int first = g >= 0 && reps[g] == NULL && rep_len[g] == 0;
         char* buf = scratch;
@@ -589,7 +595,8 @@ fail:
     return -1;
 }
 
-// survey(files, alike, heads, n, most, hint, every, cold) -> [(rep, zero)], one per file.
+// survey(files, alike, heads, n, most, hint, every, cold, stop) -> [(rep, zero)], one per
+// file.
 // files: [(path, infos, data_start)]: a file's header entries (name, dtype, shape, begin,
 // end) in the order to read them (the file's data order: a disk reads ahead of reads that
 // move forward). An entry whose name ends in .<one of alike> of 1 to `most` bytes is compared
@@ -597,7 +604,8 @@ fail:
 // holds the first one's bytes (that one too) to the first one's name. An entry ending in
 // .<one of heads> has its first `n` bytes (all of a smaller one) checked: zero maps it to
 // whether they are all 0 (an empty one is left out). What could not be read whole (a file
-// that cannot be opened: all of it) is in neither. The files are opened and read with the
+// that cannot be opened: all of it), or was not read because `stop` (a writable byte another
+// thread may set while this runs) was set, is in neither. The files are opened and read with the
 // GIL released, once for all of them (a thread that takes the GIL back waits for the others
 // to let it go), with read-ahead as reader.ReadAhead's (hint, every; cold: from the first
 // range of each file on).
@@ -606,11 +614,14 @@ static PyObject* survey(PyObject* self, PyObject* args) {
     int cold;
     PyObject *files, *alike, *heads;
     long long n, most, hint, every;
-    if (!PyArg_ParseTuple(args, "O!O!O!LLLLp", &PyList_Type, &files, &PyTuple_Type, &alike,
-                          &PyTuple_Type, &heads, &n, &most, &hint, &every, &cold))
+    Py_buffer stop;
+    if (!PyArg_ParseTuple(args, "O!O!O!LLLLpw*", &PyList_Type, &files, &PyTuple_Type, &alike,
+                          &PyTuple_Type, &heads, &n, &most, &hint, &every, &cold, &stop))
         return NULL;
-    if (n < 0 || most < 0 || hint < 0 || every < 1) {
-        PyErr_SetString(PyExc_ValueError, "survey: n, most and hint must be >= 0, every >= 1");
+    if (n < 0 || most < 0 || hint < 0 || every < 1 || stop.len < 1) {
+        PyBuffer_Release(&stop);
+        PyErr_SetString(PyExc_ValueError, "survey: n, most and hint must be >= 0, every >= 1, "
+                        "stop a writable byte");
         return NULL;
     }
     const Py_ssize_t nfiles = PyList_GET_SIZE(files);
@@ -621,6 +632,7 @@ static PyObject* survey(PyObject* self, PyObject* args) {
             !PyList_Check(PyTuple_GET_ITEM(t, 1))) {
             PyErr_SetString(PyExc_TypeError, "survey: files must be (path, infos list, "
                             "data_start) tuples");
+            PyBuffer_Release(&stop);
             return NULL;
         }
         total += PyList_GET_SIZE(PyTuple_GET_ITEM(t, 1));
@@ -661,13 +673,14 @@ static PyObject* survey(PyObject* self, PyObject* args) {
     for (Py_ssize_t f = 0; f < nfiles; ++f) {
         SurveyFile* sf = &sfs[f];
         if (sf->count == 0) continue;
-        int fd = open(PyBytes_AS_STRING(sf->path), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {   // left to the reads, which report why
+        int fd = *(const volatile char*)stop.buf ? -1 :
+                 open(PyBytes_AS_STRING(sf->path), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {   // stopped, or left to the reads, which report why
             memset(flags + sf->first, SURVEY_UNREAD, (size_t)sf->count);
             continue;
         }
         status[f] = survey_ranges(fd, spans + 3 * sf->first, sf->count, sf->groups, hint,
-                                  every, cold, flags + sf->first);
+                                  every, cold, flags + sf->first, (const char*)stop.buf);
         close(fd);
     }
     Py_END_ALLOW_THREADS
@@ -713,6 +726,7 @@ done:
     free(spans);
     free(flags);
     free(status);
+    PyBuffer_Release(&stop);
     return out;
 }
 
@@ -721,9 +735,9 @@ static PyMethodDef methods[] = {
      "scan(raw, bits, info) -> (tensors, metadata, data_len) | None: a safetensors header "
      "of the plain kind, or None for the Python parser to read."},
     {"survey", survey, METH_VARARGS,
-     "survey(files, alike, heads, n, most, hint, every, cold) -> [(rep, zero)]: which small "
-     "tensors of each file hold the bytes of the first of their dtype and shape there, and "
-     "which begin with n zero bytes, read with the GIL released."},
+     "survey(files, alike, heads, n, most, hint, every, cold, stop) -> [(rep, zero)]: "
+     "which small tensors of each file hold the bytes of the first of their dtype and shape "
+     "there, and which begin with n zero bytes, read with the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 

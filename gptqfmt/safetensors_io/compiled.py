@@ -40,13 +40,16 @@ def scan(raw: bytes, bits: dict[str, int], info: type) -> tuple[dict[str, Any],
 
 def survey(files: list[tuple[str, list[Any], int]], alike: tuple[str, ...],
            heads: tuple[str, ...], n: int, most: int, hint: int, every: int,
-           cold: bool = False) -> list[tuple[dict[str, str], dict[str, bool]]]:
+           cold: bool = False, stop: bytearray | None = None
+           ) -> list[tuple[dict[str, str], dict[str, bool]]]:
     """(rep, zero) of each file's small tensors, `files` as (path, its header entries in the
     order to read them, its data's start), opened and read with the GIL released
     (kernels/safetensors_native.c says how): a tensor named .<one of alike> of at most `most`
     bytes maps in rep to the first of its dtype and shape in its file whose bytes it holds;
     one named .<one of heads> maps in zero to whether its first `n` bytes are all 0.
     Read-ahead as reader.ReadAhead's (`hint`, `every`; `cold`: from each file's first range).
-    Only where available()."""
+    `stop`: one byte another thread sets to nonzero to end the reads early (what is not read
+    then is in neither answer). Only where available()."""
     assert _NATIVE is not None
-    return _NATIVE.survey(files, alike, heads, n, most, hint, every, cold)
+    return _NATIVE.survey(files, alike, heads, n, most, hint, every, cold,
+                          bytearray(1) if stop is None else stop)

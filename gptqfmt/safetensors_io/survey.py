@@ -59,11 +59,17 @@ class Survey:
         self.rep: dict[str, str] = {}     # tensor -> the first tensor of its group it equals
         self.zero: dict[str, bool] = {}   # tensor -> whether its first n bytes are all 0
         self._done = [threading.Event() for _ in self._passes]
+        # set to 1 by close(): the compiled loops stop reading at the next range (an
+        # interrupted command does not wait for a cold page cache)
+        self._stop = bytearray(1)
         self._thread = threading.Thread(target=self._run, name="gptqfmt-survey", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        """Wait for the thread (a store being closed leaves no reader behind)."""
+        """Stop the reads that are left and wait for the thread (a store being closed leaves
+        no reader behind); what was not read is left unsaid."""
+        if self._thread.is_alive():
+            self._stop[0] = 1
         self._thread.join()
 
     def _said(self, found: dict[str, T], tensors: Iterable[str]
@@ -108,12 +114,14 @@ class Survey:
         try:
             files = {name: f for name, f in self._files.items() if f.filler is None}
             for (alike, heads), done in zip(self._passes, self._done):
+                if self._stop[0]:
+                    break
                 # all files in one call: this thread takes the GIL back once a pass (each
                 # time it waits for the main thread to let go of it)
                 found = compiled.survey(
                     [(f.path, list(f.header.tensors.values()), f.header.data_start)
                      for f in files.values()], alike, heads, self.n, MOST, HINT_BYTES,
-                    CHECK_EVERY, self._cold)
+                    CHECK_EVERY, self._cold, self._stop)
                 where = self._locations
                 for name, (rep, zero) in zip(files, found):
                     if where is not None:   # answers only for the tensors each file holds

@@ -329,3 +329,51 @@ def test_the_survey_thread_has_ended_before_detection_forks(monkeypatch):
     r = inspect_checkpoint(ROOT / "fixtures" / "ckpt" / "b4-asym-noact-gptq-sharded")
     assert r.source.store.survey is not None
     assert seen and not any("gptqfmt-survey" in names for names in seen)
+
+
+@needs_build
+def test_a_set_stop_byte_reads_nothing(tmp_path):
+    p = tmp_path / "x.safetensors"
+    random_file(p, random.Random(7))
+    f = SafetensorsFile(p)
+    files = [(str(p), list(f.header.tensors.values()), f.header.data_start)]
+    assert compiled.survey(files, ALIKE, HEADS, 64, survey.MOST, HINT_BYTES, CHECK_EVERY,
+                           False, bytearray(b"\x01")) == [({}, {})]
+    assert compiled.survey(files, ALIKE, HEADS, 64, survey.MOST, HINT_BYTES, CHECK_EVERY,
+                           False, bytearray(1)) == [reference(p, ALIKE, HEADS, 64, survey.MOST)]
+    with pytest.raises(TypeError):   # the stop byte is written by another thread: writable
+        compiled.survey(files, ALIKE, HEADS, 64, 8, HINT_BYTES, CHECK_EVERY, False, b"\x00")
+
+
+@needs_build
+def test_closing_the_store_stops_the_reads_left(tmp_path, monkeypatch):
+    """A store closed while its survey reads (an interrupted command) sets the stop byte and
+    waits only for the reads under way: the pass under way says nothing more, the next is
+    not begun. The second pass is held until close() has set the byte."""
+    d = shards(tmp_path, random.Random(5), 2)
+    entered, released = threading.Event(), threading.Event()
+    real = compiled.survey
+
+    def held(files, alike, heads, n, most, hint, every, cold, stop):
+        if alike == ("qzeros",):
+            entered.set()
+            released.wait()
+        return real(files, alike, heads, n, most, hint, every, cold, stop)
+    monkeypatch.setattr(compiled, "survey", held)
+    st = open_store(d)
+    st.start_survey([(("g_idx",), ()), (("qzeros",), HEADS), (("weight",), ())], 64)
+    sv = st.survey
+    assert sv is not None
+    entered.wait()
+    join = sv._thread.join
+
+    def joined(*a):   # close() has set the byte by now: let the held pass go on
+        assert sv._stop[0] == 1
+        released.set()
+        join(*a)
+    monkeypatch.setattr(sv._thread, "join", joined)
+    st.close()
+    assert not sv._thread.is_alive()
+    assert any(t.endswith(".g_idx") for t in sv.rep)          # the first pass, whole
+    assert not any(t.endswith(".qzeros") for t in sv.rep) and not sv.zero   # stopped
+    assert not any(t.endswith(".weight") for t in sv.rep)     # the third, never begun
