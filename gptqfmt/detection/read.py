@@ -22,7 +22,7 @@ from .. import faults
 from ..bits.layout import stored_fields
 from ..bits.packing import block
 from ..errors import GptqfmtError
-from ..formats.gptq.checkpoint import Checkpoint, Module
+from ..formats.gptq.checkpoint import SMALL, Checkpoint, Module
 from ..parallel import bounded_map, cpus
 from . import codestats
 from .decide import AMBIGUOUS, ModuleVerdict, decide
@@ -122,10 +122,6 @@ def module_verdict(ckpt: Checkpoint, m: Module, full: bool, sample: int = SAMPLE
 # in two threads, 1.01 to 1.07 s in two processes). From this many modules on, worth a fork
 # per worker.
 PROCESS_MIN_MODULES = 64
-# qzeros up to this size are read in the parent, all together: a mixture of experts' tens of
-# thousands (9 to 24 KiB each) are read in a fraction of a second; a dense 70B's (up to 900
-# KiB each, 0.5 GB in all) are left to the workers, which map them in parallel
-SMALL = 128 << 10
 
 
 def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = None,
@@ -145,9 +141,10 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
     remote = ckpt.store.remote
     # a mirrored checkpoint is read in threads: what a forked worker fetched would land in
     # the file but not in this process's record of what is there
-    if workers > 1 and len(mods) >= PROCESS_MIN_MODULES:
+    forking = workers > 1 and len(mods) >= PROCESS_MIN_MODULES and not remote
+    if forking:
         ckpt.store.settle()   # the store's survey thread ends: this process may fork
-    if workers > 1 and len(mods) >= PROCESS_MIN_MODULES and _forks_safely() and not remote:
+    if forking and _forks_safely():
         ctx = multiprocessing.get_context("fork")
         pool: Executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
                                              initializer=_start_worker, initargs=(work,))

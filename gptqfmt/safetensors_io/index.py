@@ -88,28 +88,27 @@ class TensorStore:
         for name, ts in by_file.items():
             yield from self.files[name].heads(ts, n)
 
-    def start_survey(self, passes: list[Pass], n: int) -> None:
+    def start_survey(self, passes: list[Pass], n: int, most: int) -> None:
         """Survey (survey.py) the tensors named with the suffixes of `passes` on a second
-        thread, from now on, where the compiled loops are built: heads_grouped and zero_heads
-        then read only what it leaves unsaid."""
+        thread, from now on, where the compiled loops are built (probes of `n` bytes; whole
+        tensors up to `most` bytes): heads_grouped and zero_heads then read only what it
+        leaves unsaid."""
         if self.survey is None and compiled.available() and not self.remote:
-            self.survey = Survey(self.files, self.locations, passes, n)
+            self.survey = Survey(self.files, self.locations, passes, n, most)
 
     def settle(self) -> None:
-        """Wait for the survey's thread to end, if one runs: before this process forks (a
-        child of a process with a thread running may inherit a lock held)."""
+        """Wait for the survey to read all it was asked and its thread to end, if one runs:
+        before this process forks (a child of a process with a thread running may inherit a
+        lock held)."""
         if self.survey is not None:
-            self.survey.close()
+            self.survey.join()
 
     def heads_grouped(self, tensors: Iterable[str]) -> Iterator[tuple[bytes, list[str]]]:
         """Every one of `tensors` whole, as (bytes, the tensors that hold them): where the
         survey found tensors alike, their group's representative is read once for all of
         them; every other tensor is read alone (heads)."""
-        if self.survey is None:
-            known: dict[str, list[str]] = {}
-            rest = list(tensors)
-        else:
-            known, rest = self.survey.groups(tensors)
+        known, rest = ({}, list(tensors)) if self.survey is None else \
+            self.survey.groups(tensors)
         for r, raw in self.heads(known):
             yield raw, known[r]
         for t, raw in self.heads(rest):
@@ -151,7 +150,8 @@ class TensorStore:
                 f.release()
 
     def close(self) -> None:
-        self.settle()
+        if self.survey is not None:   # what it has not read yet is not waited for
+            self.survey.close()
         for f in self.files.values():
             f.close()
 

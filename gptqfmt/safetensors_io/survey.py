@@ -29,10 +29,6 @@ from typing import TypeVar
 from . import compiled
 from .reader import CHECK_EVERY, HINT_BYTES, SafetensorsFile
 
-# a tensor larger than this is not surveyed whole (a group's first one is held in memory
-# while its file is read): detection reads qzeros up to this size in the parent too
-MOST = 128 << 10
-
 Pass = tuple[tuple[str, ...], tuple[str, ...]]   # (suffixes compared whole, suffixes probed)
 T = TypeVar("T")
 
@@ -40,14 +36,15 @@ T = TypeVar("T")
 class Survey:
     """Started on its own thread at construction. `passes`, each over every file in turn, in
     the order the caller will ask for them: (the name suffixes, after the last dot, of the
-    tensors compared whole with the first of their dtype and shape in their file, up to MOST
-    bytes; those whose first `n` bytes are checked for zero). A query about a tensor waits
-    for the pass that surveys it. Files mirrored from the Hub are not surveyed (their reads
-    are fetched in batches of their own)."""
+    tensors compared whole with the first of their dtype and shape in their file, up to
+    `most` bytes, a group's first one held in memory while its file is read; those whose
+    first `n` bytes are checked for zero). A query about a tensor waits for the pass that
+    surveys it. Files mirrored from the Hub are not surveyed (their reads are fetched in
+    batches of their own)."""
 
     def __init__(self, files: dict[str, SafetensorsFile], locations: dict[str, str],
-                 passes: Sequence[Pass], n: int, cold: bool = False):
-        self.n = n
+                 passes: Sequence[Pass], n: int, most: int):
+        self.n, self._most = n, most
         self._files = files
         # a tensor stored in two files is read from the one `locations` names (the other
         # copy is a finding): where there is one, each file's answers are kept only for its own
@@ -55,7 +52,6 @@ class Survey:
             len(locations) else None
         self._passes = [(tuple(a), tuple(h)) for a, h in passes]
         self._pass_of = {s: i for i, (a, h) in enumerate(self._passes) for s in a + h}
-        self._cold = cold
         self.rep: dict[str, str] = {}     # tensor -> the first tensor of its group it equals
         self.zero: dict[str, bool] = {}   # tensor -> whether its first n bytes are all 0
         self._done = [threading.Event() for _ in self._passes]
@@ -65,11 +61,14 @@ class Survey:
         self._thread = threading.Thread(target=self._run, name="gptqfmt-survey", daemon=True)
         self._thread.start()
 
+    def join(self) -> None:
+        """Wait for every pass to be read and the thread to end."""
+        self._thread.join()
+
     def close(self) -> None:
         """Stop the reads that are left and wait for the thread (a store being closed leaves
         no reader behind); what was not read is left unsaid."""
-        if self._thread.is_alive():
-            self._stop[0] = 1
+        self._stop[0] = 1
         self._thread.join()
 
     def _said(self, found: dict[str, T], tensors: Iterable[str]
@@ -120,8 +119,8 @@ class Survey:
                 # time it waits for the main thread to let go of it)
                 found = compiled.survey(
                     [(f.path, list(f.header.tensors.values()), f.header.data_start)
-                     for f in files.values()], alike, heads, self.n, MOST, HINT_BYTES,
-                    CHECK_EVERY, self._cold, self._stop)
+                     for f in files.values()], alike, heads, self.n, self._most, HINT_BYTES,
+                    CHECK_EVERY, False, self._stop)
                 where = self._locations
                 for name, (rep, zero) in zip(files, found):
                     if where is not None:   # answers only for the tensors each file holds

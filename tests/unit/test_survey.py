@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptqfmt.formats.gptq.checkpoint import open_checkpoint
+from gptqfmt.checks.modules import probed
+from gptqfmt.formats.gptq.checkpoint import SMALL, open_checkpoint
 from gptqfmt.safetensors_io import compiled, survey
 from gptqfmt.safetensors_io.index import open_store
 from gptqfmt.safetensors_io.reader import CHECK_EVERY, HINT_BYTES, SafetensorsFile
@@ -49,7 +50,7 @@ def reference(path: Path, alike, heads, n: int, most: int):
     return rep, zero
 
 
-def surveyed(path: Path, alike=ALIKE, heads=HEADS, n=64, most=survey.MOST, cold=False):
+def surveyed(path: Path, alike=ALIKE, heads=HEADS, n=64, most=SMALL, cold=False):
     f = SafetensorsFile(path)
     [found] = compiled.survey([(str(path), list(f.header.tensors.values()),
                                 f.header.data_start)], tuple(alike), tuple(heads), n, most,
@@ -93,7 +94,7 @@ def test_the_compiled_survey_says_what_the_bytes_say(tmp_path, seed):
     rng = random.Random(seed)
     p = tmp_path / "x.safetensors"
     random_file(p, rng)
-    n, most = rng.choice([1, 4, 64, 4096]), rng.choice([8, 64, survey.MOST])
+    n, most = rng.choice([1, 4, 64, 4096]), rng.choice([8, 64, SMALL])
     want = reference(p, ALIKE, HEADS, n, most)
     assert surveyed(p, n=n, most=most) == want
     # told ahead from the first range (a cold page cache): the same answers
@@ -112,7 +113,7 @@ def test_a_file_cut_short_after_its_header_was_read_leaves_the_rest_unsaid(tmp_p
     with open(p, "r+b") as fh:   # the file shrinks in the middle of a tensor
         fh.truncate(f.header.data_start + cut.begin + 3)
     [(rep, zero)] = compiled.survey([(str(p), infos, f.header.data_start)], ALIKE, HEADS, 64,
-                                    survey.MOST, HINT_BYTES, CHECK_EVERY, False)
+                                    SMALL, HINT_BYTES, CHECK_EVERY, False)
     read = {i.name for i in infos if i.end <= cut.begin}
     assert set(rep) | set(zero) == read
     assert all(zero[t] for t in zero)
@@ -130,7 +131,7 @@ def test_a_group_whose_first_tensor_cannot_be_read_says_nothing(tmp_path):
     late = infos[0]._replace(begin=10_000, end=10_032)
     # the second read first, then the first from past the end of the file
     [(rep, zero)] = compiled.survey([(str(p), [infos[1], late], f.header.data_start)], ALIKE,
-                                    HEADS, 64, survey.MOST, HINT_BYTES, CHECK_EVERY, False)
+                                    HEADS, 64, SMALL, HINT_BYTES, CHECK_EVERY, False)
     assert rep == {infos[1].name: infos[1].name} and zero == {}
 
 
@@ -181,7 +182,7 @@ def test_the_store_reads_the_same_with_and_without_a_survey(tmp_path, seed, monk
     survey found; zero_heads names the same tensors."""
     d = shards(tmp_path, random.Random(seed))
     plain, st = open_store(d), open_store(d)
-    st.start_survey([(("g_idx",), ()), (("qzeros",), HEADS)], 64)
+    st.start_survey([(("g_idx",), ()), (("qzeros",), HEADS)], 64, SMALL)
     assert st.survey is not None
     names = sorted(plain.locations)
     whole = [t for t in names if t.rpartition(".")[2] in ALIKE]
@@ -214,7 +215,7 @@ def test_without_the_compiled_loops_nothing_is_surveyed(tmp_path):
     d = shards(tmp_path, random.Random(0), 1)
     with loops(compiled=False):
         st = open_store(d)
-        st.start_survey([(ALIKE, HEADS)], 64)
+        st.start_survey([(ALIKE, HEADS)], 64, SMALL)
     assert st.survey is None
     st.close()
 
@@ -228,7 +229,8 @@ def modelled(path: Path, survey_on: bool):
     try:
         mods = [(m.name, m.valid, getattr(m, "group_size", None), getattr(m, "act_order", None),
                  getattr(m, "in_features", None)) for m in ck.modules]
-        patterns = ck.small_patterns(ck.valid_modules, 128 << 10)
+        valid = ck.valid_modules
+        patterns = {valid[i].name: p for i, p in ck.small_patterns(valid, SMALL).items()}
         return mods, [f.to_json() for f in ck.findings], patterns
     finally:
         ck.store.close()
@@ -259,7 +261,16 @@ def test_a_surveyed_checkpoint_is_modelled_and_read_as_an_unsurveyed_one(tmp_pat
             fh.write(bytes([b ^ x]))
     on, off = modelled(d, True), modelled(d, False)
     assert on == off
-    assert any(f["code"] for f in on[1])
+    # and the edits are seen, not taken for their alike neighbours' bytes: the permuted g_idx
+    # makes its module invalid (GQ309 there), the qzeros edited no longer symmetric
+    (mods, findings, patterns), (mods0, _, patterns0) = on, modelled(src, True)
+    g_mod = g[-1].rpartition(".")[0]
+    assert [m for m in mods if m not in mods0] == [(g_mod, False, None, None, 64)]
+    assert [(f["code"], f["tensor"]) for f in findings] == [("GQ309", g[-1])]
+    z_mod = z[1].rpartition(".")[0]
+    assert set(patterns0) - set(patterns) == {g_mod}
+    assert {n for n, p in patterns.items() if p != patterns0[n]} == {z_mod}
+    assert patterns[z_mod] is None and patterns0[z_mod] is not None
 
 
 @needs_build
@@ -285,7 +296,7 @@ def test_a_survey_that_fails_leaves_everything_to_the_reads(tmp_path, monkeypatc
     monkeypatch.setattr(compiled, "survey", broken)
     plain = open_store(d)
     st = open_store(d)
-    st.survey = survey.Survey(st.files, st.locations, [(ALIKE, HEADS)], 64)
+    st.survey = survey.Survey(st.files, st.locations, [(ALIKE, HEADS)], 64, SMALL)
     names = [t for t in sorted(st.locations) if t.rpartition(".")[2] in ALIKE]
     assert {t: raw for raw, ts in st.heads_grouped(names) for t in ts} == \
         dict(plain.heads(names))
@@ -327,8 +338,11 @@ def test_the_survey_thread_has_ended_before_detection_forks(monkeypatch):
     monkeypatch.setattr(detection_read, "cpus", lambda: 2)
     monkeypatch.setattr(detection_read, "SMALL", 0)   # every module to the workers
     r = inspect_checkpoint(ROOT / "fixtures" / "ckpt" / "b4-asym-noact-gptq-sharded")
-    assert r.source.store.survey is not None
+    sv = r.source.store.survey
+    assert sv is not None
     assert seen and not any("gptqfmt-survey" in names for names in seen)
+    # waited for, not stopped: the held pass was read whole (every probe the survey's)
+    assert set(sv.zero) == {t for m in r.source.modules for t in probed(m)}
 
 
 @needs_build
@@ -337,10 +351,10 @@ def test_a_set_stop_byte_reads_nothing(tmp_path):
     random_file(p, random.Random(7))
     f = SafetensorsFile(p)
     files = [(str(p), list(f.header.tensors.values()), f.header.data_start)]
-    assert compiled.survey(files, ALIKE, HEADS, 64, survey.MOST, HINT_BYTES, CHECK_EVERY,
+    assert compiled.survey(files, ALIKE, HEADS, 64, SMALL, HINT_BYTES, CHECK_EVERY,
                            False, bytearray(b"\x01")) == [({}, {})]
-    assert compiled.survey(files, ALIKE, HEADS, 64, survey.MOST, HINT_BYTES, CHECK_EVERY,
-                           False, bytearray(1)) == [reference(p, ALIKE, HEADS, 64, survey.MOST)]
+    assert compiled.survey(files, ALIKE, HEADS, 64, SMALL, HINT_BYTES, CHECK_EVERY,
+                           False, bytearray(1)) == [reference(p, ALIKE, HEADS, 64, SMALL)]
     with pytest.raises(TypeError):   # the stop byte is written by another thread: writable
         compiled.survey(files, ALIKE, HEADS, 64, 8, HINT_BYTES, CHECK_EVERY, False, b"\x00")
 
@@ -361,7 +375,7 @@ def test_closing_the_store_stops_the_reads_left(tmp_path, monkeypatch):
         return real(files, alike, heads, n, most, hint, every, cold, stop)
     monkeypatch.setattr(compiled, "survey", held)
     st = open_store(d)
-    st.start_survey([(("g_idx",), ()), (("qzeros",), HEADS), (("weight",), ())], 64)
+    st.start_survey([(("g_idx",), ()), (("qzeros",), HEADS), (("weight",), ())], 64, SMALL)
     sv = st.survey
     assert sv is not None
     entered.wait()

@@ -28,6 +28,11 @@ from ..model import DTYPE_KIND, PROBE, PROBED, ModuleTensors, is_lm_head
 from .config import ModuleConfig, QuantConfig, load_config
 
 ROLES = ("qweight", "qzeros", "scales", "g_idx", "bias")
+# qzeros (and g_idx) up to this size are read in the parent, all together: a mixture of
+# experts' tens of thousands (9 to 24 KiB each) are read in a fraction of a second; a dense
+# 70B's qzeros (up to 900 KiB each, 0.5 GB in all) are left to detection's workers, which map
+# them in parallel
+SMALL = 128 << 10
 _ROLE = {r: sys.intern(r) for r in ROLES}   # one string a role, not one a module
 REQUIRED = ("qweight", "qzeros", "scales")
 SCALE_DTYPES = ("F16", "BF16", "F32")
@@ -125,16 +130,19 @@ class Checkpoint:
         finally:
             self.store.release([qz])
 
-    def symmetric_pattern(self, m: Module) -> str | None:
+    def symmetric_pattern(self, m: Module, release: bool = False) -> str | None:
         """The convention whose symmetric zero is every stored field of `m`, else None
         (conventions.symmetric_pattern), kept per module: the source (sym, for writers) and
-        detection both ask, and a whole pass over qzeros answers with one word."""
+        detection both ask, and a whole pass over qzeros answers with one word. `release`:
+        drop the pages of qzeros where it was read here (a caller that reads nothing more of
+        the module; detection goes on to read its fields)."""
         if m.name not in self._patterns:
             try:
                 self._patterns[m.name] = symmetric_pattern(self.view(m.tensors["qzeros"]),
                                                            m.bits)
-            finally:   # read once, kept: its pages are not needed again
-                self.store.release([m.tensors["qzeros"]])
+            finally:
+                if release:   # read once, kept: its pages are not needed again
+                    self.store.release([m.tensors["qzeros"]])
         return self._patterns[m.name]
 
     def small_patterns(self, mods: list[Module], most: int) -> dict[int, str | None]:
@@ -205,7 +213,7 @@ def open_checkpoint(path: str | os.PathLike[str], store: TensorStore | None = No
     if survey:
         # g_idx first: modelling asks for them; detection the qzeros, then the checks the
         # probes
-        store.start_survey([(("g_idx",), ()), (("qzeros",), PROBED)], PROBE)
+        store.start_survey([(("g_idx",), ()), (("qzeros",), PROBED)], PROBE, SMALL)
     findings = list(store.findings)
     first = next(iter(store.files.values()))
     config, cfg_findings = load_config(store.root, first.metadata)

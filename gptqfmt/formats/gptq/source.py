@@ -70,10 +70,10 @@ class GptqSource:
 
     def _symmetric(self, m: Module) -> bool:
         """Declared sym and every Z = 2^(bits-1) (a sym label over other zeros is GQ403): every
-        stored field the symmetric one of the convention read (symmetric_pattern drops the
-        pages of a qzeros it reads)."""
+        stored field the symmetric one of the convention read. Modules are read one after
+        another here, so the pages of a qzeros read here are dropped after each."""
         return bool(m.declared and m.declared.sym) and \
-            self.ckpt.symmetric_pattern(m) == self.format
+            self.ckpt.symmetric_pattern(m, release=True) == self.format
 
     # -- the one model -------------------------------------------------------------------
     def qweight(self, m: QuantModule) -> np.ndarray:
