@@ -8,8 +8,9 @@ discovery cannot see them under gptqfmt/ and they are named here.
 
 gptqfmt.bits._native (kernels/native_module.c over kernels/gptq_sums.h and gptq_relayout.h)
 and gptqfmt.safetensors_io._native (kernels/safetensors_native.c: a safetensors header read in
-one pass) are optional: where no C compiler or Python headers are found the build says so and
-goes on, and gptqfmt runs the numpy loops (gptqfmt.bits.native) and the Python header parser
+one pass, small ranges surveyed, the journal's CRC-32 over kernels/gq_crc32.h) are optional:
+where no C compiler or Python headers are found the build says so and goes on, and gptqfmt
+runs the numpy loops (gptqfmt.bits.native), the Python header parser and zlib's CRC-32
 instead.
 """
 from setuptools import Extension, find_packages, setup
@@ -28,6 +29,8 @@ NATIVE = Extension(
 SAFETENSORS = Extension(
     "gptqfmt.safetensors_io._native",
     sources=["kernels/safetensors_native.c"],
+    depends=["kernels/gq_crc32.h"],
+    include_dirs=["kernels"],
     extra_compile_args=["-O3"],
     optional=True,
 )

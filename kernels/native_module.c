@@ -7,6 +7,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "gptq_dequant.h"
 #include "gptq_relayout.h"
@@ -240,6 +241,161 @@ static PyObject* largest_magnitude(PyObject* self, PyObject* args) {
     return result;
 }
 
+// The least and the largest magnitude (the sign bit cleared, nothing widened) over n fp16 or
+// bf16 values (16 bits) or float32 ones (32): as signed integers, which every x86-64 has a
+// vector min and max of at 16 bits (the magnitudes are below the sign bit).
+#define GQ_MAGNITUDE_RANGE(T, MAG)                                                           \
+    GQ_CLONES static void magnitude_range_##T(const T* p, int64_t n, uint32_t* lo,           \
+                                              uint32_t* hi) {                                \
+        T a = MAG, b = 0;                                                                    \
+        for (int64_t i = 0; i < n; ++i) {                                                    \
+            const T m = (T)(p[i] & MAG);                                                     \
+            a = m < a ? m : a;                                                               \
+            b = m > b ? m : b;                                                               \
+        }                                                                                    \
+        *lo = (uint32_t)a;                                                                   \
+        *hi = (uint32_t)b;                                                                   \
+    }
+GQ_MAGNITUDE_RANGE(int16_t, 0x7FFF)
+GQ_MAGNITUDE_RANGE(int32_t, 0x7FFFFFFF)
+
+PyDoc_STRVAR(magnitude_range_doc,
+"magnitude_range(values, width) -> (least, largest)\n\n"
+"The least and the largest of the values' bits with the sign bit cleared, values a C-order\n"
+"buffer of 16-bit (width 2: fp16, bf16) or 32-bit (width 4: float32) values in native\n"
+"order; (0x7FFF or 0x7FFFFFFF, 0) when there are none.");
+
+static PyObject* magnitude_range(PyObject* self, PyObject* args) {
+    Py_buffer v;
+    int width;
+    if (!PyArg_ParseTuple(args, "y*i", &v, &width)) return NULL;
+    PyObject* result = NULL;
+    if (width != 2 && width != 4)
+        PyErr_SetString(PyExc_ValueError, "magnitude_range: width must be 2 or 4");
+    else if (v.len % width)
+        PyErr_SetString(PyExc_ValueError, "magnitude_range: not whole values");
+    else {
+        uint32_t lo, hi;
+        Py_BEGIN_ALLOW_THREADS
+        if (width == 2) magnitude_range_int16_t((const int16_t*)v.buf, v.len / 2, &lo, &hi);
+        else magnitude_range_int32_t((const int32_t*)v.buf, v.len / 4, &lo, &hi);
+        Py_END_ALLOW_THREADS
+        result = Py_BuildValue("(kk)", (unsigned long)lo, (unsigned long)hi);
+    }
+    PyBuffer_Release(&v);
+    return result;
+}
+
+static inline uint64_t load64(const unsigned char* p) {
+    uint64_t x;
+    memcpy(&x, p, 8);
+    return x;
+}
+
+// Whether any `bits`-bit field (2, 4 or 8: a field never straddles a byte, so words of any
+// width and byte order are their bytes) of the n bytes at p is 0, or with `ones` all ones
+// (maxq). Per 64-bit superword y (complemented for maxq), ((y & L) + L) | y has a field's top
+// bit set exactly where the field is not 0 (L: every field's bits below its top; the sum
+// carries into the top bit where one is set, and never past it); the words' AND keeps a top
+// bit only where no word had that field 0. Checked every 4 KiB, so a hit early stops early.
+GQ_CLONES static int any_field(const unsigned char* p, int64_t n, int bits, int ones) {
+    const uint64_t top = bits == 2 ? 0xAAAAAAAAAAAAAAAAull
+                         : bits == 4 ? 0x8888888888888888ull : 0x8080808080808080ull;
+    const uint64_t low = ~top, flip = ones ? ~0ull : 0ull;
+    int64_t i = 0;
+    while (i + 8 <= n) {
+        const int64_t end = n - i >= 4096 ? i + 4096 : n - (n - i) % 8;
+        uint64_t acc = ~0ull;
+        for (; i < end; i += 8) {
+            const uint64_t y = load64(p + i) ^ flip;
+            acc &= ((y & low) + low) | y;
+        }
+        if ((acc & top) != top) return 1;
+    }
+    if (i < n) {   // the last bytes, padded with fields that are neither 0 nor maxq's match
+        unsigned char rest[8];
+        memset(rest, ones ? 0x00 : 0xFF, 8);
+        memcpy(rest, p + i, (size_t)(n - i));
+        const uint64_t y = load64(rest) ^ flip;
+        if (((((y & low) + low) | y) & top) != top) return 1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(has_field_doc,
+"has_field(words, bits, ones) -> bool\n\n"
+"Whether any bits-bit field (2, 4 or 8) of a C-order buffer of packed words is 0, or with\n"
+"ones=1 all ones (maxq).");
+
+static PyObject* has_field(PyObject* self, PyObject* args) {
+    Py_buffer w;
+    int bits, ones;
+    if (!PyArg_ParseTuple(args, "y*ip", &w, &bits, &ones)) return NULL;
+    PyObject* result = NULL;
+    if (bits != 2 && bits != 4 && bits != 8)
+        PyErr_SetString(PyExc_ValueError, "has_field: bits must be 2, 4 or 8");
+    else {
+        int found;
+        Py_BEGIN_ALLOW_THREADS
+        found = any_field((const unsigned char*)w.buf, w.len, bits, ones);
+        Py_END_ALLOW_THREADS
+        result = PyBool_FromLong(found);
+    }
+    PyBuffer_Release(&w);
+    return result;
+}
+
+// Whether b[i] - a[i] (unsigned, wrapping at the width) is one d for every i of n elements of
+// `size` bytes; d is set from the first (0 when n is 0).
+#define GQ_SAME_DIFFERENCE(T)                                                                 \
+    GQ_CLONES static int same_difference_##T(const T* a, const T* b, int64_t n, uint64_t* d) { \
+        const T first = n ? (T)(b[0] - a[0]) : (T)0;                                          \
+        T off = 0;                                                                            \
+        for (int64_t i = 0; i < n; ++i) off |= (T)((T)(b[i] - a[i]) ^ first);                 \
+        *d = first;                                                                           \
+        return off == 0;                                                                      \
+    }
+GQ_SAME_DIFFERENCE(uint8_t)
+GQ_SAME_DIFFERENCE(uint16_t)
+GQ_SAME_DIFFERENCE(uint32_t)
+GQ_SAME_DIFFERENCE(uint64_t)
+
+PyDoc_STRVAR(same_difference_doc,
+"same_difference(a, b, size) -> int | None\n\n"
+"The d with b[i] - a[i] == d (unsigned, modulo 2^(8 size)) for every element of two C-order\n"
+"buffers of the same length of native unsigned integers of `size` bytes (1, 2, 4 or 8), or\n"
+"None where no one d holds (0 for empty buffers).");
+
+static PyObject* same_difference(PyObject* self, PyObject* args) {
+    Py_buffer a, b;
+    int size;
+    if (!PyArg_ParseTuple(args, "y*y*i", &a, &b, &size)) return NULL;
+    PyObject* result = NULL;
+    if (size != 1 && size != 2 && size != 4 && size != 8)
+        PyErr_SetString(PyExc_ValueError, "same_difference: size must be 1, 2, 4 or 8");
+    else if (a.len != b.len || a.len % size)
+        PyErr_SetString(PyExc_ValueError, "same_difference: buffers of different lengths or "
+                        "not whole elements");
+    else {
+        const int64_t n = a.len / size;
+        uint64_t d = 0;
+        int same;
+        Py_BEGIN_ALLOW_THREADS
+        switch (size) {
+            case 1: same = same_difference_uint8_t(a.buf, b.buf, n, &d); break;
+            case 2: same = same_difference_uint16_t(a.buf, b.buf, n, &d); break;
+            case 4: same = same_difference_uint32_t(a.buf, b.buf, n, &d); break;
+            default: same = same_difference_uint64_t(a.buf, b.buf, n, &d); break;
+        }
+        Py_END_ALLOW_THREADS
+        if (same) result = PyLong_FromUnsignedLongLong(d);
+        else result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return result;
+}
+
 GQ_CLONES static void transpose_words(const uint32_t* src, int64_t rows, int64_t cols,
                                       uint32_t* dst, int64_t c0, int64_t c1) {
     gq_transpose_words(src, rows, cols, dst, c0, c1);
@@ -414,6 +570,9 @@ static PyMethodDef methods[] = {
     {"cell_sums", cell_sums, METH_VARARGS, cell_sums_doc},
     {"largest_change", largest_change, METH_VARARGS, largest_change_doc},
     {"largest_magnitude", largest_magnitude, METH_VARARGS, largest_magnitude_doc},
+    {"magnitude_range", magnitude_range, METH_VARARGS, magnitude_range_doc},
+    {"has_field", has_field, METH_VARARGS, has_field_doc},
+    {"same_difference", same_difference, METH_VARARGS, same_difference_doc},
     {"transpose", transpose, METH_VARARGS, transpose_doc},
     {"transposed_differ", transposed_differ_py, METH_VARARGS, transposed_differ_doc},
     {"awq_relayout", awq_relayout, METH_VARARGS, awq_relayout_doc},
@@ -423,7 +582,7 @@ static PyMethodDef methods[] = {
 // The Python side (gptqfmt/bits/native.py) takes the extension only at this version: a build
 // left in place from older sources is never run. Raise it with every change to what a
 // function takes or gives.
-#define GQ_NATIVE_VERSION 3
+#define GQ_NATIVE_VERSION 4
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native",

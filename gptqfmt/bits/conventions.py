@@ -20,7 +20,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import NotRepresentable
-from . import Array
+from . import Array, native
 from .packing import constant_words, maxq, pack, unpack, unsigned
 from .swar import every_field, field_bytes, field_masks, has_field
 
@@ -219,9 +219,23 @@ def words_moved(w_src: Array, w_dst: Array, bits: int, src: str, dst: str) -> bo
     if d == 0:
         return bool(np.array_equal(a, b))
     _, one, _ = field_masks(bits, a.dtype.itemsize)
+    fast = native.differ_by(a, b, int(one)) if d > 0 else native.differ_by(b, a, int(one))
+    if fast is not None:   # the same subtraction, in one compiled pass
+        return fast
     with np.errstate(over="ignore"):
         diff = b - a if d > 0 else a - b
     return bool(np.all(diff == one))
+
+
+def field_changes(words: Array, bits: int, src: str, dst: str,
+                  allow_lossy: bool = False) -> FieldChanges:
+    """What convert_words reports for these words, without making the new ones where they
+    move word by word (word_path: then every field changes, or none with no shift)."""
+    words = np.asarray(words)
+    if word_path(unsigned(words), bits, src, dst):
+        fields = words.size * words.dtype.itemsize * 8 // bits
+        return FieldChanges(fields, 0 if shift(src, dst) == 0 else fields, 0, 0)
+    return convert_words(words, bits, src, dst, allow_lossy)[1]
 
 
 def convert_words(words: Array, bits: int, src: str, dst: str,

@@ -4,8 +4,9 @@ cannot take a case.
 
 The extension is optional: a machine without a C compiler installs and runs gptqfmt with the
 numpy loops (detection/codestats.py, formats/relayout.py, ops/differences.py,
-runtimes/verdicts.py), which compute the same answers; so does GPTQFMT_NATIVE=0, which the
-tests use to hold the two equal.
+runtimes/verdicts.py, bits/swar.py, bits/conventions.py, safetensors_io/dtypes.py,
+safetensors_io/journal.py), which compute the same answers; so does GPTQFMT_NATIVE=0, which
+the tests use to hold the two equal.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ OFF = ("0", "false", "no", "off")
 
 
 # the extension's VERSION these functions are written for (kernels/native_module.c)
-VERSION = 3
+VERSION = 4
 
 
 def load(name: str, version: int) -> ModuleType | None:
@@ -87,6 +88,55 @@ def cell_sums(qweight: Array, bits: int, g_idx: Array, groups: int,
     counts = np.full(groups, rows_per_group * (32 // bits), dtype=np.int64) if rows_per_group \
         else np.bincount(gi, minlength=groups).astype(np.int64)
     return out, counts
+
+
+def has_field(words: Array, bits: int, ones: bool) -> bool | None:
+    """Whether any field of packed words is 0 (`ones`: all ones, maxq), in one pass over
+    their bytes with the GIL released (at 2, 4 and 8 bits a field never straddles a byte, so
+    the words' width and byte order do not matter); None where the compiled loops do not take
+    the case (not built or turned off, other widths, words not in C order), for swar.has_field's
+    numpy loop to answer.
+
+    Worked example, 4 bits: the word 0x8888F037 has a 0 field (the third from the low end)
+    and a 15 one (the fourth): True for both; 0x88888837 for neither."""
+    a = np.asarray(words)
+    if not available() or bits not in (2, 4, 8) or a.dtype.kind not in "iu" or \
+            not a.flags.c_contiguous:
+        return None
+    assert _NATIVE is not None
+    return bool(_NATIVE.has_field(a, bits, ones))
+
+
+def differ_by(a: Array, b: Array, d: int) -> bool | None:
+    """Whether b - a == d in every element (unsigned, wrapping at the elements' width: words
+    compared as the machine subtracts them), in one pass with the GIL released; None where the
+    compiled loops do not take the case (not built or turned off, other dtypes, shapes, byte
+    orders or layouts), for numpy to answer.
+
+    Worked example, 32-bit words: a = [0x37, 0xFFFFFFFF], b = [0x48, 0x10]: the differences are
+    0x11 and 0x11 (wrapping), so differ_by(a, b, 0x11) is True."""
+    a, b = np.asarray(a), np.asarray(b)
+    if not available() or a.dtype != b.dtype or a.shape != b.shape or \
+            a.dtype.kind not in "iu" or a.dtype.itemsize not in (1, 2, 4, 8) or \
+            not a.dtype.isnative or not a.flags.c_contiguous or not b.flags.c_contiguous:
+        return None
+    assert _NATIVE is not None
+    got = _NATIVE.same_difference(a, b, a.dtype.itemsize)
+    return got is not None and (a.size == 0 or got == d % (1 << (8 * a.dtype.itemsize)))
+
+
+def magnitude_range(values: Array) -> tuple[int, int] | None:
+    """(least, largest) of the bits of 16- or 32-bit float values (fp16 or bf16 held as
+    uint16, or float32: any native 2- or 4-byte dtype) with the sign bit cleared, in one pass
+    with the GIL released; None where the compiled loops do not take the case (not built or
+    turned off, other widths, byte order or layout, no values)."""
+    a = np.asarray(values)
+    if not available() or a.dtype.itemsize not in (2, 4) or not a.dtype.isnative or \
+            not a.flags.c_contiguous or not a.flags.aligned or a.size == 0:
+        return None
+    assert _NATIVE is not None
+    lo, hi = _NATIVE.magnitude_range(a, a.dtype.itemsize)
+    return int(lo), int(hi)
 
 
 # safetensors dtypes of scales -> the kinds of gptq_dequant.h's gq_load

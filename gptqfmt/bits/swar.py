@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from . import native
 from .packing import UNSIGNED, block, constant_words, maxq, unsigned
 
 Words = npt.NDArray[Any]
@@ -170,6 +171,9 @@ def has_field(words: Words, bits: int, value: int) -> bool:
     chunk that holds one."""
     if value not in (0, maxq(bits)):
         raise ValueError(f"has_field: {value} is neither 0 nor maxq at {bits} bits")
+    found = native.has_field(words, bits, value != 0)   # the same test in one compiled pass
+    if found is not None:
+        return found
     u = np.ascontiguousarray(unsigned(np.asarray(words)))
     x = superwords(u).reshape(-1)
     low, one, top = field_masks(bits, x.dtype.itemsize)

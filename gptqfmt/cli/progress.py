@@ -10,10 +10,12 @@ reports.
 from __future__ import annotations
 
 import sys
-
-from tqdm import tqdm
+from typing import TYPE_CHECKING
 
 from ..ops.reports import BYTES, Phase
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 # tqdm's bar with the unit on the amounts too: 11.6kB/38.3kB, not 11.6k/38.3k
 BYTES_FORMAT = "{l_bar}{bar}| {n_fmt}{unit}/{total_fmt}{unit} [{elapsed}<{remaining}, {rate_fmt}]"
@@ -50,6 +52,9 @@ class Progress:
         """The bar for work that starts now: created, or reset (its clock too)."""
         fmt = BYTES_FORMAT if unit == BYTES and total is not None else None
         if self._bar is None:
+            # imported for a bar only: a run that shows none (piped, --quiet, JSON) is spared
+            # its import (tens of milliseconds)
+            from tqdm import tqdm
             self._bar = tqdm(file=sys.stderr, total=total, unit=unit, desc=desc,
                              position=self._position, unit_scale=unit == BYTES,
                              unit_divisor=1000, leave=False, dynamic_ncols=True,

@@ -184,7 +184,7 @@ def _apply(ckpt: Checkpoint, root: Path, from_conv: str, to: str, allow_lossy: b
             new, c = convert_words(old, m.bits, from_conv, to, allow_lossy)
             clean = not (c.ambiguous or c.lossy)  # no lossy field: checked once, here
             gate.add(check_words(ckpt, m, old, new, from_conv, to, rng, checked=clean))
-            if not np.array_equal(old, new):
+            if c.changed or not np.array_equal(old, new):   # a changed field changes its word
                 e = w.range(name, offset, _bytes(old), _bytes(new))
                 changed.append((m, qz, name, offset, e.new_crc32, clean))
             ckpt.store.release(m.tensors.values())
@@ -277,7 +277,10 @@ def _write(ckpt: Checkpoint, root: Path, changed, fds: dict[str, int], from_conv
     words' (else GQ503 and the rollback), and each range is read back right after its write
     and compared byte for byte with what was written. The writes are unbuffered (pwrite): no
     byte of a range can reach the file after a rollback has written the old ones back."""
-    total = sum(ckpt.store.info(qz).nbytes for _, qz, _, _, _, _ in changed)
+    sizes = [ckpt.store.info(qz).nbytes for _, qz, _, _, _, _ in changed]
+    total = sum(sizes)
+    # one buffer for every read-back (the largest range's size): no fresh pages per range
+    back = bytearray(max(sizes, default=0))
     advance = start(progress, WRITE, total)
     for i, (m, qz, name, offset, proven, clean) in enumerate(changed):
         words, _ = convert_words(ckpt.view(qz), m.bits, from_conv, to, allow_lossy, clean)
@@ -292,8 +295,8 @@ def _write(ckpt: Checkpoint, root: Path, changed, fds: dict[str, int], from_conv
             done = 0
             while done < len(new):
                 done += os.pwrite(fd, new[done:], offset + done)
-            back = np.frombuffer(os.pread(fd, len(new), offset), dtype=np.uint8)
-            if not np.array_equal(back, np.frombuffer(new, dtype=np.uint8)):
+            if not _read_into(fd, memoryview(back)[:len(new)], offset) or \
+                    not back.startswith(new):   # memcmp of the bytes read with the words
                 raise FindingError(Finding("GQ503", "holds other bytes than the ones just "
                                            "written; rolled back", file=name, tensor=qz))
             faults.point("inplace-range", i)
@@ -306,6 +309,17 @@ def _write(ckpt: Checkpoint, root: Path, changed, fds: dict[str, int], from_conv
             advance(os.fstat(fd).st_size)
     faults.point("inplace-synced")
     return total
+
+
+def _read_into(fd: int, buf: memoryview, offset: int) -> bool:
+    """Fill `buf` with `fd`'s bytes at `offset`; False where the file ends first."""
+    got = 0
+    while got < len(buf):
+        n = os.preadv(fd, [buf[got:]], offset + got)
+        if n == 0:
+            return False
+        got += n
+    return True
 
 
 def _read_back(root: Path, entries) -> int:

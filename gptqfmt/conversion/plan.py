@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..bits.conventions import CONVENTIONS, GPTQ_V2, convert_words, lossy_mask
+from ..bits.conventions import CONVENTIONS, GPTQ_V2, field_changes, lossy_mask
 from ..bits.layout import stored_fields
 from ..bits.packing import maxq as code_max
 from ..checks.modules import module_findings
@@ -180,7 +180,7 @@ def plan_zeros(ckpt: Checkpoint, det: Detection, src: str, dst: str, allow_lossy
     advance = start(progress, PLAN, len(ckpt.valid_modules))
     for m in ckpt.valid_modules:
         qz = m.tensors["qzeros"]
-        _, c = convert_words(ckpt.view(qz), m.bits, src, dst, allow_lossy=True)
+        c = field_changes(ckpt.view(qz), m.bits, src, dst, allow_lossy=True)
         v = verdicts.get(m.name)
         sigs = v.signatures if v else []
         lossy = c.lossy + (c.ambiguous if allow_lossy else 0)  # written, and some runtime reads

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..bits import native
+
 
 @dataclass(frozen=True)
 class DTypeInfo:
@@ -82,9 +84,12 @@ def finite_nonzero_absmax(raw: np.ndarray, dtype: str) -> float | None:
     u = np.asarray(raw).view(np.uint32 if dtype == "F32" else np.uint16)
     if u.size == 0:
         return 0.0
-    mag = u & u.dtype.type(_MAGNITUDE_BITS[dtype])
-    hi = mag.max()
-    if mag.min() < 1 or hi > top:
+    both = native.magnitude_range(u)   # one compiled pass where it is built
+    if both is None:
+        mag = u & u.dtype.type(_MAGNITUDE_BITS[dtype])
+        both = int(mag.min()), int(mag.max())
+    lo, hi = both
+    if lo < 1 or hi > top:
         return None
     return float(to_float32(np.array([hi], dtype=u.dtype).view(raw.dtype), dtype)[0])
 

@@ -310,15 +310,17 @@ def test_words_not_proven_or_not_landed_roll_back(tmp_path, monkeypatch, want, f
             return new, c
         monkeypatch.setattr(inplace, "convert_words", drifting)
     else:
-        real_pread = os.pread
+        real_preadv = os.preadv
 
-        def torn(fd, n, offset):
-            data = real_pread(fd, n, offset)
+        def torn(fd, buffers, offset, *flags):
+            n = real_preadv(fd, buffers, offset, *flags)
             if sys._getframe(1).f_globals["__name__"] != inplace.__name__:
-                return data   # the reads before the write (headers, probes) are not its
+                return n   # the reads before the write (headers, probes) are not its
             calls.append(1)
-            return data[:-1] + bytes([data[-1] ^ 0xFF]) if len(calls) == 3 else data
-        monkeypatch.setattr(inplace.os, "pread", torn)
+            if len(calls) == 3:   # the third range read back: its last byte not as written
+                buffers[-1][n - 1] ^= 0xFF
+            return n
+        monkeypatch.setattr(inplace.os, "preadv", torn)
     with pytest.raises(FindingError) as e:
         convert(d, None, to="gptq", in_place=True)
     assert e.value.finding.code == "GQ503" and "rolled back" in e.value.finding.message

@@ -68,7 +68,7 @@ def test_words_move_as_fields_do(bits, word_bits, src, dst):
     """convert_words (one addition per word where no field is lossy) against convert_fields
     field by field: every field value in every position of a word, with and without a lossy
     field; moved_words declines exactly where a word addition would carry or borrow."""
-    from gptqfmt.bits.conventions import convert_fields, convert_words, moved_words
+    from gptqfmt.bits.conventions import convert_fields, convert_words, field_changes, moved_words
     from gptqfmt.bits.packing import pack, unpack
 
     if bits == 3 and word_bits != 32:
@@ -88,6 +88,7 @@ def test_words_move_as_fields_do(bits, word_bits, src, dst):
         got, gc = convert_words(words, bits, src, dst, allow_lossy=True)
         assert got.dtype == words.dtype and got.shape == words.shape
         assert np.array_equal(unpack(got, bits, axis=1), want) and gc == wc
+        assert field_changes(words, bits, src, dst, allow_lossy=True) == wc
         moved = moved_words(words, bits, src, dst)
         assert (moved is None) == (has_lossy or (bits == 3 and src != dst))
     if src != dst:  # lossy fields without allow_lossy: refused, as convert_fields refuses

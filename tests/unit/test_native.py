@@ -476,3 +476,148 @@ def test_the_plain_c_loops_without_simd(tmp_path):
         got[:] = 0
         plain.cell_sums(q, 40, 9, bits, scattered, 5, 0, got)
         assert np.array_equal(got, slow_sums(q, bits, scattered, 5))
+
+
+def slow_has_field(words: np.ndarray, bits: int, value: int) -> bool:
+    """Any field of the words' bytes equal to `value`, one field at a time."""
+    top = (1 << bits) - 1
+    return any((b >> s) & top == value for b in words.view(np.uint8).reshape(-1).tolist()
+               for s in range(0, 8, bits))
+
+
+@needs_build
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("dtype", ["<i4", "<u4", "<i8", "<i2", "|u1", ">i4"])
+def test_has_field_against_the_fields_one_by_one(bits, dtype):
+    """Words of every width and byte order, of lengths around the 8-byte steps and the 4 KiB
+    checks, with no hit, one hit at every kind of place (first byte, last byte, the tail past
+    the last whole superword, past the first check), or many; the compiled pass, the numpy
+    loop and the fields one by one agree."""
+    from gptqfmt.bits import swar
+
+    rng = np.random.default_rng(bits)
+    top = (1 << bits) - 1
+    item = np.dtype(dtype).itemsize
+    fill = {2: 0x66, 4: 0x67, 8: 0x67}[bits]   # no field 0 or maxq at any width
+    for nbytes in sorted({0, item, 8, 16, 24, 4096 - item, 4096, 4104, 8200}):
+        nbytes -= nbytes % item
+        for value in (0, top):
+            hit_byte = 0x00 if value == 0 else 0xFF
+            places = [None] + ([0, nbytes - 1, nbytes // 2] if nbytes else [])
+            for at in places:
+                raw = np.full(nbytes, fill, np.uint8)
+                if at is not None:
+                    raw[at] = hit_byte
+                words = raw.view(np.dtype(dtype))
+                want = slow_has_field(words, bits, value)
+                assert want == (at is not None)
+                assert native.has_field(words, bits, value != 0) is want
+                with loops(compiled=False):
+                    assert swar.has_field(words, bits, value) is want
+            noisy = rng.integers(0, 256, nbytes, dtype=np.uint8).view(np.dtype(dtype))
+            assert native.has_field(noisy, bits, value != 0) == slow_has_field(noisy, bits, value)
+
+
+@needs_build
+def test_has_field_worked_example():
+    w = np.array([0x8888F037], np.uint32)
+    assert native.has_field(w, 4, False) and native.has_field(w, 4, True)
+    w = np.array([0x88888837], np.uint32)
+    assert not native.has_field(w, 4, False) and not native.has_field(w, 4, True)
+
+
+@needs_build
+@pytest.mark.parametrize("dtype", ["<u1", "<i2", "<u4", "<i4", "<u8", "<i8"])
+def test_differ_by_against_numpy(dtype):
+    rng = np.random.default_rng(5)
+    item = np.dtype(dtype).itemsize
+    mod = 1 << (8 * item)
+    for n in (0, 1, 7, 8, 33, 4099):
+        a = rng.integers(0, 256, n * item, dtype=np.uint8).view(np.dtype(dtype))
+        d = int(rng.integers(0, mod, dtype=np.uint64)) if item < 8 else 0x1111111111111111
+        b = (a.view(f"u{item}").astype(object) + d) % mod
+        b = np.array(b.tolist(), dtype=f"u{item}").view(np.dtype(dtype)) if n else a.copy()
+        assert native.differ_by(a, b, d) is True
+        assert native.differ_by(a, b, d + 1) is (n == 0)
+        if n:
+            b2 = b.copy()
+            b2.view(np.uint8)[-1] ^= 1   # one byte of the last element off
+            assert native.differ_by(a, b2, d) is False
+    # the worked example: wrapping at the width
+    assert native.differ_by(np.array([0x37, 0xFFFFFFFF], np.uint32),
+                            np.array([0x48, 0x10], np.uint32), 0x11) is True
+
+
+@needs_build
+@pytest.mark.parametrize("dtype", ["F16", "BF16", "F32"])
+def test_magnitude_range_and_the_scales_check_against_numpy(dtype):
+    """finite_nonzero_absmax with the compiled pass and with numpy's reductions: every kind
+    of value that makes it None (either zero, either infinity, NaN) at the first, the last and
+    a middle place, subnormals, the largest finite value, either sign."""
+    from gptqfmt.safetensors_io.dtypes import finite_nonzero_absmax
+
+    u = np.uint32 if dtype == "F32" else np.uint16
+    bad = {"F16": [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00],
+           "BF16": [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0],
+           "F32": [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000]}[dtype]
+    edge = {"F16": [0x0001, 0x7BFF, 0xFBFF], "BF16": [0x0001, 0x7F7F, 0xFF7F],
+            "F32": [1, 0x7F7FFFFF, 0xFF7FFFFF]}[dtype]
+    rng = np.random.default_rng(1)
+    top = 0x7BFF if dtype == "F16" else 0x7F7F if dtype == "BF16" else 0x7F7FFFFF
+    base = rng.integers(1, top, 1001, dtype=np.uint64).astype(u)
+    base[::3] |= u(0x8000 if u is np.uint16 else 0x80000000)   # negative ones too
+    cases = [base, np.array(edge, u), base[:1]]
+    for v in bad:
+        for at in (0, 500, 1000):
+            c = base.copy()
+            c[at] = v
+            cases.append(c)
+    for c in cases:
+        raw = c.view(np.float16) if dtype == "F16" else c.view(np.float32) if dtype == "F32" \
+            else c
+        with loops(compiled=True):
+            fast = finite_nonzero_absmax(raw, dtype)
+        with loops(compiled=False):
+            slow = finite_nonzero_absmax(raw, dtype)
+        assert fast == slow
+        mag = c & u(0x7FFF if u is np.uint16 else 0x7FFFFFFF)
+        assert native.magnitude_range(c) == (int(mag.min()), int(mag.max()))
+
+
+def test_the_bit_passes_the_compiled_loops_leave_to_numpy():
+    """None where the case is not the compiled loops': turned off, widths or layouts they do
+    not take."""
+    w = np.arange(16, dtype=np.uint32)
+    with loops(compiled=False):
+        assert native.has_field(w, 4, True) is None
+        assert native.differ_by(w, w, 0) is None
+        assert native.magnitude_range(w.view(np.uint16)) is None
+    if not BUILT:
+        return
+    assert native.has_field(w, 3, True) is None                   # fields straddle bytes
+    assert native.has_field(w.reshape(4, 4)[:, ::2], 4, True) is None   # not C order
+    assert native.differ_by(w, w.astype(np.int32), 0) is None      # other dtypes
+    assert native.differ_by(w, w[:8], 0) is None                   # other shapes
+    assert native.differ_by(w.astype(">u4"), w.astype(">u4"), 0) is None   # byte order
+    assert native.magnitude_range(w.view(np.uint8)) is None        # one-byte values
+    assert native.magnitude_range(w[:0]) is None                   # none
+
+
+@needs_build
+def test_the_bit_passes_check_their_arguments():
+    from gptqfmt.bits import _native
+
+    cases = [
+        (lambda: _native.has_field(b"\0" * 4, 3, 1), "has_field: bits must be 2, 4 or 8"),
+        (lambda: _native.magnitude_range(b"\0" * 4, 8),
+         "magnitude_range: width must be 2 or 4"),
+        (lambda: _native.magnitude_range(b"\0" * 3, 2), "magnitude_range: not whole values"),
+        (lambda: _native.same_difference(b"\0" * 4, b"\0" * 8, 4),
+         "same_difference: buffers of different lengths or not whole elements"),
+        (lambda: _native.same_difference(b"\0" * 4, b"\0" * 4, 3),
+         "same_difference: size must be 1, 2, 4 or 8"),
+    ]
+    for call, why in cases:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == why
