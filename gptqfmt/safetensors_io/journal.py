@@ -135,24 +135,6 @@ class Entry:
         return dict(self.__dict__)
 
 
-@dataclass(frozen=True)
-class RangeDigest:
-    """What the journal records of a range's change besides its place: the CRC-32 of its old
-    and new bytes, its new pages' CRC-32 (page_digests), its byte delta (byte_delta)."""
-    old_crc32: int
-    new_crc32: int
-    pages: bytes
-    delta: int | None
-
-
-def digest_range(offset: int, old: bytes | memoryview, new: bytes | memoryview) -> RangeDigest:
-    """The digests of a range at file offset `offset` going from `old` to `new`: a pure
-    function of the bytes, which threads may compute for Writer.range (the compiled passes
-    let the GIL go)."""
-    new_crc, pages_ = page_digests(new, offset)
-    return RangeDigest(crc32(old), new_crc, pages_, byte_delta(old, new))
-
-
 @dataclass
 class Writer:
     """Builds `.gptqfmt-journal.tmp` one entry at a time (old bytes streamed, never all held),
@@ -188,14 +170,13 @@ class Writer:
         ACTIVE.add(self.root.resolve())
 
     def range(self, file: str, offset: int, old: bytes | memoryview,
-              new: bytes | memoryview, digest: RangeDigest | None = None) -> Entry:
+              new: bytes | memoryview) -> Entry:
         """Record that `file`'s bytes at `offset` go from `old` to `new` (any bytes-like
-        object: a memoryview of the tensor saves a copy); returns the entry. `digest`:
-        digest_range(offset, old, new), where another thread computed it already."""
+        object: a memoryview of the tensor saves a copy); returns the entry."""
         assert len(old) == len(new), "a range keeps its length"
-        d = digest_range(offset, old, new) if digest is None else digest
-        e = Entry(file, offset, len(old), d.old_crc32, d.new_crc32, delta=d.delta)
-        self._add(e, old if e.delta is None else b"", d.pages)
+        new_crc, digests = page_digests(new, offset)
+        e = Entry(file, offset, len(old), crc32(old), new_crc, delta=byte_delta(old, new))
+        self._add(e, old if e.delta is None else b"", digests)
         return e
 
     def whole(self, file: str, old: bytes | None, new: bytes) -> None:
