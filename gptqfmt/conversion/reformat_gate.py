@@ -8,6 +8,7 @@ readers and the kernel arithmetic on top.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,9 @@ from ..formats.model import F32
 from ..numerics import Backend, get_backend
 from ..numerics.backend import sample_columns
 from ..numerics.cpu import dequant_fields
-from ..ops.differences import bytes_differ, field_differences, scheme_differences
+from ..ops.differences import bytes_differ, codes_differ, field_differences, scheme_differences
 from ..ops.reports import CHECK, COMPARE, GATE, Progress, start
+from ..parallel import bounded_map
 from ..safetensors_io.dtypes import to_float32
 from .gate import GEMM_ROWS, GateResult, ModuleCheck, check_labels
 
@@ -60,12 +62,13 @@ def dequant_columns(src: Source, m: QuantModule, zeros: np.ndarray, cols: np.nda
 
 
 def check_module(src: Source, out: Source, m: QuantModule, mo: QuantModule,
-                 rng: np.random.Generator, backends: list[Backend]
+                 rng: np.random.Generator, backends: list[Backend], codes: int | None = None
                  ) -> tuple[ModuleCheck, list[str]]:
+    """`codes`: codes_differ(src, m, out, mo), where the caller compared them already."""
     why = scheme_differences(m, mo)
     if why:
         return ModuleCheck(m.name, 0, 0, False, False), why
-    why = field_differences(src, m, out, mo)
+    why = field_differences(src, m, out, mo, codes)
     truth, lossy = src.zeros(m)
     written = unpack(out.qzeros(mo), m.bits, axis=1)   # codes as bytes; compared as values
     differ = truth != written
@@ -126,6 +129,7 @@ def run_format_gate(src: Source, tmp: Path, to: str, backend: str = "cpu",
     result.failures += problems
     if out is None:
         return result
+    ahead = ThreadPoolExecutor(1)
     try:
         theirs = {m.name: m for m in out.modules}
         missing = [m.name for m in src.modules if m.name not in theirs]
@@ -134,9 +138,24 @@ def run_format_gate(src: Source, tmp: Path, to: str, backend: str = "cpu",
         result.failures += [f"{n}: in the output but not in SRC" for n in extra]
         rng = np.random.default_rng(0)
         advance = start(on_module, GATE, len(src.modules))
+        pairs = [(m, theirs[m.name]) for m in src.modules if m.name in theirs]
+
+        def codes(m: QuantModule, mo: QuantModule) -> int | None:
+            if scheme_differences(m, mo):
+                return None
+            n = codes_differ(src, m, out, mo)
+            # its pages go at once: two modules' qweights mapped together would double the
+            # gate's memory (the check maps the few columns it multiplies again)
+            src.store.release(m.tensors.values())
+            out.store.release(mo.tensors.values())
+            return n
+        # each module's codes (the bulk of the bytes, compared on threads of their own) while
+        # the module before is checked on this thread
+        compared = bounded_map(ahead, codes, *zip(*pairs), ahead=2) if pairs else iter(())
         for i, m in enumerate(src.modules):
             if m.name in theirs:
-                chk, why = check_module(src, out, m, theirs[m.name], rng, backends)
+                chk, why = check_module(src, out, m, theirs[m.name], rng, backends,
+                                        next(compared))
                 src.store.release(m.tensors.values())
                 out.store.release(theirs[m.name].tensors.values())
                 result.modules.append(chk)
@@ -147,5 +166,6 @@ def run_format_gate(src: Source, tmp: Path, to: str, backend: str = "cpu",
             faults.point("gate-module", i)
         compare_passthrough(src, out, to, result, on_module)
     finally:
+        ahead.shutdown(cancel_futures=True)
         out.close()
     return result

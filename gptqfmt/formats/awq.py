@@ -171,8 +171,7 @@ class AwqSource(ExactSource):
         puts at 8 x (its place among the word columns read) + n % 8."""
         cols = np.asarray(cols, dtype=np.int64)
         words = np.unique(cols // 8)
-        part = awq_qweight_to_gptq(
-            np.ascontiguousarray(self.store.view(m.tensors["qweight"])[:, words]))
+        part = awq_qweight_to_gptq(self.store.columns(m.tensors["qweight"], words))
         return part[:, np.searchsorted(words, cols // 8) * 8 + cols % 8]
 
     def qzeros(self, m: QuantModule) -> np.ndarray:

@@ -49,11 +49,13 @@ def codes_differ(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> i
     return src.qweight_differ(m, *out.stored_qweight(mo))
 
 
-def field_differences(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> list[str]:
+def field_differences(src: Source, m: QuantModule, out: Source, mo: QuantModule,
+                      codes: int | None = None) -> list[str]:
     """The fields of two modules of the same scheme that differ, other than the zero points:
-    codes word for word, scales bit for bit, g_idx entry for entry."""
+    codes word for word, scales bit for bit, g_idx entry for entry. `codes`: codes_differ's
+    answer for these modules, where the caller has it already."""
     why = []
-    n = codes_differ(src, m, out, mo)
+    n = codes_differ(src, m, out, mo) if codes is None else codes
     if n:
         why.append("qweight shapes differ" if n < 0 else
                    f"qweight: {n} of {m.in_features * m.bits // 32 * m.out_features} words "

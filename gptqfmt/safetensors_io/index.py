@@ -28,6 +28,7 @@ from .survey import Pass, Survey
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+BAND = 8 << 20   # bytes of rows a column gather maps at once (TensorStore.columns)
 SUFFIX = ".safetensors"
 
 
@@ -54,6 +55,24 @@ class TensorStore:
         """The tensor's array; `part`: the byte ranges of it the caller reads (all of it by
         default), the only ones a file mirrored from the Hub fetches (SafetensorsFile.view)."""
         return self.files[self.locations[tensor]].view(tensor, part)
+
+    def columns(self, tensor: str, idx: np.ndarray) -> np.ndarray:
+        """tensor[:, idx] of a 2-D tensor, taken a band of rows (about BAND bytes) at a time,
+        each band's mapped pages dropped once taken (they stay in the page cache): a column
+        gather touches every row, so through one mapping the whole tensor would stay
+        resident while the caller works on."""
+        f = self.files[self.locations[tensor]]
+        arr = f.view(tensor)
+        rows, n = arr.shape
+        row_bytes = n * arr.itemsize
+        per = max(1, BAND // max(1, row_bytes))
+        out = np.empty((rows, len(idx)), dtype=arr.dtype)
+        at = f.header.data_start + f.tensors[tensor].begin
+        for r0 in range(0, rows, per):
+            r1 = min(rows, r0 + per)
+            out[r0:r1] = arr[r0:r1][:, idx]
+            f.release(at + r0 * row_bytes, at + r1 * row_bytes)
+        return out
 
     @property
     def remote(self) -> bool:

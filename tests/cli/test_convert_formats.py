@@ -456,6 +456,42 @@ def test_a_wrong_writer_is_caught_by_the_gate(monkeypatch, tmp_path):
     assert not (tmp_path / "x").exists() and not staging_dirs(tmp_path)
 
 
+@pytest.mark.parametrize("src", [CKPT / "b4-asym-noact-gptq_v2-single", FORMATS / "awq-b4-g32"])
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_a_wrong_code_word_is_caught_by_the_gate(monkeypatch, tmp_path, src, which):
+    """One word of one module's weight_packed flipped in the staged output: the gate, which
+    compares each module's codes on another thread while it checks the module before, names
+    that module and that word, whether it is the first module or the last."""
+    from gptqfmt.conversion import run
+
+    real = run.run_format_gate
+    hit = []
+
+    def flipped(source, tmp, to, backend="cpu", on_module=None):
+        names = sorted(m.name for m in source.modules)
+        name = names[0] if which == "first" else names[-1]
+        for shard in sorted(tmp.glob("*.safetensors")):
+            f = SafetensorsFile(shard)
+            t = f"{name}.weight_packed"
+            if t in f.tensors:
+                at = f.header.data_start + f.tensors[t].begin + 4 * 5
+                with open(shard, "r+b") as fh:
+                    fh.seek(at)
+                    b = fh.read(1)
+                    fh.seek(at)
+                    fh.write(bytes([b[0] ^ 0x10]))
+                hit.append(name)
+        return real(source, tmp, to, backend, on_module)
+    monkeypatch.setattr(run, "run_format_gate", flipped)
+    with pytest.raises(FindingError) as e:
+        convert(src, tmp_path / "x", to="compressed-tensors")
+    assert len(hit) == 1
+    assert [f.code for f in e.value.findings] == ["GQ503"]
+    assert e.value.findings[0].message.startswith(f"{hit[0]}: the converted module does not ")
+    assert "(qweight: 1 of " in e.value.findings[0].message
+    assert not (tmp_path / "x").exists() and not staging_dirs(tmp_path)
+
+
 # ------------------------------- compressed-tensors' padded layout (<= 0.17) re-packed dense
 
 PADDED = FORMATS / "ct-b3-asym-g32-padded"    # ct-b3-asym-g32's weights, packed as 0.17.1 did

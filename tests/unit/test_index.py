@@ -273,3 +273,31 @@ def test_a_tensor_in_two_shards_is_where_the_index_says_when_in_either(tmp_path)
         # a tensor's entry is the one of the file it is located in, and only its tensors have one
         assert store.infos == {t: store.files[s].tensors[t] for t, s in store.locations.items()}
         assert store.info("t") is store.files["s1.safetensors"].tensors["t"]
+
+
+@pytest.mark.parametrize("band_rows", [1, 3, 7, 100])
+def test_columns_are_the_view_columns_taken_a_band_at_a_time(tmp_path, monkeypatch, band_rows):
+    """TensorStore.columns: tensor[:, idx] whatever the band (a row at a time, bands that do
+    not divide the rows, one band), each band's pages dropped once taken: one release per band,
+    over that band's bytes of the file."""
+    from gptqfmt.safetensors_io import index
+    from gptqfmt.safetensors_io.reader import SafetensorsFile
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 2**31, (13, 40), dtype=np.int64).astype(np.int32)
+    save_file({"pad": np.zeros(3, np.int8), "t": a}, tmp_path / "model.safetensors")
+    store = open_store(tmp_path)
+    monkeypatch.setattr(index, "BAND", band_rows * 40 * 4)
+    dropped = []
+    real = SafetensorsFile.release
+
+    def release(self, start=0, stop=None):
+        dropped.append((start, stop))
+        return real(self, start, stop)
+    monkeypatch.setattr(SafetensorsFile, "release", release)
+    idx = np.array([0, 5, 6, 39])
+    assert np.array_equal(store.columns("t", idx), a[:, idx])
+    f = store.files["model.safetensors"]
+    at = f.header.data_start + f.tensors["t"].begin
+    bands = list(range(0, 13, band_rows)) + [13]
+    assert dropped == [(at + r0 * 160, at + r1 * 160) for r0, r1 in zip(bands, bands[1:])]
