@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..bits import native
+from ..bits import native, unique
 from ..bits.packing import UNSIGNED, block, maxq, unpack
 from ..bits.swar import CHUNK
 
@@ -203,8 +203,8 @@ def read_cell_sums(qweight: np.ndarray, bits: int, g_idx: np.ndarray, groups: in
         read = np.arange(groups)
     else:  # the groups the blocks' values fall in
         chans = (blocks[:, None] * vpb + np.arange(vpb)).reshape(-1)
-        read = np.unique(g_idx[chans]) if trivial_rpg is None else \
-            np.unique(blocks * wpb // trivial_rpg)
+        read = unique(g_idx[chans]) if trivial_rpg is None else \
+            unique(blocks * wpb // trivial_rpg)
     slot = np.full(groups, -1, dtype=np.int64)
     slot[read] = np.arange(len(read))
     sums = np.zeros((len(read), n), dtype=np.uint64)
@@ -273,4 +273,4 @@ def sample_blocks(total_blocks: int, n_cols: int, wpb: int, budget_bytes: int,
     k = max(1, min(total_blocks, budget_bytes // max(1, per_block)))
     if k >= total_blocks:
         return np.arange(total_blocks)
-    return np.unique(np.linspace(0, total_blocks - 1, k).round().astype(np.int64))
+    return unique(np.linspace(0, total_blocks - 1, k).round().astype(np.int64))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..bits import unique
 from ..bits.layout import stored_fields
 from ..bits.packing import block, unsigned
 from ..bits.packing import maxq as code_max
@@ -323,7 +324,7 @@ def _word_signatures(st, s, sums, counts, wrapped_rows, wrapped_cols, bits, word
     inside = word_of[wrapped_cols] >= 0
     # the words (rows of whole fields) that hold a wrapped zero; means only of their cells
     per_row = len(cols)
-    words = np.unique(wrapped_rows[inside] * per_row + word_of[wrapped_cols[inside]])
+    words = unique(wrapped_rows[inside] * per_row + word_of[wrapped_cols[inside]])
     if not words.size:
         return
     rows, wcols = words // per_row, cols[words % per_row]

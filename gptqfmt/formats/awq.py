@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..bits import unique
 from ..bits.layout import trivial_g_idx
 from ..bits.packing import constant_words
 from ..findings import Finding
@@ -170,7 +171,7 @@ class AwqSource(ExactSource):
         model is nibble AWQ_INVERSE[n % 8] of word column n // 8, which the word transpose
         puts at 8 x (its place among the word columns read) + n % 8."""
         cols = np.asarray(cols, dtype=np.int64)
-        words = np.unique(cols // 8)
+        words = unique(cols // 8)
         part = awq_qweight_to_gptq(self.store.columns(m.tensors["qweight"], words))
         return part[:, np.searchsorted(words, cols // 8) * 8 + cols % 8]
 

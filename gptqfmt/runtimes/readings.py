@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
-from ..bits import Array
+from ..bits import Array, unique
 from ..bits.conventions import GPTQ, GPTQ_V2, ZeroRule, effective_zeros, sym_field
 from ..bits.packing import UNSIGNED, constant_words, unpack, unsigned
 from ..bits.swar import carried_fields, count_marked, marked
@@ -220,7 +220,7 @@ def count_misread(qz: Array, bits: int, out_features: int, cells: int, high: Arr
         if reading is Reading.V1_CARRY:     # where a carry lands, and the 2^bits cells
             if not high.size:
                 return count_marked(qz, bits, True)
-            rows = np.unique(high // out_features)   # the few rows those cells are in
+            rows = unique(high // out_features)   # the few rows those cells are in
             at = np.searchsorted(rows, high // out_features) * out_features + \
                 high % out_features
             reached = marked(carried_fields(qz[rows], bits, True), bits, at, out_features)

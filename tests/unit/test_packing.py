@@ -113,3 +113,24 @@ def test_byte_path_and_word_path_agree(bits, word_bits):
         slow_unpack_column(u[0].tolist(), bits, word_bits)
     view = words[:, ::2]
     assert np.array_equal(unpack(view, bits, axis=1), unpack(view.T[:, None], bits, axis=0)[:, 0].T)
+
+
+def test_unique_is_numpys_without_importing_numpy_ma():
+    """bits.unique against np.unique (values, order, dtype, flattening), and a process that
+    only calls it never imports numpy.ma."""
+    import subprocess
+    import sys
+
+    from gptqfmt.bits import unique
+
+    rng = np.random.default_rng(0)
+    for a in [np.array([3, 1, 3, 2]), np.zeros(0, np.int64), rng.integers(0, 9, 1000),
+              rng.integers(0, 5, (4, 6)).astype(np.int32), np.array([2.5, -1.0, 2.5])]:
+        got, want = unique(a), np.unique(a)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert unique([3, 1, 3, 2]).tolist() == [1, 2, 3]
+    code = ("import sys; from gptqfmt.bits import unique; unique([3, 1, 3]); "
+            "print('numpy.ma' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
