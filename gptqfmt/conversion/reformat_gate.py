@@ -144,10 +144,11 @@ def run_format_gate(src: Source, tmp: Path, to: str, backend: str = "cpu",
             if scheme_differences(m, mo):
                 return None
             n = codes_differ(src, m, out, mo)
-            # its pages go at once: two modules' qweights mapped together would double the
-            # gate's memory (the check maps the few columns it multiplies again)
-            src.store.release(m.tensors.values())
-            out.store.release(mo.tensors.values())
+            # its pages go at once, by their ranges: two modules' qweights mapped together
+            # would double the gate's memory (the check maps the few columns it multiplies
+            # again), and this thread's pages are not the ones the loop's release looks for
+            src.store.release_ranges(m.tensors.values())
+            out.store.release_ranges(mo.tensors.values())
             return n
         # each module's codes (the bulk of the bytes, compared on threads of their own) while
         # the module before is checked on this thread

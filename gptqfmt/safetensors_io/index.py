@@ -168,6 +168,15 @@ class TensorStore:
             if f.viewed:    # else nothing of it is mapped since its last release
                 f.release()
 
+    def release_ranges(self, tensors: Iterable[str]) -> None:
+        """Drop the mapped pages of exactly these tensors' bytes, whatever the files' flags
+        say: for a thread that reads tensors while another releases whole files (release
+        then clears a file's flag, and would skip the pages this thread maps after it)."""
+        for t in tensors:
+            f = self.files[self.locations[t]]
+            at = f.header.data_start + f.tensors[t].begin
+            f.release(at, at + f.tensors[t].nbytes)
+
     def close(self) -> None:
         if self.survey is not None:   # what it has not read yet is not waited for
             self.survey.close()
