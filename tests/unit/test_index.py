@@ -301,3 +301,29 @@ def test_columns_are_the_view_columns_taken_a_band_at_a_time(tmp_path, monkeypat
     at = f.header.data_start + f.tensors["t"].begin
     bands = list(range(0, 13, band_rows)) + [13]
     assert dropped == [(at + r0 * 160, at + r1 * 160) for r0, r1 in zip(bands, bands[1:])]
+
+
+def test_release_ranges_drops_exactly_those_tensors_whatever_the_flag(tmp_path, monkeypatch):
+    """A thread that reads tensors while another releases whole files drops its own pages by
+    their ranges: one release per tensor, over its bytes, even when the file's flag was
+    cleared by a whole-file release after it viewed them."""
+    from gptqfmt.safetensors_io.reader import SafetensorsFile
+
+    save_file({"a": np.arange(10, dtype=np.int32), "b": np.arange(7, dtype=np.int16)},
+              tmp_path / "model.safetensors")
+    store = open_store(tmp_path)
+    f = store.files["model.safetensors"]
+    store.view("a")
+    store.release(["a"])           # the other thread's whole-file release: the flag is clear
+    assert not f.viewed
+    dropped = []
+    real = SafetensorsFile.release
+
+    def release(self, start=0, stop=None):
+        dropped.append((start, stop))
+        return real(self, start, stop)
+    monkeypatch.setattr(SafetensorsFile, "release", release)
+    store.release_ranges(["a", "b"])
+    at = f.header.data_start
+    assert dropped == [(at + f.tensors["a"].begin, at + f.tensors["a"].end),
+                       (at + f.tensors["b"].begin, at + f.tensors["b"].end)]
