@@ -275,19 +275,10 @@ def test_a_tensor_in_two_shards_is_where_the_index_says_when_in_either(tmp_path)
         assert store.info("t") is store.files["s1.safetensors"].tensors["t"]
 
 
-@pytest.mark.parametrize("band_rows", [1, 3, 7, 100])
-def test_columns_are_the_view_columns_taken_a_band_at_a_time(tmp_path, monkeypatch, band_rows):
-    """TensorStore.columns: tensor[:, idx] whatever the band (a row at a time, bands that do
-    not divide the rows, one band), each band's pages dropped once taken: one release per band,
-    over that band's bytes of the file."""
-    from gptqfmt.safetensors_io import index
+def recorded_releases(monkeypatch) -> list:
+    """Each SafetensorsFile.release from now on, as (start, stop)."""
     from gptqfmt.safetensors_io.reader import SafetensorsFile
 
-    rng = np.random.default_rng(0)
-    a = rng.integers(0, 2**31, (13, 40), dtype=np.int64).astype(np.int32)
-    save_file({"pad": np.zeros(3, np.int8), "t": a}, tmp_path / "model.safetensors")
-    store = open_store(tmp_path)
-    monkeypatch.setattr(index, "BAND", band_rows * 40 * 4)
     dropped = []
     real = SafetensorsFile.release
 
@@ -295,6 +286,22 @@ def test_columns_are_the_view_columns_taken_a_band_at_a_time(tmp_path, monkeypat
         dropped.append((start, stop))
         return real(self, start, stop)
     monkeypatch.setattr(SafetensorsFile, "release", release)
+    return dropped
+
+
+@pytest.mark.parametrize("band_rows", [1, 3, 7, 100])
+def test_columns_are_the_view_columns_taken_a_band_at_a_time(tmp_path, monkeypatch, band_rows):
+    """TensorStore.columns: tensor[:, idx] whatever the band (a row at a time, bands that do
+    not divide the rows, one band), each band's pages dropped once taken: one release per band,
+    over that band's bytes of the file."""
+    from gptqfmt.safetensors_io import index
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 2**31, (13, 40), dtype=np.int64).astype(np.int32)
+    save_file({"pad": np.zeros(3, np.int8), "t": a}, tmp_path / "model.safetensors")
+    store = open_store(tmp_path)
+    monkeypatch.setattr(index, "BAND", band_rows * 40 * 4)
+    dropped = recorded_releases(monkeypatch)
     idx = np.array([0, 5, 6, 39])
     assert np.array_equal(store.columns("t", idx), a[:, idx])
     f = store.files["model.safetensors"]
@@ -307,8 +314,6 @@ def test_release_ranges_drops_exactly_those_tensors_whatever_the_flag(tmp_path, 
     """A thread that reads tensors while another releases whole files drops its own pages by
     their ranges: one release per tensor, over its bytes, even when the file's flag was
     cleared by a whole-file release after it viewed them."""
-    from gptqfmt.safetensors_io.reader import SafetensorsFile
-
     save_file({"a": np.arange(10, dtype=np.int32), "b": np.arange(7, dtype=np.int16)},
               tmp_path / "model.safetensors")
     store = open_store(tmp_path)
@@ -316,13 +321,7 @@ def test_release_ranges_drops_exactly_those_tensors_whatever_the_flag(tmp_path, 
     store.view("a")
     store.release(["a"])           # the other thread's whole-file release: the flag is clear
     assert not f.viewed
-    dropped = []
-    real = SafetensorsFile.release
-
-    def release(self, start=0, stop=None):
-        dropped.append((start, stop))
-        return real(self, start, stop)
-    monkeypatch.setattr(SafetensorsFile, "release", release)
+    dropped = recorded_releases(monkeypatch)
     store.release_ranges(["a", "b"])
     at = f.header.data_start
     assert dropped == [(at + f.tensors["a"].begin, at + f.tensors["a"].end),
