@@ -235,7 +235,8 @@ def field_changes(words: Array, bits: int, src: str, dst: str,
     if word_path(unsigned(words), bits, src, dst):
         fields = words.size * words.dtype.itemsize * 8 // bits
         return FieldChanges(fields, 0 if shift(src, dst) == 0 else fields, 0, 0)
-    return convert_words(words, bits, src, dst, allow_lossy)[1]
+    # field by field, as convert_words does off the word path (its field test already run)
+    return convert_fields(unpack(words, bits, axis=1), bits, src, dst, allow_lossy)[1]
 
 
 def convert_words(words: Array, bits: int, src: str, dst: str,

@@ -19,7 +19,6 @@ with GQ401, GQ204, GQ209 or any other config error is never committed).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,7 +178,7 @@ def check_fields(src: Checkpoint, m: Module, s_src: np.ndarray, s_dst: np.ndarra
     if cols.size == 0:
         return ModuleCheck(m.name, int(differ.size), 0, zeros_equal, zeros_equal)
     x = rng.standard_normal((GEMM_ROWS, m.in_features)).astype(np.float32)
-    q = unpack(read_columns(src, m.tensors["qweight"], cols), m.bits, axis=0)
+    q = unpack(src.store.columns(m.tensors["qweight"], cols), m.bits, axis=0)
     sc = m.tensors["scales"]
     scales = to_float32(src.view(sc)[:, cols], src.store.info(sc).dtype)
     g_idx = src.g_idx(m)
@@ -193,25 +192,6 @@ def check_fields(src: Checkpoint, m: Module, s_src: np.ndarray, s_dst: np.ndarra
     return ModuleCheck(m.name, int(differ.size), int(lossy.sum()), zeros_equal,
                        bool(np.array_equal(y_src, y_dst)), float(err.max(initial=0.0)),
                        float(np.linalg.norm(y_dst - y_src)) / norm)
-
-
-def read_columns(ckpt: Checkpoint, tensor: str, cols: np.ndarray) -> np.ndarray:
-    """tensor[:, cols] of a 2-D tensor, read row by row (pread of the span of `cols`), not mapped:
-    through a mapping, fault-around would make most of the tensor resident."""
-    f = ckpt.store.files[ckpt.store.file_of(tensor)]
-    info = f.tensors[tensor]
-    arr = f.view(tensor)  # for dtype and shape only; no page of it is touched
-    rows, n = info.shape
-    item = arr.dtype.itemsize
-    lo, hi = int(cols.min()), int(cols.max()) + 1
-    base = f.header.data_start + info.begin
-    out = np.empty((rows, hi - lo), dtype=arr.dtype)
-    with open(f.path, "rb") as fh:
-        fd = fh.fileno()
-        for r in range(rows):
-            out[r] = np.frombuffer(os.pread(fd, (hi - lo) * item, base + (r * n + lo) * item),
-                                   dtype=arr.dtype)
-    return out[:, cols - lo]
 
 
 def run_gate(src: Checkpoint, tmp: Path, src_conv: str, dst_conv: str, copied: int,

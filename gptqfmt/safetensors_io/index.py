@@ -67,7 +67,7 @@ class TensorStore:
         row_bytes = n * arr.itemsize
         per = max(1, BAND // max(1, row_bytes))
         out = np.empty((rows, len(idx)), dtype=arr.dtype)
-        at = f.header.data_start + f.tensors[tensor].begin
+        at = f.ranges(tensor)[0][0]
         for r0 in range(0, rows, per):
             r1 = min(rows, r0 + per)
             out[r0:r1] = arr[r0:r1][:, idx]
@@ -174,8 +174,7 @@ class TensorStore:
         then clears a file's flag, and would skip the pages this thread maps after it)."""
         for t in tensors:
             f = self.files[self.locations[t]]
-            at = f.header.data_start + f.tensors[t].begin
-            f.release(at, at + f.tensors[t].nbytes)
+            f.release(*f.ranges(t)[0])
 
     def close(self) -> None:
         if self.survey is not None:   # what it has not read yet is not waited for

@@ -89,10 +89,9 @@ class GptqSource:
         return bands_of(self.qweight(m), False)
 
     def qweight_columns(self, m: QuantModule, cols: np.ndarray) -> np.ndarray:
-        t = m.tensors["qweight"]
-        if self.store.info(t).nbytes // max(1, self.store.info(t).numel) != 4:
-            return np.asarray(self.qweight(m))[:, cols]   # other words: re-packed whole
-        return self.store.columns(t, np.asarray(cols)).view(np.int32)
+        if self._module(m).word_bits != 32:   # other words: re-packed whole (qweight)
+            return np.asarray(self.qweight(m))[:, cols]
+        return self.store.columns(m.tensors["qweight"], np.asarray(cols)).view(np.int32)
 
     def qweight_differ(self, m: QuantModule, words: np.ndarray, transposed: bool) -> int:
         return words_differ(self.qweight(m), False, words, transposed)
