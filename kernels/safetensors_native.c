@@ -31,7 +31,7 @@
 
 #include "gq_crc32.h"
 
-#define MODULE_VERSION 3
+#define MODULE_VERSION 4
 #define MAX_DIMS 16      // more dimensions than any weight has: the Python parser takes those
 #define MAX_DIGITS 18    // below 2^63, so no integer here overflows
 #define SHAPE_CACHE 32   // distinct (dtype, shape) pairs a file's entries share objects from
@@ -818,6 +818,92 @@ static PyObject* crc32_pages(PyObject* self, PyObject* args) {
     return pair;
 }
 
+// natural_order(names: list[str]) -> list[str] | None: the names as
+// sorted(names, key=natural_key) orders them (formats/gptq/checkpoint.py), for a mixture of
+// experts' tens of thousands of module names (a Python key a name costs 4 us). A key is the
+// name split at its runs of digits, text and numbers alternating from text, each number by
+// value, and keys compare as Python lists: the first unequal part decides, a key that is a
+// prefix of the other comes first. Names of ASCII only (Python's \d also takes other scripts'
+// digits): None for any other, for the Python key to order. Equal keys ("a01", "a1") keep
+// their order, as Python's sort is stable.
+typedef struct {
+    const char* s;
+    Py_ssize_t n;
+    Py_ssize_t index;
+    PyObject* name;
+} Natural;
+
+static inline int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+static int natural_cmp(const void* pa, const void* pb) {
+    const Natural* a = (const Natural*)pa;
+    const Natural* b = (const Natural*)pb;
+    Py_ssize_t i = 0, j = 0;
+    for (;;) {
+        // a text run (possibly empty), compared as Python compares two str
+        Py_ssize_t ie = i, je = j;
+        while (ie < a->n && !is_digit(a->s[ie])) ++ie;
+        while (je < b->n && !is_digit(b->s[je])) ++je;
+        Py_ssize_t la = ie - i, lb = je - j;
+        int c = memcmp(a->s + i, b->s + j, (size_t)(la < lb ? la : lb));
+        if (c != 0) return c < 0 ? -1 : 1;
+        if (la != lb) return la < lb ? -1 : 1;
+        i = ie;
+        j = je;
+        // the key goes on only where a digit follows: the shorter key comes first
+        int more_a = i < a->n, more_b = j < b->n;
+        if (!more_a || !more_b) {
+            if (more_a != more_b) return more_a ? 1 : -1;
+            return a->index < b->index ? -1 : (a->index > b->index);
+        }
+        // a run of digits, compared by value: its leading zeros skipped, then the longer is
+        // larger, else the first differing digit decides
+        while (i < a->n && a->s[i] == '0') ++i;
+        while (j < b->n && b->s[j] == '0') ++j;
+        ie = i;
+        je = j;
+        while (ie < a->n && is_digit(a->s[ie])) ++ie;
+        while (je < b->n && is_digit(b->s[je])) ++je;
+        la = ie - i;
+        lb = je - j;
+        if (la != lb) return la < lb ? -1 : 1;
+        c = memcmp(a->s + i, b->s + j, (size_t)la);
+        if (c != 0) return c < 0 ? -1 : 1;
+        i = ie;
+        j = je;
+    }
+}
+
+static PyObject* natural_order(PyObject* self, PyObject* arg) {
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "natural_order: names must be a list of str");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    Natural* items = PyMem_Malloc(sizeof(Natural) * (size_t)(n > 0 ? n : 1));
+    if (items == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* name = PyList_GET_ITEM(arg, i);
+        if (!PyUnicode_Check(name)) {
+            PyMem_Free(items);
+            PyErr_SetString(PyExc_TypeError, "natural_order: names must be a list of str");
+            return NULL;
+        }
+        if (!PyUnicode_IS_ASCII(name)) {
+            PyMem_Free(items);
+            Py_RETURN_NONE;
+        }
+        items[i] = (Natural){(const char*)PyUnicode_DATA(name), PyUnicode_GET_LENGTH(name), i,
+                             name};
+    }
+    qsort(items, (size_t)n, sizeof(Natural), natural_cmp);
+    PyObject* out = PyList_New(n);
+    if (out != NULL)
+        for (Py_ssize_t i = 0; i < n; ++i) PyList_SET_ITEM(out, i, Py_NewRef(items[i].name));
+    PyMem_Free(items);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(raw, bits, info) -> (tensors, metadata, data_len) | None: a safetensors header "
@@ -833,6 +919,9 @@ static PyMethodDef methods[] = {
      "crc32_pages(data, offset, page, how=0) -> (crc, digests): the CRC-32 of a file range "
      "at offset and of each of its pieces cut at the file's page boundaries (uint32 "
      "little-endian bytes), in one pass."},
+    {"natural_order", natural_order, METH_O,
+     "natural_order(names) -> list | None: the names in the order of natural_key "
+     "(numbers by value); None where a name is not ASCII."},
     {NULL, NULL, 0, NULL},
 };
 

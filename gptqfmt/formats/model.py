@@ -73,7 +73,10 @@ def is_lm_head(name: str) -> bool:
     return name.split(".")[-1] == "lm_head"
 
 
-@dataclass(frozen=True, slots=True)   # slots: one per module, tens of thousands in a MoE
+# slots, not frozen: one per module, tens of thousands in a MoE, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__ (2 us a module against 0.4); records
+# are never assigned to after they are built
+@dataclass(slots=True)
 class QuantModule:
     """One quantized linear of a checkpoint: its geometry, its scheme and its tensor names."""
     name: str
@@ -101,7 +104,7 @@ class QuantModule:
         return (self.bits, self.group_size, self.sym, self.act_order)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)   # not frozen, as QuantModule
 class ModuleRecord:
     """A module as inspect lists it, whatever its format (valid or not: None where its tensors
     do not tell)."""

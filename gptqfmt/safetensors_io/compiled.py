@@ -1,8 +1,9 @@
-"""The compiled header reader, range survey and CRC-32 of kernels/safetensors_native.c (the
-extension gptqfmt.safetensors_io._native) where the install built it. A machine without a C
-compiler, or GPTQFMT_NATIVE=0 (which the tests use to hold the two equal), reads every header
-with header.py's parser and gets the same answers, surveys nothing (survey.py: every tensor is
-then read where it is asked for), and takes its digests from zlib (journal.crc32).
+"""The compiled header reader, range survey, CRC-32 and name order of
+kernels/safetensors_native.c (the extension gptqfmt.safetensors_io._native) where the install
+built it. A machine without a C compiler, or GPTQFMT_NATIVE=0 (which the tests use to hold
+the two equal), reads every header with header.py's parser and gets the same answers, surveys
+nothing (survey.py: every tensor is then read where it is asked for), takes its digests from
+zlib (journal.crc32) and orders names by a Python key.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from ..bits import native
 
 # the extension's VERSION this module is written for (kernels/safetensors_native.c)
-VERSION = 3
+VERSION = 4
 
 
 _NATIVE = native.load(f"{__package__}._native", VERSION)
@@ -33,6 +34,16 @@ def scan(raw: bytes, bits: dict[str, int], info: type) -> tuple[dict[str, Any],
         return None
     assert _NATIVE is not None
     return _NATIVE.scan(raw, bits, info)
+
+
+def natural_order(names: list[str]) -> list[str] | None:
+    """`names` in the order of sorted(names, key=natural_key) (formats/gptq/checkpoint.py),
+    compared in C; None where nothing is compiled or a name is not ASCII (the key's digits
+    are Unicode's), for the key to order."""
+    if not available():
+        return None
+    assert _NATIVE is not None
+    return _NATIVE.natural_order(names)
 
 
 def crc32(data: bytes | memoryview) -> int | None:

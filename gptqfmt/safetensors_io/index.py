@@ -12,8 +12,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import jsonschema
 import numpy as np
 
 from ..errors import FindingError, UsageError
@@ -412,7 +412,7 @@ def _read_index(path: Path) -> tuple[dict[str, str], int | None]:
     # hold, to say what is wrong
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     ok = isinstance(wm, dict) and set(map(type, wm.values())) <= {str}   # one pass in C
-    err = None if ok else jsonschema.exceptions.best_match(validator("index").iter_errors(doc))
+    err = None if ok else _best_match(validator("index").iter_errors(doc))
     if err is not None:
         where = ".".join(str(p) for p in err.path) or "(top level)"
         raise FindingError(Finding("GQ120", f"{where}: {err.message}; expected {{\"weight_map\": "
@@ -420,6 +420,13 @@ def _read_index(path: Path) -> tuple[dict[str, str], int | None]:
     meta = doc.get("metadata")
     total = meta.get("total_size") if isinstance(meta, dict) else None
     return doc["weight_map"], total
+
+
+def _best_match(errors: Iterable[Any]) -> Any:
+    """jsonschema's most telling error of `errors` (imported here: most indexes never need
+    it, resources.py)."""
+    import jsonschema
+    return jsonschema.exceptions.best_match(errors)
 
 
 def _reason(e: Exception) -> str:

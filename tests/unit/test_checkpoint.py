@@ -15,7 +15,7 @@ from gptqfmt.ops.inspect import inspect_checkpoint
 from gptqfmt.ops.verify import validate
 from gptqfmt.safetensors_io import SafetensorsFile, compiled, save_file
 from gptqfmt.safetensors_io.index import open_store
-from tests.support import CKPT, Q
+from tests.support import CKPT, Q, loops
 
 
 def clone(tmp_path, name, edit=None, cfg=None):
@@ -247,6 +247,42 @@ def test_natural_key_orders_numbers_as_numbers_and_any_name_at_all():
                    "model.layers.2.attn", "model.layers.2.mlp", "model.layers.02.x",
                    "model.layers.10.mlp"]
     assert checkpoint.natural_key("layers.10.mlp") == ["layers.", 10, ".mlp"]
+
+
+NATURAL_CASES = [
+    # a key that is a prefix of the other first; text runs compared whole ("a" < "a.", so
+    # "a1" before "a.1", where a character-by-character order puts "." before "1")
+    ["a", "a1", "a.1", "ab", "a1b", "a1.", "", "1", "0", "00", "01", "a01", "a1", "a001"],
+    # numbers by value at any length, leading zeros ignored, equal keys in their given order
+    ["x" + "9" * 30, "x1" + "0" * 30, "x0" + "9" * 30, "x10", "x010", "x0010", "x9"],
+    ["model.layers.10.mlp", "model.layers.2.mlp", "model.layers.2.attn", "lm_head",
+     "model.layers.02.x", "model.layers", "model.layers.2", "model.layers.2."],
+]
+
+
+@pytest.mark.parametrize("compiled_on", [True, False])
+def test_natural_sorted_is_the_natural_keys_order(compiled_on):
+    """natural_sorted (compiled: kernels/safetensors_native.c natural_order) against
+    sorted(key=natural_key): the cases above, 300 random lists of names of digits, dots and
+    letters, and names that are not ASCII (the key's order, from either)."""
+    import random
+    rnd = random.Random(7)
+    cases = [list(c) for c in NATURAL_CASES]
+    for _ in range(300):
+        cases.append(["".join(rnd.choice("0019a.b_Z") for _ in range(rnd.randrange(0, 9)))
+                      for _ in range(rnd.randrange(0, 40))])
+    cases.append(["٣.a", "3.a", "layers.10", "layers.9", "x²"])
+    with loops(compiled=compiled_on):
+        for names in cases:
+            assert checkpoint.natural_sorted(names) == sorted(names, key=checkpoint.natural_key)
+
+
+@pytest.mark.skipif(not compiled.available(), reason="the compiled reader is not built")
+def test_natural_order_takes_ascii_only_and_refuses_other_than_str():
+    assert compiled.natural_order(["b", "٣", "a"]) is None
+    assert compiled.natural_order([]) == []
+    with pytest.raises(TypeError, match="list of str"):
+        compiled.natural_order(["a", 1])   # type: ignore[list-item]
 
 
 def test_grouping_by_module_and_the_tensors_outside():

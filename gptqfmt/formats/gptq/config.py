@@ -19,7 +19,7 @@ from typing import Any
 from ...bits.conventions import CONVENTIONS, GPTQ, GPTQ_V2
 from ...errors import FindingError
 from ...findings import Finding
-from ...resources import validator
+from ...resources import schema_errors
 from ..configs import config_documents, fix_label_command
 
 # checkpoint_format / format values that are not GPTQ's own packing.
@@ -195,7 +195,7 @@ def load_config(root: Path, st_metadata: dict[str, str] | None = None
     for label, doc in sources:
         _refuse_non_gptq(label, doc)
     for label, doc in sources:
-        for err in sorted(validator("quantize_config").iter_errors(doc),
+        for err in sorted(schema_errors("quantize_config", doc),
                           key=lambda e: list(e.path)):
             where = ".".join(str(p) for p in err.path) or "(top level)"
             findings.append(Finding("GQ202", f"{where}: {err.message}", file=label))
