@@ -1,4 +1,5 @@
-// gptqfmt.safetensors_io._native: a safetensors header read in one pass, in C. Built at install
+// gptqfmt.safetensors_io._native: a safetensors header read in one pass, in C, and the other
+// loops over a checkpoint's files and names that Python runs too slowly. Built at install
 // time where a C compiler is found (setup.py marks it optional); header.py's parser reads
 // every header where it is missing.
 //
@@ -18,6 +19,9 @@
 // the first range of its group or checked for zero bytes (see survey below).
 //
 // crc32, crc32_pages: the undo journal's digests (gq_crc32.h), with the GIL released.
+//
+// index_map: model.safetensors.index.json of the plain kind in one pass; natural_order: names
+// in the order of formats/gptq/checkpoint.py's natural_key (see each below).
 #define _GNU_SOURCE   // preadv2 and RWF_NOWAIT where the C library has them
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -818,6 +822,106 @@ static PyObject* crc32_pages(PyObject* self, PyObject* args) {
     return pair;
 }
 
+// index_map(raw: bytes) -> (weight_map, metadata) | None: model.safetensors.index.json read
+// in one pass, as json.loads reads it, for the indexes writers write: a top-level object of
+// "weight_map" (names to shard names) and "metadata" (keys to non-negative integers of up to
+// 18 digits or strings), each at most once, strings of printable ASCII without escapes. None
+// for anything else (another key, a nested value, a float, an escape, trailing bytes): the
+// Python reader then parses and reports it. A mixture of experts' index names hundreds of
+// thousands of tensors, which json.loads reads at a tenth of a second a hundred thousand.
+#define INDEX_VALUES 8   // the shard names met last: an index names a few, thousands of times
+
+static int index_object(Cursor* c, PyObject* into, int numbers) {
+    // a value that repeats one of the last few is that str again, not a new one
+    PyObject* seen[INDEX_VALUES] = {NULL};
+    int next = 0;
+    int r = OK;
+    if (!take(c, '{')) return NOT_TAKEN;
+    if (take(c, '}')) return OK;
+    do {
+        const char *ks, *vs;
+        Py_ssize_t kn, vn;
+        uint64_t number = 0;
+        if (!string(c, &ks, &kn) || !take(c, ':')) {
+            r = NOT_TAKEN;
+            break;
+        }
+        skip_ws(c);
+        int is_number = numbers && c->p < c->end && *c->p >= '0' && *c->p <= '9';
+        if (is_number ? !unsigned_int(c, &number) : !string(c, &vs, &vn)) {
+            r = NOT_TAKEN;
+            break;
+        }
+        PyObject* k = PyUnicode_FromStringAndSize(ks, kn);
+        if (k == NULL) {
+            r = ERROR;
+            break;
+        }
+        PyObject* v = NULL;
+        if (is_number) {
+            v = PyLong_FromUnsignedLongLong(number);
+        } else {
+            for (int i = 0; i < INDEX_VALUES && v == NULL; ++i)
+                if (seen[i] != NULL && PyUnicode_GET_LENGTH(seen[i]) == vn &&
+                    memcmp(PyUnicode_DATA(seen[i]), vs, (size_t)vn) == 0)
+                    v = Py_NewRef(seen[i]);
+            if (v == NULL && (v = PyUnicode_FromStringAndSize(vs, vn)) != NULL) {
+                Py_XSETREF(seen[next], Py_NewRef(v));
+                next = (next + 1) % INDEX_VALUES;
+            }
+        }
+        // a key met twice keeps its first place and takes the last value, as json.loads does
+        r = v == NULL || PyDict_SetItem(into, k, v) < 0 ? ERROR : OK;
+        Py_DECREF(k);
+        Py_XDECREF(v);
+        if (r != OK) break;
+    } while (take(c, ','));
+    if (r == OK && !take(c, '}')) r = NOT_TAKEN;
+    for (int i = 0; i < INDEX_VALUES; ++i) Py_XDECREF(seen[i]);
+    return r;
+}
+
+static PyObject* index_map(PyObject* self, PyObject* args) {
+    Py_buffer raw;
+    if (!PyArg_ParseTuple(args, "y*", &raw)) return NULL;
+    Cursor c = {(const char*)raw.buf, (const char*)raw.buf + raw.len};
+    PyObject *weight_map = NULL, *meta = NULL, *out = NULL;
+    int r = take(&c, '{') ? OK : NOT_TAKEN;
+    if (r == OK && !take(&c, '}')) {
+        do {
+            const char* ks;
+            Py_ssize_t kn;
+            if (!string(&c, &ks, &kn) || !take(&c, ':')) {
+                r = NOT_TAKEN;
+                break;
+            }
+            PyObject** into = key_is(ks, kn, "weight_map") ? &weight_map
+                              : key_is(ks, kn, "metadata") ? &meta : NULL;
+            if (into == NULL || *into != NULL) {   // another key, or one met twice
+                r = NOT_TAKEN;
+                break;
+            }
+            *into = PyDict_New();
+            if (*into == NULL) {
+                r = ERROR;
+                break;
+            }
+            r = index_object(&c, *into, into == &meta);
+        } while (r == OK && take(&c, ','));
+        if (r == OK && !take(&c, '}')) r = NOT_TAKEN;
+    }
+    skip_ws(&c);
+    if (r == OK && (c.p != c.end || weight_map == NULL)) r = NOT_TAKEN;
+    if (r == OK)
+        out = PyTuple_Pack(2, weight_map, meta ? meta : Py_None);
+    else if (r == NOT_TAKEN)
+        out = Py_NewRef(Py_None);
+    Py_XDECREF(weight_map);
+    Py_XDECREF(meta);
+    PyBuffer_Release(&raw);
+    return out;
+}
+
 // natural_order(names: list[str]) -> list[str] | None: the names as
 // sorted(names, key=natural_key) orders them (formats/gptq/checkpoint.py), for a mixture of
 // experts' tens of thousands of module names (a Python key a name costs 4 us). A key is the
@@ -838,7 +942,13 @@ static inline int is_digit(char c) { return c >= '0' && c <= '9'; }
 static int natural_cmp(const void* pa, const void* pb) {
     const Natural* a = (const Natural*)pa;
     const Natural* b = (const Natural*)pb;
-    Py_ssize_t i = 0, j = 0;
+    // the keys' parts agree up to the first byte the names differ at, so the comparison
+    // starts there: inside a text run (comparing its rest compares the run), or at the start
+    // of the run of digits it falls in (a number compares whole)
+    Py_ssize_t n = a->n < b->n ? a->n : b->n, p = 0;
+    while (p < n && a->s[p] == b->s[p]) ++p;
+    while (p > 0 && is_digit(a->s[p - 1])) --p;
+    Py_ssize_t i = p, j = p;
     for (;;) {
         // a text run (possibly empty), compared as Python compares two str
         Py_ssize_t ie = i, je = j;
@@ -919,6 +1029,9 @@ static PyMethodDef methods[] = {
      "crc32_pages(data, offset, page, how=0) -> (crc, digests): the CRC-32 of a file range "
      "at offset and of each of its pieces cut at the file's page boundaries (uint32 "
      "little-endian bytes), in one pass."},
+    {"index_map", index_map, METH_VARARGS,
+     "index_map(raw) -> (weight_map, metadata) | None: a safetensors index of the plain "
+     "kind, or None for json.loads to read."},
     {"natural_order", natural_order, METH_O,
      "natural_order(names) -> list | None: the names in the order of natural_key "
      "(numbers by value); None where a name is not ASCII."},
@@ -927,7 +1040,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native",
-    "A safetensors header read in one pass, and many small ranges surveyed "
+    "A safetensors header and index read in one pass, many small ranges surveyed, CRC-32 "
+    "and names in natural order "
     "(kernels/safetensors_native.c).", -1, methods,
 };
 

@@ -125,8 +125,9 @@ def zero_point_findings(ckpt: Checkpoint, m: Module, v: ModuleVerdict,
     st = v.stats
     partial = settled_only and not v.complete
     if not partial:
-        sigs, sig_ev = v.signatures, [e for e in v.evidence if any(
-            k in e for k in ("AutoGPTQ", "GPTQModel", "borrow"))]
+        sigs = v.signatures
+        sig_ev = [e for e in v.evidence if any(k in e for k in ("AutoGPTQ", "GPTQModel",
+                                                                "borrow"))] if sigs else []
     else:  # a sample of the codes: only the signatures that the stored fields alone show
         sigs, sig_ev = corruption_signatures(st, m.bits, codes=False) if st else ([], [])
         if v.pooled_runs and "autogptq_sign_extension" not in sigs:  # qzeros alone, pooled

@@ -8,7 +8,9 @@ decides neither convention.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from statistics import NormalDist
 from typing import Any
 
@@ -55,13 +57,17 @@ def combine(verdicts: list[ModuleVerdict]) -> Detection:
     """
     if not verdicts:
         return Detection(AMBIGUOUS, 0.0, [], ["no quantized module to look at"])
-    counts = {c: sum(v.verdict == c for v in verdicts) for c in (GPTQ, GPTQ_V2, AMBIGUOUS)}
+    # passes over the modules in C (map, attrgetter): a mixture of experts has tens of
+    # thousands
+    found = Counter(map(attrgetter("verdict"), verdicts))
+    counts = {c: found[c] for c in (GPTQ, GPTQ_V2, AMBIGUOUS)}
     n = len(verdicts)
     summary = (f"{counts[GPTQ]} gptq, {counts[GPTQ_V2]} gptq_v2, {counts[AMBIGUOUS]} undecided "
                f"alone of {n} modules")
-    pooled = sum(v.llr for v in verdicts)
+    llrs = list(map(attrgetter("llr"), verdicts))
+    pooled = sum(llrs)
     pool_ev = (f"pooled log-likelihood ratio gptq : gptq_v2 over "
-               f"{sum(1 for v in verdicts if v.llr)} module statistics is {pooled:.1f} "
+               f"{sum(map(bool, llrs))} module statistics is {pooled:.1f} "
                f"(decides at +/-{MIN_LLR:.1f})")
     flagged = _pooled_runs(_misfits(verdicts))
     if counts[GPTQ] and counts[GPTQ_V2]:
@@ -163,6 +169,8 @@ def misfit_threshold(n_modules: int) -> float:
 
 def _misfits(verdicts: list[ModuleVerdict]) -> list[ModuleVerdict]:
     tested = [v for v in verdicts if v.stats is not None and v.stats.cells]
+    if not tested:   # every module decided from qzeros alone: none is a misfit
+        return list(verdicts)
     limit = misfit_threshold(len(tested))
     out = []
     for v in verdicts:

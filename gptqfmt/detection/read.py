@@ -14,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -135,28 +135,23 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
     starts, over n modules: it returns the function told of each module read (`(1)`)."""
     mods = ckpt.valid_modules
     infos = ckpt.store.infos
-    sizes = [infos[m.tensors["qweight"]].nbytes for m in mods]
+    sizes = [(i := infos[m.tensors["qweight"]]).end - i.begin for m in mods]   # nbytes, inline
     work = _Work(ckpt, mods, full)
     workers = jobs or cpus()
     remote = ckpt.store.remote
     # a mirrored checkpoint is read in threads: what a forked worker fetched would land in
     # the file but not in this process's record of what is there
     forking = workers > 1 and len(mods) >= PROCESS_MIN_MODULES and not remote
-    if forking:
-        ckpt.store.settle()   # the store's survey thread ends: this process may fork
-    if forking and _forks_safely():
-        ctx = multiprocessing.get_context("fork")
-        pool: Executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                                             initializer=_start_worker, initargs=(work,))
-        chunk = max(1, len(mods) // (4 * workers))
+    # the pool is made at the first read: where every module settles from its qzeros (a
+    # mixture of experts' symmetric ones), none is made, and the store's survey is not
+    # waited for past the qzeros (a fork would wait for its last pass, the probes)
+    pools: list[Executor] = []
+    runner: list[Callable[[Callable, list], Any]] = []
 
-        def run(fn, args):
-            return pool.map(_in_worker, [fn] * len(args), args, chunksize=chunk)
-    else:
-        pool = ThreadPoolExecutor(max_workers=workers)
-
-        def run(fn, args):
-            return bounded_map(pool, lambda a: fn(work, *a), args)
+    def run(fn, args):
+        if not runner:
+            runner.append(_runner(work, workers, forking, pools))
+        return runner[0](fn, args)
     try:
         def prefetch(indices: list[int], sample: int, known: dict) -> None:
             # one batch for the round: every module's reads coalesced and fetched in parallel
@@ -179,9 +174,29 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
         raise GptqfmtError(f"{ckpt.store.root}: a worker process reading its modules ended "
                            "abruptly (killed, or out of memory?); run again") from None
     finally:  # on an interrupt, drop the modules not started (no worker outlives the call)
-        pool.shutdown(wait=True, cancel_futures=True)
+        for pool in pools:
+            pool.shutdown(wait=True, cancel_futures=True)
     ckpt.keep_patterns({v.name: v.pattern for v in det.modules})  # read in the workers
     return det
+
+
+def _runner(work: _Work, workers: int, forking: bool, pools: list[Executor]
+            ) -> Callable[[Callable, list], Any]:
+    """run(fn, args) for ModuleReads over a pool made now (and added to `pools`): forked
+    processes where `forking` and the platform forks safely (the store's survey thread ended
+    first), else threads."""
+    if forking:
+        work.ckpt.store.settle()   # the store's survey thread ends: this process may fork
+    if forking and _forks_safely():
+        ctx = multiprocessing.get_context("fork")
+        procs = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                    initializer=_start_worker, initargs=(work,))
+        pools.append(procs)
+        chunk = max(1, len(work.mods) // (4 * workers))
+        return lambda fn, args: procs.map(_in_worker, [fn] * len(args), args, chunksize=chunk)
+    threads = ThreadPoolExecutor(max_workers=workers)
+    pools.append(threads)
+    return lambda fn, args: bounded_map(threads, lambda a: fn(work, *a), args)
 
 
 @dataclass(frozen=True)
@@ -259,28 +274,27 @@ class ModuleReads:
 
     def verdicts(self, indices: list[int], sample: int) -> list[ModuleVerdict]:
         advance = self._advance(len(indices))
-        here: dict[int, ModuleVerdict] = {}
+        got: list[ModuleVerdict | None] = [None] * len(indices)
         settled = self.settled
-        if settled is not None:
-            for i in indices:
+        if settled is not None:   # one pass: a mixture of experts settles tens of thousands
+            for k, i in enumerate(indices):
                 if (v := settled(i)) is not None:
-                    here[i] = v
+                    got[k] = v
                     advance(1)
-        rest = [i for i in indices if i not in here]
-        if self.prefetch is not None and rest:
-            self.prefetch(rest, sample, self.known)
-        read = iter(self.run(_read_one, [(i, sample, self.known.get(i)) for i in rest])
-                    if rest else ())
-        out = []
-        for i in indices:
-            if i not in here:
-                out.append(next(read))
-                advance(1)
-            else:
-                out.append(here[i])
+        rest = [i for i, v in zip(indices, got) if v is None]
+        if rest:
+            if self.prefetch is not None:
+                self.prefetch(rest, sample, self.known)
+            read = iter(self.run(_read_one, [(i, sample, self.known.get(i)) for i in rest]))
+            for k, v in enumerate(got):
+                if v is None:
+                    got[k] = next(read)
+                    advance(1)
+        out = cast(list[ModuleVerdict], got)   # every one settled or read
+        known, names = self.known, self.names
         for i, v in zip(indices, out):
-            self.known[i] = (v.pattern, v.stats.field_counts() if v.stats else None)
-            v.name = self.names[i]  # the module's own string, not a worker process's copy
+            known[i] = (v.pattern, v.stats.field_counts() if v.stats else None)
+            v.name = names[i]  # the module's own string, not a worker process's copy
         faults.point("detect-round", self.rounds)
         self.rounds += 1
         return out

@@ -70,7 +70,7 @@ def mixed(modules: Sequence[Any], attrs: tuple[str, ...]) -> bool:
 def is_lm_head(name: str) -> bool:
     """Whether module `name` is the output head (lm_head under any prefix), which runtimes load
     apart from the decoder layers."""
-    return name.split(".")[-1] == "lm_head"
+    return name.rpartition(".")[2] == "lm_head"   # the last part (a name without a dot: all)
 
 
 # slots, not frozen: one per module, tens of thousands in a MoE, and a frozen dataclass's

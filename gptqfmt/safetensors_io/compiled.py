@@ -1,9 +1,9 @@
-"""The compiled header reader, range survey, CRC-32 and name order of
+"""The compiled header and index readers, range survey, CRC-32 and name order of
 kernels/safetensors_native.c (the extension gptqfmt.safetensors_io._native) where the install
 built it. A machine without a C compiler, or GPTQFMT_NATIVE=0 (which the tests use to hold
-the two equal), reads every header with header.py's parser and gets the same answers, surveys
-nothing (survey.py: every tensor is then read where it is asked for), takes its digests from
-zlib (journal.crc32) and orders names by a Python key.
+the two equal), reads every header with header.py's parser and every index with json.loads
+and gets the same answers, surveys nothing (survey.py: every tensor is then read where it is
+asked for), takes its digests from zlib (journal.crc32) and orders names by a Python key.
 """
 from __future__ import annotations
 
@@ -34,6 +34,16 @@ def scan(raw: bytes, bits: dict[str, int], info: type) -> tuple[dict[str, Any],
         return None
     assert _NATIVE is not None
     return _NATIVE.scan(raw, bits, info)
+
+
+def index_map(raw: bytes) -> tuple[dict[str, str], dict[str, Any] | None] | None:
+    """(weight_map, metadata) of index JSON `raw` where it is of the plain kind the compiled
+    reader takes (kernels/safetensors_native.c says which), as json.loads reads them; None
+    where it is not, or nothing is compiled: json.loads then reads it (index._read_index)."""
+    if not available():
+        return None
+    assert _NATIVE is not None
+    return _NATIVE.index_map(raw)
 
 
 def natural_order(names: list[str]) -> list[str] | None:

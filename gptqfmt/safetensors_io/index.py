@@ -402,9 +402,15 @@ def total_sizes(files) -> tuple[int, int]:
 
 def _read_index(path: Path) -> tuple[dict[str, str], int | None]:
     try:
-        doc = json.loads(path.read_bytes().decode("utf-8"))
+        raw = path.read_bytes()
     except OSError as e:
         raise FindingError(Finding("GQ118", f"cannot read: {e.strerror or e}", file=path.name))
+    plain = compiled.index_map(raw)   # an index of the plain kind, in one compiled pass
+    if plain is not None:
+        weight_map, meta = plain
+        return weight_map, meta.get("total_size") if meta is not None else None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise FindingError(Finding("GQ120", f"not valid JSON: {_reason(e)}", file=path.name))
     # the schema's whole rule, at a dict lookup a tensor: a mixture of experts' index names

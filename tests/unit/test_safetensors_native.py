@@ -269,3 +269,107 @@ def test_without_the_extension_a_header_still_reads(monkeypatch):
     raw = json.dumps(doc).encode()
     h = H.parse_header(raw, 8 + len(raw) + end, "x.safetensors")
     assert list(h.tensors) == ["a", "b"] and h.data_len == end
+
+
+def index_files():
+    return [p.read_bytes() for p in sorted((ROOT / "fixtures").rglob("*.index.json"))
+            if p.is_file() and not p.is_symlink()]
+
+
+def loaded(raw: bytes):
+    """(weight_map, metadata) as json.loads reads them, where that is what index_map would
+    answer at all (a top-level object of weight_map and metadata objects); else None."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict) or \
+            not set(doc) <= {"weight_map", "metadata"} or \
+            not isinstance(doc.get("metadata", {}), dict):
+        return None
+    return doc["weight_map"], doc.get("metadata")
+
+
+def same_index(raw: bytes) -> bool:
+    """index_map's answer is json.loads's (dicts in the same order) where it gives one;
+    whether it gave one."""
+    got = compiled.index_map(raw)
+    if got is None:
+        return False
+    want = loaded(raw)
+    assert want is not None, raw[:200]
+    assert got == want and list(got[0].items()) == list(want[0].items()), raw[:200]
+    return True
+
+
+@needs_build
+def test_every_fixture_index_is_taken_as_json_reads_it():
+    raws = index_files()
+    assert len(raws) > 20 and all(same_index(raw) for raw in raws if loaded(raw) is not None
+                                  and b"\\" not in raw)
+    assert sum(same_index(raw) for raw in raws) > 20
+
+
+@needs_build
+@pytest.mark.parametrize("raw", [
+    b'{"weight_map": {"a\\u0062": "s.safetensors"}}',          # an escape
+    b'{"weight_map": {"\xc3\xa9": "s.safetensors"}}',          # not ASCII
+    b'{"weight_map": {"a": "s"}, "other": 1}',                 # another key
+    b'{"weight_map": {"a": "s"}, "weight_map": {"b": "t"}}',   # a key twice
+    b'{"metadata": {"total_size": 1.5}, "weight_map": {}}',    # a float
+    b'{"metadata": {"total_size": -1}, "weight_map": {}}',     # a negative number
+    b'{"metadata": {"x": {"y": 1}}, "weight_map": {}}',        # a nested value
+    b'{"metadata": {"x": null}, "weight_map": {}}',
+    b'{"metadata": {"total_size": 01}, "weight_map": {}}',     # not JSON
+    b'{"weight_map": {"a": 1}}',                               # a shard that is no string
+    b'{"weight_map": {"a": "s"}} x',                           # bytes after it
+    b'{"weight_map": {"a": "s"}',                              # cut short
+    b'{"metadata": {}}', b'{}', b'[]', b'', b'{"weight_map": {"a": "s",}}'])
+def test_what_the_index_reader_leaves_to_json(raw):
+    assert compiled.index_map(raw) is None
+
+
+@needs_build
+def test_mutated_and_generated_indexes_read_as_json_reads_them():
+    """1,500 fixture indexes with a few bytes changed, and 300 generated ones (keys met twice,
+    names repeating, spaces anywhere): every answer index_map gives is json.loads's."""
+    rnd = random.Random(5)
+    raws = [r for r in index_files() if len(r) > 40]
+    taken = 0
+    for _ in range(1500):
+        b = bytearray(rnd.choice(raws))
+        for _ in range(rnd.randint(1, 3)):
+            at = rnd.randrange(len(b))
+            b[at] = rnd.choice(b'{}[],:"\\019- aeF') if rnd.random() < 0.8 else rnd.randrange(256)
+        taken += same_index(bytes(b))
+    for _ in range(300):
+        ws = rnd.choice(["", " ", "\n  ", "\t"])
+        names = [rnd.choice(["a", "b.0", "x.y.qweight", "z"]) for _ in range(rnd.randrange(6))]
+        shards = [f"s-{rnd.randrange(12)}.safetensors" for _ in names]
+        wm = ("," + ws).join(f'"{n}":{ws}"{s}"' for n, s in zip(names, shards))
+        meta = rnd.choice(["", f'"metadata": {{"total_size": {rnd.randrange(10**12)}, '
+                               f'"format": "pt"}},{ws}'])
+        raw = f'{ws}{{{ws}{meta}"weight_map":{ws}{{{ws}{wm}{ws}}}{ws}}}{ws}'.encode()
+        assert same_index(raw), raw
+        taken += 1
+    assert taken > 500
+
+
+def test_an_index_reads_the_same_without_the_extension(tmp_path):
+    """_read_index with the compiled reader on and off: the same map and total, and the same
+    finding for a broken one."""
+    from gptqfmt.safetensors_io import index as I
+    good = tmp_path / "good.json"
+    good.write_text('{"metadata": {"total_size": 12}, "weight_map": {"a": "s.safetensors"}}')
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"weight_map": {"a": 3}}')
+    answers = []
+    for on in (True, False):
+        with loops(compiled=on):
+            got = [I._read_index(good)]
+            with pytest.raises(FindingError) as e:
+                I._read_index(bad)
+            got.append(e.value.finding.message)
+        answers.append(got)
+    assert answers[0] == answers[1]
+    assert answers[0][0] == ({"a": "s.safetensors"}, 12)

@@ -152,10 +152,15 @@ class Checkpoint:
         nothing mapped (TensorStore.heads), so that tens of thousands of small tensors cost a
         read each, not a page fault and a release. Larger ones are left to whoever reads the
         module (copied here, they would cost more than mapped)."""
-        infos = self.store.infos
-        small = {i: m for i, m in enumerate(mods)
-                 if infos[m.tensors["qzeros"]].nbytes <= most}
-        todo = {m.tensors["qzeros"]: m for m in small.values() if m.name not in self._patterns}
+        infos, patterns = self.store.infos, self._patterns
+        small: list[int] = []
+        todo: dict[str, Module] = {}
+        for i, m in enumerate(mods):   # one pass: a mixture of experts has tens of thousands
+            qz = m.tensors["qzeros"]
+            if (info := infos[qz]).end - info.begin <= most:
+                small.append(i)
+                if m.name not in patterns:
+                    todo[qz] = m
         for raw, ts in self.store.heads_grouped(todo):
             info = self.store.info(ts[0])   # tensors alike share their dtype and shape
             found: dict[int, str | None] = {}   # by bits
@@ -165,7 +170,7 @@ class Checkpoint:
                     found[m.bits] = symmetric_pattern_of_bytes(
                         raw, DTYPES[info.dtype].numpy.str, info.shape, m.bits)
                 self._patterns[m.name] = found[m.bits]
-        return {i: self._patterns[m.name] for i, m in small.items()}
+        return {i: patterns[mods[i].name] for i in small}
 
     def keep_patterns(self, patterns: dict[str, str | None]) -> None:
         """Symmetric patterns read elsewhere (detection's worker processes), kept so that
@@ -213,8 +218,8 @@ def open_checkpoint(path: str | os.PathLike[str], store: TensorStore | None = No
     store = store or open_store(path)
     if survey:
         # g_idx first: modelling asks for them; detection the qzeros, then the checks the
-        # probes
-        store.start_survey([(("g_idx",), ()), (("qzeros",), PROBED)], PROBE, SMALL)
+        # probes (a pass of their own: detection need not wait for them)
+        store.start_survey([(("g_idx",), ()), (("qzeros",), ()), ((), PROBED)], PROBE, SMALL)
     findings = list(store.findings)
     first = next(iter(store.files.values()))
     config, cfg_findings = load_config(store.root, first.metadata)
