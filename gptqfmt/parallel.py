@@ -1,12 +1,19 @@
-"""How many threads the work may use: the CPUs this process may run on, and a map over a pool
-that keeps only a few items in flight. A leaf module (the standard library only), so that any
-layer can ask, from the container reader up."""
+"""How many threads the work may use: the CPUs this process may run on, a map over a pool
+that keeps only a few items in flight, and a call run in a forked child beside the caller. A
+leaf module (the standard library only), so that any layer can ask, from the container reader
+up."""
 from __future__ import annotations
 
+import gc
+import multiprocessing
 import os
+import signal
+import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -58,3 +65,68 @@ def _chunks(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
             chunk = []
     if chunk:
         yield chunk
+
+
+def forks_safely() -> bool:
+    """Fork only on Linux and only from a process running one thread: a lock held by another
+    thread at the fork would stay held in the child forever."""
+    return sys.platform.startswith("linux") and threading.active_count() == 1
+
+
+@contextmanager
+def in_child(fn: Callable[[], T]) -> Iterator[Callable[[], T]]:
+    """`fn()` started in a forked child process while the caller goes on: yields the function
+    that returns its answer (waiting for the child). For a pass of Python over tens of
+    thousands of modules beside another one: the GIL runs one at a time, a fork runs both.
+
+    The answer is always what fn() gives in this process: where it cannot fork safely
+    (forks_safely), or the child fails in any way (fn raises, its answer cannot be sent, it
+    is killed), fn() runs here when the answer is asked for, and raises what it raises. A
+    child whose answer is not asked for (the caller left on an error or a signal) is killed
+    as the block ends: none outlives it. The child leaves Ctrl-C to this process."""
+    if not forks_safely():
+        yield fn
+        return
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    for stream in (sys.stdout, sys.stderr):   # a child that flushes a copy prints it twice
+        if stream is not None:
+            stream.flush()
+    proc = ctx.Process(target=_child, args=(fn, send), daemon=True)
+    proc.start()
+    send.close()
+    asked = []
+
+    def answer() -> T:
+        asked.append(True)
+        try:
+            (got,) = recv.recv()
+        except Exception:   # noqa: BLE001 - nothing (whole) sent: the answer is made here
+            proc.join()
+            return fn()
+        proc.join()
+        return got
+
+    try:
+        yield answer
+    finally:
+        if not asked:
+            proc.kill()
+            proc.join()
+        recv.close()
+
+
+def _child(fn: Callable[[], Any], send: Any) -> None:
+    """in_child's child: fn()'s answer sent, or nothing where it raises or cannot be sent."""
+    # no collection in a child that lives for one call: it would write to every object it
+    # walks, and so copy the parent's pages one by one
+    gc.disable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
+    for name in ("SIGTERM", "SIGHUP"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    try:
+        send.send((fn(),))
+    except BaseException:   # noqa: BLE001 - the parent makes the answer, or the error, itself
+        pass
+    finally:
+        send.close()

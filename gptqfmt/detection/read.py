@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
-import sys
-import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -23,7 +21,7 @@ from ..bits.layout import stored_fields
 from ..bits.packing import block
 from ..errors import GptqfmtError
 from ..formats.gptq.checkpoint import SMALL, Checkpoint, Module
-from ..parallel import bounded_map, cpus
+from ..parallel import bounded_map, cpus, forks_safely
 from . import codestats
 from .decide import AMBIGUOUS, ModuleVerdict, decide
 from .pool import Detection, combine, runs_chance_missing, with_runs_chance
@@ -159,14 +157,19 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
             ckpt.store.prefetch(p for i in indices for p in module_reads(
                 ckpt, mods[i], full, sample, codes=full or known.get(i, (None,))[0] is None))
         settled = None
+        patterns: dict[int, str | None] = {}
         if not full:
             # a symmetric pattern decides a sampled module from qzeros alone: every small
             # qzeros read here in one pass, and those modules never handed to a worker
             patterns = ckpt.small_patterns(mods, SMALL)
+            quantizer = ckpt.quantizer
 
-            def settled(i: int) -> ModuleVerdict | None:
-                p = patterns.get(i)
-                return None if p is None else module_verdict(ckpt, mods[i], False, known=(p, None))
+            def settled(indices: list[int]) -> list[ModuleVerdict | None]:
+                # module_verdict's answer for a module of known pattern, sampled: the
+                # pattern's verdict (decide), in one pass over tens of thousands
+                return [None if (p := patterns.get(i)) is None else
+                        decide(mods[i].name, mods[i].bits, p, None, quantizer)
+                        for i in indices]
         reads = ModuleReads(run, [m.name for m in mods], prefetch if remote else None, settled,
                             progress)
         det = detect_sequential(reads, sizes, full)
@@ -176,7 +179,9 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
     finally:  # on an interrupt, drop the modules not started (no worker outlives the call)
         for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
-    ckpt.keep_patterns({v.name: v.pattern for v in det.modules})  # read in the workers
+    # the patterns of the modules read in the workers (the others' are the checkpoint's)
+    ckpt.keep_patterns({v.name: v.pattern for i, v in enumerate(det.modules)
+                        if i not in patterns})
     return det
 
 
@@ -187,7 +192,7 @@ def _runner(work: _Work, workers: int, forking: bool, pools: list[Executor]
     first), else threads."""
     if forking:
         work.ckpt.store.settle()   # the store's survey thread ends: this process may fork
-    if forking and _forks_safely():
+    if forking and forks_safely():
         ctx = multiprocessing.get_context("fork")
         procs = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
                                     initializer=_start_worker, initargs=(work,))
@@ -243,12 +248,6 @@ def _in_worker(fn, args):
     return fn(_WORKER, *args)
 
 
-def _forks_safely() -> bool:
-    """Fork only on Linux and only from a process running one thread: a lock held by another
-    thread at the fork would stay held in the child forever."""
-    return sys.platform.startswith("linux") and threading.active_count() == 1
-
-
 class ModuleReads:
     """Module reads for detect_sequential, in batches run by `run(fn, args)` (threads or
     processes: it calls fn(work, *a) for each a and gives the results in order, as they come);
@@ -257,7 +256,7 @@ class ModuleReads:
     starts: it returns the function told of each module done (`(1)`)."""
 
     def __init__(self, run, names: list[str], prefetch=None,
-                 settled: Callable[[int], ModuleVerdict | None] | None = None,
+                 settled: Callable[[list[int]], list[ModuleVerdict | None]] | None = None,
                  progress: Callable[[int], Callable[[int], Any]] | None = None):
         self.run = run
         self.names = names
@@ -265,7 +264,7 @@ class ModuleReads:
         self.rounds = 0
         # prefetch(indices, sample, known): told what a round will read before it runs
         self.prefetch = prefetch
-        # settled(i): module i's verdict where it needs no read of its own (else None)
+        # settled(indices): each module's verdict where it needs no read of its own (else None)
         self.settled = settled
         self.progress = progress
 
@@ -274,13 +273,10 @@ class ModuleReads:
 
     def verdicts(self, indices: list[int], sample: int) -> list[ModuleVerdict]:
         advance = self._advance(len(indices))
-        got: list[ModuleVerdict | None] = [None] * len(indices)
-        settled = self.settled
-        if settled is not None:   # one pass: a mixture of experts settles tens of thousands
-            for k, i in enumerate(indices):
-                if (v := settled(i)) is not None:
-                    got[k] = v
-                    advance(1)
+        got = self.settled(indices) if self.settled is not None else [None] * len(indices)
+        for v in got:
+            if v is not None:
+                advance(1)
         rest = [i for i, v in zip(indices, got) if v is None]
         if rest:
             if self.prefetch is not None:

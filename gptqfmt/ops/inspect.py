@@ -7,6 +7,7 @@ rows)."""
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +18,13 @@ from ..detection.read import detect_checkpoint, module_reads
 from ..findings import Finding
 from ..formats import open_source
 from ..formats.source import Source
+from ..parallel import in_child
 from ..runtimes.verdicts import assess
 from .reports import Result, checkpoint_format_json, failed, files_json, summary_counts, tool_json
+
+# from this many modules on, the module checks run in a forked child beside the runtimes' pass
+# (a fork and its answer cost some 20 ms; a module's checks some 5 us)
+FORK_MIN_MODULES = 4096
 
 
 @dataclass(frozen=True)
@@ -96,14 +102,30 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> InspectResult:
         findings += convention_findings(ck, det)
     verdicts = {v.name: v for v in det.modules} if det else {}
     zero_heads = probe_heads(src, src.modules)
-    for m in src.modules:
-        findings += module_findings(src, m, verdicts.get(m.name), full=False,
-                                    zero_heads=zero_heads)
-        src.store.release(m.tensors.values())
-    if ck is not None and det is not None:
-        # what each runtime makes of it: counts from qzeros only (no scales: inspect's reads
-        # stay bounded, so the largest weight change is verify's); not said of a checkpoint
-        # with shards that cannot be read (no runtime loads it)
-        runtimes = assess(ck, det, scales=False) if not src.store.unreadable else []
+
+    def checks() -> list[Finding]:
+        out: list[Finding] = []
+        for m in src.modules:
+            out += module_findings(src, m, verdicts.get(m.name), full=False,
+                                   zero_heads=zero_heads)
+            src.store.release(m.tensors.values())
+        return out
+
+    if ck is None or det is None:
+        findings += checks()
+    else:
+        # the module checks and the runtimes' pass are Python over every module, apart from
+        # each other: many modules are checked in a forked child (parallel.in_child) while
+        # this process judges the runtimes. A store read over HTTP is not forked (its
+        # connections and its record of what is fetched are this process's).
+        fork = len(src.modules) >= FORK_MIN_MODULES and not src.store.remote
+        if fork:
+            src.store.settle()   # the survey's thread ends: this process may fork
+        with in_child(checks) if fork else nullcontext(checks) as checked:
+            # what each runtime makes of it: counts from qzeros only (no scales: inspect's
+            # reads stay bounded, so the largest weight change is verify's); not said of a
+            # checkpoint with shards that cannot be read (no runtime loads it)
+            runtimes = assess(ck, det, scales=False) if not src.store.unreadable else []
+            findings += checked()
     return InspectResult(str(src.path), src, det, sorted(findings, key=Finding.sort_key),
                          runtimes)

@@ -1,11 +1,15 @@
 """bounded_map: results in order, a bounded number of tasks in flight, calls not started
-cancelled when the caller stops taking; with `batch`, the same answers from fewer tasks."""
+cancelled when the caller stops taking; with `batch`, the same answers from fewer tasks.
+in_child: the answer of a call in a forked child, or the call's own answer here wherever the
+child cannot give it; no child outlives its block."""
+import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gptqfmt.parallel import bounded_map
+from gptqfmt.parallel import bounded_map, forks_safely, in_child
 
 
 class CountingPool(ThreadPoolExecutor):
@@ -62,3 +66,86 @@ def test_calls_not_started_are_cancelled_when_the_caller_stops(batch, blocked):
         release.set()
     assert taken == [0, 1, 2, 3, 4]
     assert max(ran) < blocked + batch
+
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks only on Linux")
+PARENT = os.getpid()
+
+
+@linux_only
+def test_in_child_answers_from_another_process():
+    assert forks_safely()
+    with in_child(lambda: (os.getpid(), list(range(5)))) as answer:
+        pid, got = answer()
+    assert pid != PARENT and got == [0, 1, 2, 3, 4]
+
+
+def in_parent_only(then):
+    """A call that answers `then()` here and fails in any child: the answer in_child gives is
+    always this process's."""
+    def call():
+        return "here" if os.getpid() == PARENT else then()
+    return call
+
+
+def killed():
+    os._exit(3)
+
+
+def unpicklable():
+    return lambda: 1
+
+
+def raises():
+    raise ValueError("only in the child")
+
+
+@linux_only
+@pytest.mark.parametrize("then", [killed, unpicklable, raises])
+def test_a_child_that_fails_leaves_the_answer_to_this_process(then):
+    with in_child(in_parent_only(then)) as answer:
+        assert answer() == "here"
+
+
+@linux_only
+def test_an_error_is_the_callers_own():
+    def call():
+        raise KeyError("everywhere")
+    with in_child(call) as answer, pytest.raises(KeyError, match="everywhere"):
+        answer()
+
+
+def test_no_fork_beside_another_thread():
+    release = threading.Event()
+    t = threading.Thread(target=release.wait)
+    t.start()
+    try:
+        assert not forks_safely()
+        with in_child(os.getpid) as answer:
+            assert answer() == PARENT
+    finally:
+        release.set()
+        t.join()
+
+
+@linux_only
+def test_a_child_not_asked_is_killed_as_the_block_ends():
+    """The child tells its pid, then waits on a pipe no one writes: leaving the block (as an
+    error or a signal would) kills and reaps it."""
+    told_r, told_w = os.pipe()
+    never_r, never_w = os.pipe()
+
+    def call():
+        os.write(told_w, str(os.getpid()).encode())
+        os.read(never_r, 1)
+        return "never"
+    try:
+        with pytest.raises(RuntimeError, match="left"):
+            with in_child(call):
+                pid = int(os.read(told_r, 32))
+                raise RuntimeError("left")
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)   # reaped: no such process any more
+    finally:
+        for fd in (told_r, told_w, never_r, never_w):
+            os.close(fd)

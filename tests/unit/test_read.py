@@ -49,7 +49,7 @@ def read_noting_the_process(work, i, sample, known):
 
 
 def test_processes_and_threads_give_the_same_answer(whole, monkeypatch):
-    assert evidence._forks_safely() == sys.platform.startswith("linux")
+    assert evidence.forks_safely() == sys.platform.startswith("linux")
     threads = everything(evidence.detect_checkpoint(open_checkpoint(whole), jobs=1))
     procs = everything(evidence.detect_checkpoint(open_checkpoint(whole), jobs=2))
     assert threads == procs
@@ -73,7 +73,7 @@ def test_no_fork_beside_another_thread():
     t = threading.Thread(target=release.wait)
     t.start()
     try:
-        assert not evidence._forks_safely()
+        assert not evidence.forks_safely()
     finally:
         release.set()
         t.join()

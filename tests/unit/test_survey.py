@@ -315,7 +315,7 @@ def test_the_survey_thread_has_ended_before_detection_forks(monkeypatch):
     from gptqfmt.safetensors_io.index import TensorStore
     seen: list[list[str]] = []
     gate = threading.Event()
-    real_forks, real_survey, real_settle = (detection_read._forks_safely, compiled.survey,
+    real_forks, real_survey, real_settle = (detection_read.forks_safely, compiled.survey,
                                             TensorStore.settle)
 
     def held(files, alike, *rest):
@@ -333,7 +333,7 @@ def test_the_survey_thread_has_ended_before_detection_forks(monkeypatch):
         return real_forks()
     monkeypatch.setattr(compiled, "survey", held)
     monkeypatch.setattr(TensorStore, "settle", settle)
-    monkeypatch.setattr(detection_read, "_forks_safely", forks_safely)
+    monkeypatch.setattr(detection_read, "forks_safely", forks_safely)
     monkeypatch.setattr(detection_read, "PROCESS_MIN_MODULES", 1)
     monkeypatch.setattr(detection_read, "cpus", lambda: 2)
     monkeypatch.setattr(detection_read, "SMALL", 0)   # every module to the workers

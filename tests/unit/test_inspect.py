@@ -1,0 +1,51 @@
+"""inspect's module checks in a forked child beside the runtimes' pass (ops/inspect.py,
+parallel.in_child): the same result, findings in the same order, as in one process, on every
+labelled fixture that inspect reads, valid or not."""
+import sys
+
+import pytest
+
+from gptqfmt.errors import GptqfmtError
+from gptqfmt.ops import inspect as oi
+from gptqfmt.parallel import forks_safely
+from tests.support import ROOT
+
+
+def labelled_fixtures():
+    for group in ("ckpt", "invalid", "hostile"):
+        for d in sorted((ROOT / "fixtures" / group).iterdir()):
+            if d.is_dir():
+                yield d
+
+
+def result(path, fork: bool, monkeypatch):
+    monkeypatch.setattr(oi, "FORK_MIN_MODULES", 0 if fork else 10**9)
+    try:
+        r = oi.inspect_checkpoint(path)
+    except GptqfmtError as e:
+        return ("error", str(e))
+    return r.to_json()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks only on Linux")
+def test_the_checks_in_a_child_give_what_one_process_gives(monkeypatch):
+    forked = []
+    real = oi.in_child
+
+    def noted(fn):
+        forked.append(forks_safely())   # the child is a real fork, not the fallback
+        return real(fn)
+    monkeypatch.setattr(oi, "in_child", noted)
+    compared = 0
+    for d in labelled_fixtures():
+        here = result(d, False, monkeypatch)
+        before = len(forked)
+        there = result(d, True, monkeypatch)
+        assert there == here, d.name
+        compared += len(forked) > before
+    assert compared > 60 and all(forked)
+    with_findings = [d for d in labelled_fixtures()
+                     if (r := result(d, True, monkeypatch)) and isinstance(r, dict)
+                     and any(f["code"] in ("GQ403", "GQ405", "GQ318", "GQ316", "GQ315")
+                             for f in r["findings"])]
+    assert with_findings   # module checks that find something were compared too
