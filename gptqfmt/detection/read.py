@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any, cast, overload
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from ..bits.packing import block
 from ..errors import GptqfmtError
 from ..formats.gptq.checkpoint import SMALL, Checkpoint, Module
 from ..parallel import bounded_map, cpus, forks_safely
+from ..safetensors_io.header import TensorInfo
 from . import codestats
 from .decide import AMBIGUOUS, ModuleVerdict, decide
 from .pool import Detection, combine, runs_chance_missing, with_runs_chance
@@ -133,7 +134,7 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
     starts, over n modules: it returns the function told of each module read (`(1)`)."""
     mods = ckpt.valid_modules
     infos = ckpt.store.infos
-    sizes = [(i := infos[m.tensors["qweight"]]).end - i.begin for m in mods]   # nbytes, inline
+    sizes = _QweightSizes(mods, infos)
     work = _Work(ckpt, mods, full)
     workers = jobs or cpus()
     remote = ckpt.store.remote
@@ -308,7 +309,28 @@ class ModuleReads:
         return out
 
 
-def detect_sequential(reads, sizes: list[int], full: bool) -> Detection:
+class _QweightSizes(Sequence[int]):
+    """Each module's qweight bytes, for detect_sequential, looked up where asked: a checkpoint
+    decided in the first round (most, and every symmetric one) asks none."""
+
+    def __init__(self, mods: list[Module], infos: dict[str, TensorInfo]):
+        self.mods, self.infos = mods, infos
+
+    def __len__(self) -> int:
+        return len(self.mods)
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return self.infos[self.mods[i].tensors["qweight"]].nbytes
+
+
+def detect_sequential(reads, sizes: Sequence[int], full: bool) -> Detection:
     """The sampling policy, apart from the I/O: `reads.verdicts(indices, sample_bytes)` gives
     those modules' verdicts from that many bytes of their qweight (all of it when `full`);
     `sizes[i]` is module i's qweight size. Each round reads 4x the sample of the modules not

@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from operator import attrgetter
+from operator import attrgetter, methodcaller
 from typing import Any, Callable
 
 from ..bits import Array
@@ -71,6 +71,13 @@ def is_lm_head(name: str) -> bool:
     """Whether module `name` is the output head (lm_head under any prefix), which runtimes load
     apart from the decoder layers."""
     return name.rpartition(".")[2] == "lm_head"   # the last part (a name without a dot: all)
+
+
+def any_lm_head(modules: Sequence[Any]) -> bool:
+    """Whether any of `modules` is an lm_head (is_lm_head): the names that cannot be one are
+    passed over in C (a mixture of experts has tens of thousands)."""
+    names = map(attrgetter("name"), modules)
+    return any(map(is_lm_head, filter(methodcaller("endswith", "lm_head"), names)))
 
 
 # slots, not frozen: one per module, tens of thousands in a MoE, and a frozen dataclass's

@@ -26,7 +26,7 @@ from .model import (
     ModuleRecord,
     ModuleTensors,
     QuantModule,
-    is_lm_head,
+    any_lm_head,
     mixed,
     uniform,
 )
@@ -243,7 +243,7 @@ class ExactSource(ABC):
         return {"bits": uniform(mods, "bits"), "group_size": uniform(mods, "group_size"),
                 "sym": uniform(mods, "sym"), "desc_act": uniform(mods, "act_order"),
                 "pack_dtype": "int32" if mods else None,
-                "lm_head": any(is_lm_head(m.name) for m in mods),
+                "lm_head": any_lm_head(mods),
                 "static_groups": False,
                 "mixed": mixed(mods, ("bits", "group_size", "act_order", "sym"))}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from gptqfmt.formats.model import QuantModule, is_lm_head, mixed, uniform
+from gptqfmt.formats.model import QuantModule, any_lm_head, is_lm_head, mixed, uniform
 from tests.support import ROOT
 
 
@@ -25,6 +25,16 @@ def test_modules_outside_gptq_words_have_no_form():
 def test_lm_head_under_any_prefix_and_only_it():
     assert all(is_lm_head(n) for n in ("lm_head", "model.lm_head", "a.b.lm_head"))
     assert not any(is_lm_head(n) for n in ("lm_head_x", "model.lm_head.proj", "xlm_head", ""))
+
+
+def test_any_lm_head_is_any_is_lm_head():
+    from types import SimpleNamespace
+    names = ["lm_head", "model.lm_head", "a.b.lm_head", "lm_head_x", "model.lm_head.proj",
+             "xlm_head", "", "layers.0.q", ".lm_head", "a.xlm_head"]
+    for k in range(len(names) + 1):
+        for group in (names[:k], names[k:], names[k:] + names[:k]):
+            mods = [SimpleNamespace(name=n) for n in group]
+            assert any_lm_head(mods) == any(is_lm_head(n) for n in group), group
 
 
 def test_uniform_and_mixed():

@@ -93,7 +93,10 @@ class Checkpoint:
     findings: list[Finding] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._by_name = {m.name: m for m in self.modules if m.valid}
+        # asked of tens of thousands of modules by every pass: built once (modules is not
+        # changed after the checkpoint is modelled)
+        self._valid: list[Module] = [m for m in self.modules if m.valid]
+        self._by_name = {m.name: m for m in self._valid}
         self._patterns: dict[str, str | None] = {}
 
     @property
@@ -109,8 +112,9 @@ class Checkpoint:
 
     @property
     def valid_modules(self) -> list[Module]:
-        """The modules whose tensors form a quantized module, in order."""
-        return [m for m in self.modules if m.valid]
+        """The modules whose tensors form a quantized module, in order (one list, not to be
+        changed by a caller)."""
+        return self._valid
 
     def module(self, name: str) -> Module:
         """The valid module of that name."""

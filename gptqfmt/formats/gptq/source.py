@@ -24,7 +24,7 @@ from ...bits.conventions import (
 )
 from ...bits.packing import pack, unpack, unsigned
 from ...findings import Finding
-from ..model import ModuleRecord, ModuleTensors, QuantModule, is_lm_head, mixed, uniform
+from ..model import ModuleRecord, ModuleTensors, QuantModule, any_lm_head, mixed, uniform
 from ..relayout import Banded, bands_of, words_differ
 from .checkpoint import Checkpoint, Module
 
@@ -156,8 +156,10 @@ class GptqSource:
             "group_size": pick(base and base.group_size, uniform(mods, "group_size")),
             "sym": base.sym if base else None,
             "desc_act": pick(base and base.desc_act, uniform(mods, "act_order")),
-            "pack_dtype": pick(base and base.pack_dtype, uniform(mods, "pack_dtype")),
-            "lm_head": any(is_lm_head(m.name) for m in mods),
+            "pack_dtype": pick(base and base.pack_dtype,
+                               None if (w := uniform(mods, "word_bits")) is None else
+                               f"int{w}"),   # Module.pack_dtype, formatted once
+            "lm_head": any_lm_head(mods),
             "static_groups": bool(ck.config and ck.config.static_groups),
             "mixed": mixed(mods, ("bits", "group_size", "act_order", "word_bits")),
         }
