@@ -100,10 +100,10 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> InspectResult:
     if ck is not None:
         det = detect_checkpoint(ck, full=False)
         findings += convention_findings(ck, det)
-    verdicts = {v.name: v for v in det.modules} if det else {}
-    zero_heads = probe_heads(src, src.modules)
 
     def checks() -> list[Finding]:
+        verdicts = {v.name: v for v in det.modules} if det else {}
+        zero_heads = probe_heads(src, src.modules)
         out: list[Finding] = []
         for m in src.modules:
             out += module_findings(src, m, verdicts.get(m.name), full=False,
@@ -114,11 +114,12 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> InspectResult:
     if ck is None or det is None:
         findings += checks()
     else:
-        # the module checks and the runtimes' pass are Python over every module, apart from
+        # the module checks (with the probes and the source's module list, which nothing
+        # else here needs) and the runtimes' pass are Python over every module, apart from
         # each other: many modules are checked in a forked child (parallel.in_child) while
         # this process judges the runtimes. A store read over HTTP is not forked (its
         # connections and its record of what is fetched are this process's).
-        fork = len(src.modules) >= FORK_MIN_MODULES and not src.store.remote
+        fork = len(ck.valid_modules) >= FORK_MIN_MODULES and not src.store.remote
         if fork:
             src.store.settle()   # the survey's thread ends: this process may fork
         with in_child(checks) if fork else nullcontext(checks) as checked:
