@@ -73,6 +73,16 @@ def forks_safely() -> bool:
     return sys.platform.startswith("linux") and threading.active_count() == 1
 
 
+def child_signals() -> None:
+    """The signals of a forked child: Ctrl-C reaches the whole process group, so the child
+    leaves it to the parent, which unwinds and ends its children; a termination signal ends
+    the child quietly (the parent's handlers, inherited by the fork, would raise in it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
 @contextmanager
 def in_child(fn: Callable[[], T]) -> Iterator[Callable[[], T]]:
     """`fn()` started in a forked child process while the caller goes on: yields the function
@@ -95,10 +105,11 @@ def in_child(fn: Callable[[], T]) -> Iterator[Callable[[], T]]:
     proc = ctx.Process(target=_child, args=(fn, send), daemon=True)
     proc.start()
     send.close()
-    asked = []
+    asked = False
 
     def answer() -> T:
-        asked.append(True)
+        nonlocal asked
+        asked = True
         try:
             (got,) = recv.recv()
         except Exception:   # noqa: BLE001 - nothing (whole) sent: the answer is made here
@@ -121,9 +132,7 @@ def _child(fn: Callable[[], Any], send: Any) -> None:
     # no collection in a child that lives for one call: it would write to every object it
     # walks, and so copy the parent's pages one by one
     gc.disable()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
-    for name in ("SIGTERM", "SIGHUP"):
-        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    child_signals()
     try:
         send.send((fn(),))
     except BaseException:   # noqa: BLE001 - the parent makes the answer, or the error, itself

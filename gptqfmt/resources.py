@@ -79,6 +79,12 @@ def validator(name: str) -> jsonschema.protocols.Validator:
     return jsonschema.Draft202012Validator(schema(name), registry=registry())
 
 
+def best_error(name: str, doc: Any) -> jsonschema.ValidationError | None:
+    """jsonschema's most telling error of `doc` against schema `name` (None: valid)."""
+    import jsonschema
+    return jsonschema.exceptions.best_match(validator(name).iter_errors(doc))
+
+
 def schema_errors(name: str, doc: Any) -> list[jsonschema.ValidationError]:
     """Every error of `doc` against schema `name`: none where it is plainly valid, else
     the validator's."""

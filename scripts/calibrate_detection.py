@@ -88,9 +88,8 @@ def verdict(m: mc.ModuleData, sample: int | None):
 
 
 def detect(mods: list[mc.ModuleData], full: bool):
-    sizes = [m.codes.size * m.bits // 8 for m in mods]
     return detect_sequential(PerModule(lambda i, s: verdict(mods[i], None if full else s)),
-                             sizes, full)
+                             len(mods), lambda i: mods[i].codes.size * mods[i].bits // 8, full)
 
 
 def alarms(det, truth: str) -> list[str]:

@@ -7,12 +7,11 @@ one chunk of rows at a time.
 from __future__ import annotations
 
 import multiprocessing
-import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
-from typing import Any, cast, overload
+from typing import Any, cast
 
 import numpy as np
 
@@ -21,8 +20,7 @@ from ..bits.layout import stored_fields
 from ..bits.packing import block
 from ..errors import GptqfmtError
 from ..formats.gptq.checkpoint import SMALL, Checkpoint, Module
-from ..parallel import bounded_map, cpus, forks_safely
-from ..safetensors_io.header import TensorInfo
+from ..parallel import bounded_map, child_signals, cpus, forks_safely
 from . import codestats
 from .decide import AMBIGUOUS, ModuleVerdict, decide
 from .pool import Detection, combine, runs_chance_missing, with_runs_chance
@@ -134,7 +132,6 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
     starts, over n modules: it returns the function told of each module read (`(1)`)."""
     mods = ckpt.valid_modules
     infos = ckpt.store.infos
-    sizes = _QweightSizes(mods, infos)
     work = _Work(ckpt, mods, full)
     workers = jobs or cpus()
     remote = ckpt.store.remote
@@ -145,12 +142,13 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
     # mixture of experts' symmetric ones), none is made, and the store's survey is not
     # waited for past the qzeros (a fork would wait for its last pass, the probes)
     pools: list[Executor] = []
-    runner: list[Callable[[Callable, list], Any]] = []
+    runner: Callable[[Callable, list], Any] | None = None
 
     def run(fn, args):
-        if not runner:
-            runner.append(_runner(work, workers, forking, pools))
-        return runner[0](fn, args)
+        nonlocal runner
+        if runner is None:
+            runner = _runner(work, workers, forking, pools)
+        return runner(fn, args)
     try:
         def prefetch(indices: list[int], sample: int, known: dict) -> None:
             # one batch for the round: every module's reads coalesced and fetched in parallel
@@ -163,17 +161,14 @@ def detect_checkpoint(ckpt: Checkpoint, full: bool = False, jobs: int | None = N
             # a symmetric pattern decides a sampled module from qzeros alone: every small
             # qzeros read here in one pass, and those modules never handed to a worker
             patterns = ckpt.small_patterns(mods, SMALL)
-            quantizer = ckpt.quantizer
 
             def settled(indices: list[int]) -> list[ModuleVerdict | None]:
-                # module_verdict's answer for a module of known pattern, sampled: the
-                # pattern's verdict (decide), in one pass over tens of thousands
                 return [None if (p := patterns.get(i)) is None else
-                        decide(mods[i].name, mods[i].bits, p, None, quantizer)
-                        for i in indices]
+                        module_verdict(ckpt, mods[i], False, known=(p, None)) for i in indices]
         reads = ModuleReads(run, [m.name for m in mods], prefetch if remote else None, settled,
                             progress)
-        det = detect_sequential(reads, sizes, full)
+        det = detect_sequential(reads, len(mods),
+                                lambda i: infos[mods[i].tensors["qweight"]].nbytes, full)
     except BrokenProcessPool:
         raise GptqfmtError(f"{ckpt.store.root}: a worker process reading its modules ended "
                            "abruptly (killed, or out of memory?); run again") from None
@@ -233,14 +228,9 @@ _WORKER: _Work | None = None  # set in a forked worker by _start_worker
 
 
 def _start_worker(work: _Work) -> None:
-    """A forked worker: Ctrl-C reaches the whole process group, so workers leave it to the
-    parent, which unwinds and shuts them down; a termination signal ends a worker quietly
-    (the parent's handlers, inherited by the fork, would raise in it)."""
+    """A forked worker: a child's signals (parallel.child_signals), and the work to read."""
     global _WORKER
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for name in ("SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    child_signals()
     _WORKER = work
 
 
@@ -309,37 +299,18 @@ class ModuleReads:
         return out
 
 
-class _QweightSizes(Sequence[int]):
-    """Each module's qweight bytes, for detect_sequential, looked up where asked: a checkpoint
-    decided in the first round (most, and every symmetric one) asks none."""
-
-    def __init__(self, mods: list[Module], infos: dict[str, TensorInfo]):
-        self.mods, self.infos = mods, infos
-
-    def __len__(self) -> int:
-        return len(self.mods)
-
-    @overload
-    def __getitem__(self, i: int) -> int: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[int]: ...
-
-    def __getitem__(self, i: int | slice) -> int | list[int]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        return self.infos[self.mods[i].tensors["qweight"]].nbytes
-
-
-def detect_sequential(reads, sizes: Sequence[int], full: bool) -> Detection:
+def detect_sequential(reads, count: int, size: Callable[[int], int], full: bool) -> Detection:
     """The sampling policy, apart from the I/O: `reads.verdicts(indices, sample_bytes)` gives
     those modules' verdicts from that many bytes of their qweight (all of it when `full`);
-    `sizes[i]` is module i's qweight size. Each round reads 4x the sample of the modules not
-    yet read whole, in module order until EXTRA_BYTES are spent, leaving out those that already
-    fit neither convention beyond doubt (inconsistent: more rows would not make them fit, and
-    verify reads them all anyway). `reads.chances(indices)` gives runs by chance where the
-    pooled runs test needs them and the reads left them out (runs_chance_missing)."""
+    `size(i)` is module i's qweight size, of `count` modules (asked only by a later round:
+    most checkpoints, every symmetric one, decide in the first). Each round reads 4x the
+    sample of the modules not yet read whole, in module order until EXTRA_BYTES are spent,
+    leaving out those that already fit neither convention beyond doubt (inconsistent: more
+    rows would not make them fit, and verify reads them all anyway). `reads.chances(indices)`
+    gives runs by chance where the pooled runs test needs them and the reads left them out
+    (runs_chance_missing)."""
     sample = SAMPLE_BYTES
-    verdicts = reads.verdicts(list(range(len(sizes))), sample)
+    verdicts = reads.verdicts(list(range(count)), sample)
 
     def settle() -> Detection:
         missing = runs_chance_missing(verdicts)
@@ -357,7 +328,7 @@ def detect_sequential(reads, sizes: Sequence[int], full: bool) -> Detection:
                 continue
             if spent >= EXTRA_BYTES:
                 break
-            spent += min(sample, sizes[i])
+            spent += min(sample, size(i))
             todo.append(i)
         if not todo:
             break

@@ -12,13 +12,12 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ..errors import FindingError, UsageError
 from ..findings import Finding
-from ..resources import validator
+from ..resources import best_error
 from . import compiled, foreign, journal
 from .header import TensorInfo
 from .hub import cache_root_hint, cache_root_note
@@ -418,7 +417,7 @@ def _read_index(path: Path) -> tuple[dict[str, str], int | None]:
     # hold, to say what is wrong
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     ok = isinstance(wm, dict) and set(map(type, wm.values())) <= {str}   # one pass in C
-    err = None if ok else _best_match(validator("index").iter_errors(doc))
+    err = None if ok else best_error("index", doc)
     if err is not None:
         where = ".".join(str(p) for p in err.path) or "(top level)"
         raise FindingError(Finding("GQ120", f"{where}: {err.message}; expected {{\"weight_map\": "
@@ -426,13 +425,6 @@ def _read_index(path: Path) -> tuple[dict[str, str], int | None]:
     meta = doc.get("metadata")
     total = meta.get("total_size") if isinstance(meta, dict) else None
     return doc["weight_map"], total
-
-
-def _best_match(errors: Iterable[Any]) -> Any:
-    """jsonschema's most telling error of `errors` (imported here: most indexes never need
-    it, resources.py)."""
-    import jsonschema
-    return jsonschema.exceptions.best_match(errors)
 
 
 def _reason(e: Exception) -> str:

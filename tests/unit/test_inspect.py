@@ -1,6 +1,7 @@
 """inspect's module checks in a forked child beside the runtimes' pass (ops/inspect.py,
 parallel.in_child): the same result, findings in the same order, as in one process, on every
 labelled fixture that inspect reads, valid or not."""
+import os
 import sys
 
 import pytest
@@ -29,12 +30,19 @@ def result(path, fork: bool, monkeypatch):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks only on Linux")
 def test_the_checks_in_a_child_give_what_one_process_gives(monkeypatch):
+    """The forked results are the child's own: the checks never ran in this process (a
+    child that failed would leave them to it, and the results would match regardless)."""
     forked = []
+    in_parent: list[int] = []
     real = oi.in_child
 
     def noted(fn):
-        forked.append(forks_safely())   # the child is a real fork, not the fallback
-        return real(fn)
+        forked.append(forks_safely())   # a real fork, not the one-process path
+
+        def traced():
+            in_parent.append(os.getpid())   # reaches this process's list only when run here
+            return fn()
+        return real(traced)
     monkeypatch.setattr(oi, "in_child", noted)
     compared = 0
     for d in labelled_fixtures():
@@ -43,7 +51,7 @@ def test_the_checks_in_a_child_give_what_one_process_gives(monkeypatch):
         there = result(d, True, monkeypatch)
         assert there == here, d.name
         compared += len(forked) > before
-    assert compared > 60 and all(forked)
+    assert compared > 60 and all(forked) and in_parent == []
     with_findings = [d for d in labelled_fixtures()
                      if (r := result(d, True, monkeypatch)) and isinstance(r, dict)
                      and any(f["code"] in ("GQ403", "GQ405", "GQ318", "GQ316", "GQ315")

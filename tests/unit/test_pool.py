@@ -38,13 +38,15 @@ def test_pooled_runs_fill_in_the_chance_they_need():
     tops = [2, 2, 2, 2, 1, 1, 0]           # 10 runs: the pooled test runs
     mods = [with_runs(f"m{i}", t, 0.001 if t >= stats.RUNS_CHANCE_MIN else None)
             for i, t in enumerate(tops)]
-    det = detect_sequential(PerModule(lambda i, s: mods[i], chance), [10] * len(mods), full=True)
+    det = detect_sequential(PerModule(lambda i, s: mods[i], chance), len(mods), lambda i: 10,
+                            full=True)
     assert asked == [4, 5, 6]
     assert all(v.stats.top_runs_expected == 0.001 for v in det.modules)
     assert [v.signatures for v in det.modules] == [["autogptq_sign_extension"]] * 4 + [[]] * 3
     asked.clear()
     few = mods[2:]                          # 6 runs: no pooled test, nothing to read
-    det = detect_sequential(PerModule(lambda i, s: few[i], chance), [10] * len(few), full=True)
+    det = detect_sequential(PerModule(lambda i, s: few[i], chance), len(few), lambda i: 10,
+                            full=True)
     assert asked == [] and det.modules[-1].stats.top_runs_expected is None
 
 

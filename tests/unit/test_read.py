@@ -134,7 +134,7 @@ def test_sampling_rounds_skip_modules_that_fit_neither_and_stop_at_the_budget(mo
     def read(i, sample):
         reads.append((i, sample))
         return verdict(f"m{i}", inconsistent=(i == 0))
-    det = detect_sequential(PerModule(read), [10**6] * 3, full=False)
+    det = detect_sequential(PerModule(read), 3, lambda i: 10**6, full=False)
     assert det.verdict == "ambiguous"
     first = [(i, 10) for i in range(3)]
     # module 0 fits neither convention: never read again; 1 and 2 grow 4x a round until
@@ -150,7 +150,7 @@ def test_sampling_stops_when_the_pooled_evidence_decides(monkeypatch):
     def read(i, sample):
         reads.append((i, sample))
         return verdict(f"m{i}", llr=0.0 if sample == 10 else 6.0)
-    det = detect_sequential(PerModule(read), [10**6] * 2, full=False)
+    det = detect_sequential(PerModule(read), 2, lambda i: 10**6, full=False)
     assert det.verdict == GPTQ and reads == [(0, 10), (1, 10), (0, 40), (1, 40)]
 
 

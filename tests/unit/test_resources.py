@@ -41,9 +41,6 @@ def test_plainly_valid_only_where_the_validator_finds_no_error():
             plain += 1
             assert v.is_valid(doc), doc
             assert schema_errors("quantize_config", doc) == []
-        else:
-            said = [(e.message, list(e.path)) for e in schema_errors("quantize_config", doc)]
-            assert said == [(e.message, list(e.path)) for e in v.iter_errors(doc)]
     assert plain > 100   # the random configs reach both answers
     configs = []
     for p in (ROOT / "fixtures").rglob("*.json"):
