@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from .packing import pack_stream, unpack_stream
+from .packing import unpack as unpack_fields
 
 PADDED, DENSE = "padded", "dense"
 LAYOUTS = (DENSE, PADDED)
@@ -140,6 +141,8 @@ def unpack(words: np.ndarray, bits: int, values: int, layout: str,
         out = np.empty(lead + (n * f,), np.uint8)
         for i in range(f):
             np.bitwise_and(u >> np.uint32(i * bits), mask, out=out[..., i::f], casting="unsafe")
+    elif bits in (2, 4, 8):   # no value straddles a word: the stream is the words' bytes
+        out = unpack_fields(u, bits, axis=-1)
     else:   # GPTQ's bit stream, padded to whole blocks of 32 values
         blocks = -(-n // bits)
         ub = np.zeros((blocks * bits,) + lead, np.uint32)

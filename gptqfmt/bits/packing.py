@@ -63,6 +63,20 @@ def unpack(words: np.ndarray, bits: int, axis: int = 0) -> np.ndarray:
     return np.moveaxis(unpack_stream(u, bits), 0, axis)
 
 
+def unpack_columns(words: np.ndarray, bits: int, cols: np.ndarray) -> np.ndarray:
+    """unpack(words, bits, axis=1)[:, cols], unpacking only the blocks of words that hold
+    `cols` (a few columns of a qzeros [G, N*bits/W] need not cost all of it).
+    Worked example, 4-bit int32 row [0x76543210, 0xFEDCBA98]: columns [1, 9, 15] are in
+    blocks 0, 1, 1 (8 values a word), fields 1, 1, 7 of theirs: 1, 9, 15."""
+    words = np.asarray(words)
+    cols = np.asarray(cols, dtype=np.int64)
+    vpb, wpb = block(bits, words.dtype.itemsize * 8)
+    at = (cols // vpb)[:, None] * wpb + np.arange(wpb)          # [n, wpb] word indices
+    taken = words[:, at.reshape(-1)].reshape(-1, wpb)          # [G * n, wpb]
+    values = unpack(taken, bits, axis=1).reshape(words.shape[0], cols.size, vpb)
+    return np.take_along_axis(values, (cols % vpb)[None, :, None], axis=2)[:, :, 0]
+
+
 def _unpack_bytes(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
     """unpack for 2/4/8 bits on little-endian words, packed along the last axis or along axis 0
     of a matrix: the words' bytes are the bit stream in order, so field k of a word is bits

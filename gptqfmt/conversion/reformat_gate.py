@@ -1,21 +1,23 @@
 """The gate of a conversion between formats: the staged output is opened in the target format by
 the same readers verify uses, and every module is compared with SRC in the one model
-(formats/model.py): codes word for word, effective zero points cell for cell, scale bits and
-g_idx; then Y = X @ W on sampled columns from both sides' tensors on the CPU (every column on
-the GPU when that backend is in use), bitwise. Every tensor outside the modules is compared byte
-for byte. dequant(SRC) == dequant(DST) follows from the first three; the products check the
-readers and the kernel arithmetic on top.
+(formats/model.py): codes word for word, effective zero points cell for cell (word for word
+where SRC stores Z itself: equal words are equal cells), scale bits and g_idx; then Y = X @ W
+on sampled columns from both sides' tensors on the CPU (every column on the GPU when that
+backend is in use), bitwise. Every tensor outside the modules is compared byte for byte.
+dequant(SRC) == dequant(DST) follows from the first three; the products check the readers and
+the kernel arithmetic on top.
 """
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from .. import faults
 from ..bits.conventions import ZeroRule
-from ..bits.packing import unpack
+from ..bits.packing import unpack, unpack_columns
 from ..checks.modules import module_findings
 from ..errors import FindingError
 from ..findings import ERROR
@@ -31,6 +33,9 @@ from ..safetensors_io.dtypes import to_float32
 from .gate import GEMM_ROWS, GateResult, ModuleCheck, check_labels
 
 GEMM_COLUMNS = 16      # output columns per module in Y = X @ W
+NONE_LOSSY = np.zeros((1, 0), dtype=bool)   # no column holds a lossy cell
+
+Zeros = tuple[np.ndarray, np.ndarray]   # SRC's and the output's Z at some columns [G, n]
 
 
 def open_output(tmp: Path, to: str, progress: Progress | None = None
@@ -53,12 +58,33 @@ def open_output(tmp: Path, to: str, progress: Progress | None = None
     return out, [f"the output would fail verify: {f.one_line()}" for f in errors]
 
 
-def dequant_columns(src: Source, m: QuantModule, zeros: np.ndarray, cols: np.ndarray
-                    ) -> np.ndarray:
-    """W[:, cols] in fp32: scale * (q - Z) with the given effective zeros [G, N]."""
+def dequant_columns(src: Source, m: QuantModule, zeros: np.ndarray, scales: np.ndarray,
+                    cols: np.ndarray) -> np.ndarray:
+    """W[:, cols] in fp32: scale * (q - Z), from those columns' effective zeros and stored
+    scales ([G, len(cols)])."""
     q = unpack(np.ascontiguousarray(src.qweight_columns(m, cols)), m.bits, axis=0)
-    s = to_float32(np.asarray(src.scales(m))[:, cols], m.scale_dtype)
-    return dequant_fields(q, zeros[:, cols], s, src.g_idx(m))
+    return dequant_fields(q, zeros, to_float32(scales, m.scale_dtype), src.g_idx(m))
+
+
+def compare_zeros(src: Source, m: QuantModule, out: Source, mo: QuantModule
+                  ) -> tuple[int, np.ndarray, list[str], Callable[[np.ndarray], Zeros]]:
+    """The effective zero points of the two modules: (cells, lossy [G, N] or an empty mask
+    where none is lossy, why they differ beyond the lossy cells, the two sides' Z at given
+    columns). Where SRC stores Z itself (Source.zero_words) the words are compared whole and
+    only the sampled columns are unpacked; else cell by cell, against the rule's reading."""
+    written = out.qzeros(mo)
+    words = src.zero_words(m)
+    if words is not None and np.array_equal(words, written):
+        def same(cols: np.ndarray) -> Zeros:
+            z = unpack_columns(words, m.bits, cols)
+            return z, z
+        return words.size * words.dtype.itemsize * 8 // m.bits, NONE_LOSSY, [], same
+    truth, lossy = src.zeros(m)
+    stored = unpack(written, m.bits, axis=1)   # codes as bytes; compared as values
+    differ = truth != stored
+    why = [] if np.array_equal(differ, lossy) else \
+        [f"{int((differ & ~lossy).sum())} zero points differ"]
+    return int(differ.size), lossy, why, lambda cols: (truth[:, cols], stored[:, cols])
 
 
 def check_module(src: Source, out: Source, m: QuantModule, mo: QuantModule,
@@ -68,21 +94,19 @@ def check_module(src: Source, out: Source, m: QuantModule, mo: QuantModule,
     why = scheme_differences(m, mo)
     if why:
         return ModuleCheck(m.name, 0, 0, False, False), why
-    why = field_differences(src, m, out, mo, codes)
-    truth, lossy = src.zeros(m)
-    written = unpack(out.qzeros(mo), m.bits, axis=1)   # codes as bytes; compared as values
-    differ = truth != written
-    zeros_equal = bool(np.array_equal(differ, lossy))
-    if not zeros_equal:
-        why.append(f"{int((differ & ~lossy).sum())} zero points differ")
+    scales = np.asarray(src.scales(m)), np.asarray(out.scales(mo))
+    why = field_differences(src, m, out, mo, codes, scales)
+    cells, lossy, zeros_why, zeros_at = compare_zeros(src, m, out, mo)
+    why += zeros_why
     cols = sample_columns(m.out_features, GEMM_COLUMNS, rng,
                           must=np.flatnonzero(lossy.any(axis=0)))
     x = rng.standard_normal((GEMM_ROWS, m.in_features)).astype(np.float32)
     gemm_equal, max_err, rel = True, 0.0, 0.0
     for be in backends:
         if be.name == "cpu":  # numpy's matmul: both sides computed alike, compared bitwise
-            ya = x @ dequant_columns(src, m, truth, cols)
-            yb = x @ dequant_columns(out, mo, written, cols)
+            za, zb = zeros_at(cols)
+            ya = x @ dequant_columns(src, m, za, scales[0][:, cols], cols)
+            yb = x @ dequant_columns(out, mo, zb, scales[1][:, cols], cols)
         else:                 # the CUDA kernel, every column, each side in the one model
             ta, tb = module_tensors(src, m), module_tensors(out, mo)
             ya, yb = be.gemm(x, F32, ta, ZeroRule.V2), be.gemm(x, F32, tb, ZeroRule.V2)
@@ -92,8 +116,8 @@ def check_module(src: Source, out: Source, m: QuantModule, mo: QuantModule,
             rel = max(rel, float(np.linalg.norm(yb - ya) / (np.linalg.norm(ya) or 1.0)))
     if not gemm_equal and not lossy.any():
         why.append("Y = X @ W differs")
-    return ModuleCheck(m.name, int(differ.size), int(lossy.sum()), zeros_equal, gemm_equal,
-                       max_err, rel), why
+    return ModuleCheck(m.name, cells, int(lossy.sum()), not zeros_why, gemm_equal, max_err,
+                       rel), why
 
 
 def compare_passthrough(src: Source, out: Source, to: str, result: GateResult,

@@ -124,6 +124,11 @@ only: a reader's attributes or properties)."""
         own tensors under its label, read with `gptq_rule` where its fields are gptq (default:
         the reference reading); another format's in the one model, Z as stored."""
 
+    def zero_words(self, m: QuantModule) -> Array | None:
+        """qzeros() where zeros(m) is exactly their unpacking with no lossy cell (a format that
+        stores Z itself): two modules' Z then compare word for word, nothing unpacked. None
+        where Z is a reading of the stored fields (a labelled file's)."""
+
     def zeros(self, m: QuantModule, gptq_rule: ZeroRule | None = None
               ) -> tuple[Array, Array]:
         """(Z per cell [G, N] as runtimes read it (operands' rule), the cells a conversion to
@@ -218,9 +223,12 @@ class ExactSource(ABC):
                  ) -> tuple[ModuleTensors, ZeroRule]:
         return module_tensors(self, m), ZeroRule.V2
 
+    def zero_words(self, m: QuantModule) -> Array:
+        return self.qzeros(m)
+
     def zeros(self, m: QuantModule, gptq_rule: ZeroRule | None = None
               ) -> tuple[Array, Array]:
-        z = unpack(self.qzeros(m), m.bits, axis=1).astype(np.int32)
+        z = unpack(self.zero_words(m), m.bits, axis=1).astype(np.int32)
         return z, np.zeros(z.shape, dtype=bool)
 
     @property

@@ -50,17 +50,21 @@ def codes_differ(src: Source, m: QuantModule, out: Source, mo: QuantModule) -> i
 
 
 def field_differences(src: Source, m: QuantModule, out: Source, mo: QuantModule,
-                      codes: int | None = None) -> list[str]:
+                      codes: int | None = None,
+                      scales: tuple[np.ndarray, np.ndarray] | None = None
+                      ) -> list[str]:
     """The fields of two modules of the same scheme that differ, other than the zero points:
     codes word for word, scales bit for bit, g_idx entry for entry. `codes`: codes_differ's
-    answer for these modules, where the caller has it already."""
+    answer for these modules, and `scales` their scales(), where the caller has them
+    already."""
     why = []
     n = codes_differ(src, m, out, mo) if codes is None else codes
     if n:
         why.append("qweight shapes differ" if n < 0 else
                    f"qweight: {n} of {m.in_features * m.bits // 32 * m.out_features} words "
                    "differ")
-    sa, sb = np.asarray(src.scales(m)), np.asarray(out.scales(mo))
+    sa, sb = (np.asarray(src.scales(m)), np.asarray(out.scales(mo))) if scales is None \
+        else scales
     # the same scheme: the same scales dtype (F16, BF16 or F32), compared as unsigned integers,
     # bit for bit, a value a step
     n = count_differ(sa.view(f"u{sa.itemsize}"), sb.view(f"u{sb.itemsize}"))

@@ -457,6 +457,53 @@ def test_a_wrong_writer_is_caught_by_the_gate(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("src", [CKPT / "b4-asym-noact-gptq_v2-single", FORMATS / "awq-b4-g32"])
+def test_a_wrong_zero_point_is_caught_by_the_gate(monkeypatch, tmp_path, src):
+    """One zero point of one module written one higher: AWQ stores Z itself, so its words are
+    compared whole (Source.zero_words) and the cell count comes from the cell-by-cell path;
+    gptq_v2 takes that path from the start. Both name the module and the one cell."""
+    from gptqfmt.formats.ct import CtWriter
+    real = CtWriter.tensor
+
+    def one_higher(self, role, source, m):
+        out = real(self, role, source, m)
+        if role == "qzeros" and m.name == Q:
+            out = out.copy()
+            low = int(out.view(np.uint32)[-1, -1]) & 0xF   # the last group's last word
+            out.view(np.uint32)[-1, -1] ^= low ^ ((low + 1) & 0xF)
+        return out
+    monkeypatch.setattr(CtWriter, "tensor", one_higher)
+    with pytest.raises(FindingError) as e:
+        convert(src, tmp_path / "x", to="compressed-tensors")
+    assert {f.code for f in e.value.findings} == {"GQ503"}
+    assert e.value.findings[0].message.startswith(f"{Q}: the converted module does not ")
+    assert "(1 zero points differ" in e.value.findings[0].message
+    assert not (tmp_path / "x").exists() and not staging_dirs(tmp_path)
+
+
+def test_zero_points_stored_exactly_are_compared_word_for_word(monkeypatch, tmp_path):
+    """A source that stores Z itself is never unpacked whole at the gate when its words match:
+    the cell-by-cell reading (Source.zeros) is not called, and the module's cells are still
+    counted in the report. A GPTQ source has no such words: its label's reading is Z."""
+    from gptqfmt.formats.source import ExactSource
+
+    def unpacked(self, m, gptq_rule=None):
+        raise AssertionError(f"{m.name}: unpacked whole")
+    monkeypatch.setattr(ExactSource, "zeros", unpacked)
+    gate = convert(FORMATS / "awq-b4-g32", tmp_path / "ct", to="compressed-tensors").gate
+    assert gate.ok and gate.modules and all(c.zeros_equal and c.cells for c in gate.modules)
+    src = formats.open_source(FORMATS / "awq-b4-g32")
+    gq = formats.open_source(CKPT / "b4-asym-noact-gptq_v2-single")
+    try:
+        m = src.modules[0]
+        assert np.array_equal(src.zero_words(m), src.qzeros(m))
+        assert gate.modules[0].cells == m.groups * m.out_features
+        assert gq.zero_words(gq.modules[0]) is None
+    finally:
+        src.close()
+        gq.close()
+
+
+@pytest.mark.parametrize("src", [CKPT / "b4-asym-noact-gptq_v2-single", FORMATS / "awq-b4-g32"])
 @pytest.mark.parametrize("which", ["first", "last"])
 def test_a_wrong_code_word_is_caught_by_the_gate(monkeypatch, tmp_path, src, which):
     """One word of one module's weight_packed flipped in the staged output: the gate, which

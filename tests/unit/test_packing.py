@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptqfmt.bits.packing import block, constant_words, pack, unpack
+from gptqfmt.bits.packing import block, constant_words, pack, unpack, unpack_columns
 from tests.support import slow_pack_column, slow_unpack_column
 
 COMBOS = [(b, w) for b in (2, 3, 4, 8) for w in (8, 16, 32, 64) if b != 3 or w == 32]
@@ -113,6 +113,27 @@ def test_byte_path_and_word_path_agree(bits, word_bits):
         slow_unpack_column(u[0].tolist(), bits, word_bits)
     view = words[:, ::2]
     assert np.array_equal(unpack(view, bits, axis=1), unpack(view.T[:, None], bits, axis=0)[:, 0].T)
+
+
+@pytest.mark.parametrize(("bits", "word_bits"), COMBOS)
+def test_unpack_columns_is_those_columns_of_unpack(bits, word_bits):
+    """Only the blocks of words holding the columns asked for are unpacked; the values are
+    unpack's, in the order asked (repeats, the first and last column, none at all)."""
+    rng = np.random.default_rng(10 * bits + word_bits)
+    vpb, wpb = block(bits, word_bits)
+    u = rng.integers(0, 2**word_bits, size=(6, 4 * wpb), dtype=np.dtype(f"uint{word_bits}"))
+    words = u.view(np.dtype(f"int{word_bits}"))
+    whole = unpack(words, bits, axis=1)
+    n = whole.shape[1]
+    for cols in (rng.integers(0, n, size=11), np.array([n - 1, 0, 0, vpb]), np.arange(n),
+                 np.array([], dtype=np.int64)):
+        got = unpack_columns(words, bits, cols)
+        assert got.shape == (6, cols.size) and np.array_equal(got, whole[:, cols])
+
+
+def test_unpack_columns_golden():
+    words = np.array([[0x76543210, 0xFEDCBA98]], dtype=np.uint32).view(np.int32)
+    assert unpack_columns(words, 4, np.array([1, 9, 15])).tolist() == [[1, 9, 15]]
 
 
 def test_unique_is_numpys_without_importing_numpy_ma():

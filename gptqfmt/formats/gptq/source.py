@@ -115,6 +115,9 @@ class GptqSource:
         t = self.ckpt.module_tensors(self._module(m))
         return t, rule_for(self.format, gptq_rule if gptq_rule is not None else REFERENCE)
 
+    def zero_words(self, m: QuantModule) -> None:
+        return None   # Z is the label's reading of the stored fields: zeros() computes it
+
     def zeros(self, m: QuantModule, gptq_rule: ZeroRule | None = None
               ) -> tuple[np.ndarray, np.ndarray]:
         """(Z as the rule reads the stored fields, the fields gptq_v2 cannot hold exactly):
