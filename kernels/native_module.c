@@ -514,6 +514,20 @@ GQ_CLONES static int64_t awq_columns(const uint32_t* src, int64_t K, int64_t C, 
     return gq_awq_to_transposed(src, K, C, dst, order, c0, c1, 0);
 }
 
+// Whether awq_relayout's modes 1 and 2 run gq_awq_to_transposed_avx2: built for x86-64, and
+// this CPU has AVX2 (else the loops every x86-64 runs, to the same words and count).
+static int awq_avx2(void) {
+#ifdef GQ_AWQ_AVX2
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+#ifndef GQ_AWQ_AVX2
+#define gq_awq_to_transposed_avx2(src, K, C, dst, order, c0, c1, compare) 0
+#endif
+
 PyDoc_STRVAR(awq_relayout_doc,
 "awq_relayout(src, rows, cols, order, dst, lo, hi, mode) -> int\n\n"
 "AutoAWQ qweight src [rows, cols] (32-bit words; order: the 8 channels of a word's nibbles\n"
@@ -552,7 +566,10 @@ static PyObject* awq_relayout(PyObject* self, PyObject* args) {
     else {
         int64_t n = 0;
         Py_BEGIN_ALLOW_THREADS
-        if (mode)
+        if (mode && awq_avx2())
+            n = gq_awq_to_transposed_avx2((const uint32_t*)src.buf, rows, cols,
+                                          (uint32_t*)dst.buf, order, lo, hi, mode == 2);
+        else if (mode)
             n = awq_columns((const uint32_t*)src.buf, rows, cols, (uint32_t*)dst.buf, order, lo,
                             hi, mode == 2);
         else

@@ -305,7 +305,8 @@ def test_the_awq_nibble_transpose_against_numpy(cols):
 
 
 # (rows, word columns): the AWQ tiles are 32 row blocks by 32 word columns, vectors of 8
-# columns within a tile, 4 x 4 blocks of the transpose: whole tiles, one past, and tails of each
+# columns within a tile, 4 x 4 blocks of the transpose (8 row blocks by 32 word columns, 8 x 8
+# blocks, where the CPU has AVX2): whole tiles, one past, and tails of each
 AWQ_SHAPES = [(8 * 32, 32), (8 * 37, 43), (8 * 65, 70), (8, 9), (8 * 33, 1), (8 * 3, 5),
               (8 * 5, 100)]
 
