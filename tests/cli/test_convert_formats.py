@@ -480,27 +480,44 @@ def test_a_wrong_zero_point_is_caught_by_the_gate(monkeypatch, tmp_path, src):
     assert not (tmp_path / "x").exists() and not staging_dirs(tmp_path)
 
 
-def test_zero_points_stored_exactly_are_compared_word_for_word(monkeypatch, tmp_path):
-    """A source that stores Z itself is never unpacked whole at the gate when its words match:
-    the cell-by-cell reading (Source.zeros) is not called, and the module's cells are still
-    counted in the report. A GPTQ source has no such words: its label's reading is Z."""
+@pytest.mark.parametrize("name", [FORMATS / "awq-b4-g32", CKPT / "b4-asym-noact-gptq_v2-single",
+                                  CKPT / "b3-asym-noact-gptq_v2-single"])
+def test_zero_points_stored_exactly_are_compared_word_for_word(monkeypatch, tmp_path, name):
+    """A source whose stored words hold Z itself (AWQ, gptq_v2) is never unpacked whole at the
+    gate when its words match: the cell-by-cell reading (Source.zeros) is not called, and the
+    module's cells are still counted in the report."""
+    from gptqfmt.formats.gptq.source import GptqSource
     from gptqfmt.formats.source import ExactSource
 
     def unpacked(self, m, gptq_rule=None):
         raise AssertionError(f"{m.name}: unpacked whole")
     monkeypatch.setattr(ExactSource, "zeros", unpacked)
-    gate = convert(FORMATS / "awq-b4-g32", tmp_path / "ct", to="compressed-tensors").gate
+    monkeypatch.setattr(GptqSource, "zeros", unpacked)
+    gate = convert(name, tmp_path / "ct", to="compressed-tensors").gate
     assert gate.ok and gate.modules and all(c.zeros_equal and c.cells for c in gate.modules)
-    src = formats.open_source(FORMATS / "awq-b4-g32")
-    gq = formats.open_source(CKPT / "b4-asym-noact-gptq_v2-single")
+    src = formats.open_source(name)
     try:
         m = src.modules[0]
         assert np.array_equal(src.zero_words(m), src.qzeros(m))
         assert gate.modules[0].cells == m.groups * m.out_features
-        assert gq.zero_words(gq.modules[0]) is None
     finally:
         src.close()
-        gq.close()
+
+
+@pytest.mark.parametrize("name", ["b4-asym-noact-gptq-single", "b4-asym-noact-gptq_v2-single"])
+def test_zero_words_only_where_the_stored_words_are_z(name):
+    """gptq stores Z - 1 (and a maxq two runtimes read two ways): it has no zero words, and
+    neither has gptq_v2's data read as gptq. Read as gptq_v2, the stored words are Z."""
+    src = formats.open_source(CKPT / name)
+    try:
+        m = src.modules[0]
+        as_v2 = src.read_as("gptq_v2", allow_lossy=True)
+        assert np.array_equal(as_v2.zero_words(m), as_v2.qzeros(m))
+        assert unpack(as_v2.zero_words(m), m.bits, axis=1).tolist() == \
+            as_v2.zeros(m)[0].tolist()
+        assert src.read_as("gptq").zero_words(m) is None
+    finally:
+        src.close()
 
 
 @pytest.mark.parametrize("src", [CKPT / "b4-asym-noact-gptq_v2-single", FORMATS / "awq-b4-g32"])

@@ -21,6 +21,7 @@ from ...bits.conventions import (
     effective_zeros,
     lossy_mask,
     rule_for,
+    shift,
 )
 from ...bits.packing import pack, unpack, unsigned
 from ...findings import Finding
@@ -115,8 +116,14 @@ class GptqSource:
         t = self.ckpt.module_tensors(self._module(m))
         return t, rule_for(self.format, gptq_rule if gptq_rule is not None else REFERENCE)
 
-    def zero_words(self, m: QuantModule) -> None:
-        return None   # Z is the label's reading of the stored fields: zeros() computes it
+    def zero_words(self, m: QuantModule) -> np.ndarray | None:
+        """The stored words where they hold Z itself (read as gptq_v2, in int32 words); None
+        where Z is the rule's reading of them (gptq: s + 1, a stored maxq read two ways) or
+        they are packed in other words."""
+        if shift(self.format, GPTQ_V2) or self._module(m).word_bits != 32:
+            return None
+        words: np.ndarray = self.ckpt.view(m.tensors["qzeros"]).view(np.int32)
+        return words
 
     def zeros(self, m: QuantModule, gptq_rule: ZeroRule | None = None
               ) -> tuple[np.ndarray, np.ndarray]:
