@@ -126,8 +126,8 @@ only: a reader's attributes or properties)."""
 
     def zero_words(self, m: QuantModule) -> Array | None:
         """qzeros() where zeros(m) is exactly their unpacking with no lossy cell (a format that
-        stores Z itself): two modules' Z then compare word for word, nothing unpacked. None
-        where Z is a reading of the stored fields (a labelled file's)."""
+        stores Z itself, or GPTQ read as gptq_v2): two modules' Z then compare word for word,
+        nothing unpacked. None where Z is the rule's reading of the stored fields (gptq's)."""
 
     def zeros(self, m: QuantModule, gptq_rule: ZeroRule | None = None
               ) -> tuple[Array, Array]:
