@@ -20,23 +20,15 @@ from __future__ import annotations
 
 import os
 import re
-import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from ..conversion import ConvertReport
-from ..conversion.relabel import RelabelResult
-from ..doctor import Diagnosis
 from ..findings import CATALOGUE, ERROR, WARNING, Finding
 from ..formats.configs import FILES
-from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
-from ..ops.remote import blob_url
-from ..ops.scan import ScanResult
-from ..ops.verify import Report
 from ..runtimes.verdicts import runtime_findings
 from ..version import __version__
 from .output import Reporter, emit_json, escape
@@ -52,6 +44,14 @@ from .text_lines import (
     scan_lines,
     verify_lines,
 )
+
+if TYPE_CHECKING:   # each command's own modules are imported by that command
+    from ..conversion import ConvertReport
+    from ..conversion.relabel import RelabelResult
+    from ..doctor import Diagnosis
+    from ..ops.equivalence import EquivalenceReport, ReferenceReport
+    from ..ops.scan import ScanResult
+    from ..ops.verify import Report
 
 
 @dataclass
@@ -137,6 +137,8 @@ class _CiReporter(Reporter):
                           [f for f in found if f.code != "GQ606"]))
 
     def scan(self, result: ScanResult, code: int) -> None:
+        from ..ops.remote import blob_url
+
         located = [(blob_url(r.remote) if r.remote else None, f)
                    for r in result.repos for f in r.findings]
         self.emit(Outcome("scan", None, code, _final(scan_lines(result)),
@@ -339,6 +341,8 @@ def module_of(tensor: str | None, modules: set[str]) -> str | None:
 
 
 def junit_xml(o: Outcome) -> str:
+    import xml.etree.ElementTree as ET  # only a junit report needs it
+
     mods = set(o.modules)
     cases: dict[str, list[Finding]] = {CHECKPOINT_CASE: []}
     cases.update((m, []) for m in o.modules)

@@ -9,16 +9,10 @@ passes it in, because failure documents and some result documents carry it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..conversion import ConvertReport
-from ..conversion.relabel import RelabelResult
-from ..doctor import Diagnosis
 from ..findings import Finding
-from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
-from ..ops.scan import ScanResult
-from ..ops.verify import Report
 from .ci import GithubReporter, JunitReporter, SarifReporter
 from .output import Reporter, defuse, emit_json, note
 from .text_lines import (
@@ -33,6 +27,14 @@ from .text_lines import (
     verify_lines,
     without_rows,
 )
+
+if TYPE_CHECKING:   # each command's own modules are imported by that command
+    from ..conversion import ConvertReport
+    from ..conversion.relabel import RelabelResult
+    from ..doctor import Diagnosis
+    from ..ops.equivalence import EquivalenceReport, ReferenceReport
+    from ..ops.scan import ScanResult
+    from ..ops.verify import Report
 from .view import PLAIN, Line, View, width, wrapped
 
 

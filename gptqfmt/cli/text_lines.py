@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..bits.conventions import CONVENTIONS
-from ..conversion import ConvertReport
-from ..conversion.relabel import RelabelResult
-from ..doctor import BROKEN, UNDECIDED, Diagnosis, in_place_possible
 from ..findings import CATALOGUE, Finding
-from ..ops.equivalence import EquivalenceReport, ReferenceReport
 from ..ops.inspect import InspectResult
 from ..ops.reports import summary_counts
-from ..ops.scan import OK, UNREADABLE, ScanResult
-from ..ops.verify import Report
 from .output import escape, finding_line, finding_where, human_bytes, plural, table
 from .view import Line
+
+if TYPE_CHECKING:   # each command's own modules are imported by that command
+    from ..conversion import ConvertReport
+    from ..conversion.relabel import RelabelResult
+    from ..doctor import Diagnosis
+    from ..ops.equivalence import EquivalenceReport, ReferenceReport
+    from ..ops.scan import ScanResult
+    from ..ops.verify import Report
 
 
 def final(text: str, ok: bool) -> Line:
@@ -509,6 +512,8 @@ def fix_label_lines(result: RelabelResult, verbose: bool = False) -> list[Line]:
 def doctor_lines(d: Diagnosis, verbose: bool = False) -> list[Line]:
     """The answer first, its reason second, then the plan (or why there is none), --fix's
     steps and the answer after them, and the status line."""
+    from ..doctor import BROKEN, UNDECIDED, in_place_possible
+
     lines = [verdict(d.ok, escape(d.headline)), Line(f"why: {escape(d.reason)}")]
     lines += remote_lines(d.remote)
     lines += [Line(f"note: {escape(n)}") for n in d.notes]
@@ -684,6 +689,8 @@ def inspect_reason(result: InspectResult) -> str:
 def scan_lines(result: ScanResult, verbose: bool = False) -> list[Line]:
     """scan's report: the verdict over every repo, one line per repo (its status, the commit
     read, inspect's reason), the status line with what was read."""
+    from ..ops.scan import OK, UNREADABLE
+
     t = result.totals()
     bad = t["fail"] + t["unreadable"]
     if result.ok:
