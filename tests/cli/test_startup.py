@@ -74,6 +74,22 @@ def test_the_library_is_loaded_when_a_command_runs():
     assert {"numpy", "gptqfmt.formats", "gptqfmt.ops.inspect"} <= modules
 
 
+# what inspect never needs: the other commands' libraries (convert's, doctor's, scan's, verify's
+# whole-checkpoint checks) and the junit reporter's XML
+OTHER_COMMANDS = ("gptqfmt.conversion", "gptqfmt.doctor", "gptqfmt.ops.scan",
+                  "gptqfmt.ops.equivalence", "gptqfmt.ops.verify", "gptqfmt.numerics", "xml")
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "github", "sarif"])
+def test_inspect_loads_no_other_commands_library(fmt):
+    """The reporters name every command's result type, for type checks only: an inspect start
+    (its imports are a tenth of a mixture of experts' run) loads none of their modules."""
+    code, out, err, modules = start("inspect", PATH, "--format", fmt)
+    assert code == 0 and out
+    assert "gptqfmt.ops.inspect" in modules
+    assert sorted(m for m in modules if m.startswith(OTHER_COMMANDS)) == []
+
+
 def test_import_gptqfmt_loads_nothing_until_a_name_is_used():
     script = ("import sys, gptqfmt; before = set(sys.modules); gptqfmt.pack; "
               "print(sorted(before)); print(gptqfmt.pack.__module__)")
