@@ -34,6 +34,7 @@ from .gate import GEMM_ROWS, GateResult, ModuleCheck, check_labels
 
 GEMM_COLUMNS = 16      # output columns per module in Y = X @ W
 NONE_LOSSY = np.zeros((1, 0), dtype=bool)   # no column holds a lossy cell
+NONE_LOSSY.flags.writeable = False          # one array, shared by every module's check
 
 Zeros = tuple[np.ndarray, np.ndarray]   # SRC's and the output's Z at some columns [G, n]
 

@@ -98,6 +98,9 @@ class GptqSource:
         return words_differ(self.qweight(m), False, words, transposed)
 
     def qzeros(self, m: QuantModule) -> np.ndarray:
+        words = self.zero_words(m)
+        if words is not None:   # Z already, in int32 words: as stored, nothing re-packed
+            return words
         stored = self.ckpt.stored_fields(self._module(m))
         if self.format != GPTQ_V2:
             stored = convert_fields(stored, m.bits, self.format, GPTQ_V2, self.allow_lossy)[0]
