@@ -5,7 +5,7 @@ them all; inspect the ones its bounded reads can feed; convert refuses on them b
 Findings are data."""
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
+from collections.abc import Iterable, Set
 
 import numpy as np
 
@@ -27,7 +27,7 @@ ROUTER_SUFFIXES = (".mlp.gate", ".router", ".block_sparse_moe.gate", ".mlp.route
 
 
 def module_findings(src: Source, m: QuantModule, verdict: ModuleVerdict | None = None,
-                    full: bool = True, zero_heads: Container[str] | None = None
+                    full: bool = True, zero_heads: Set[str] | None = None
                     ) -> list[Finding]:
     """Every per-module finding of module `m` of `src`: verify's (full reads), or inspect's
     (`full` False: bounded reads, and of a sampled verdict only what qzeros alone decide).
@@ -75,10 +75,11 @@ def probe_reads(m: QuantModule) -> list[tuple[str, list[tuple[int, int]] | None]
 def probe_heads(src: Source, mods: Iterable[QuantModule]) -> set[str]:
     """The `zero_heads` of module_findings for modules `mods`: every probe of them read in one
     pass, each file opened once."""
-    return src.store.zero_heads((t for m in mods for t in probed(m)), PROBE)
+    return src.store.zero_heads([t for m in mods for r in PROBED if (t := m.tensors.get(r))],
+                                PROBE)
 
 
-def zero_tensor_findings(src: Source, m: QuantModule, zero_heads: Container[str] | None = None
+def zero_tensor_findings(src: Source, m: QuantModule, zero_heads: Set[str] | None = None
                          ) -> list[Finding]:
     """GQ318: qweight or scales all zero bytes, what a checkpoint saved before its weights were
     packed (or with a tensor filled in) holds: every weight of the module is 0 (scales) or
@@ -87,6 +88,8 @@ def zero_tensor_findings(src: Source, m: QuantModule, zero_heads: Container[str]
     probe_heads finds them), so only an empty one is read to its end."""
     if zero_heads is None:
         zero_heads = probe_heads(src, [m])
+    if not zero_heads:   # a real checkpoint's, asked of each of its modules
+        return []
     out = []
     for role in ("qweight", "scales"):
         t = m.tensors.get(role)
@@ -245,15 +248,16 @@ def declared_findings(ckpt: Checkpoint, m: Module) -> list[Finding]:
     """GQ315, GQ316: the module's metadata (config, g_idx, name) against runtime expectations."""
     out: list[Finding] = []
     decl = m.declared
-    file_qz = ckpt.store.file_of(m.tensors["qzeros"])
     if m.act_order is False and decl is not None and decl.desc_act is True and \
             not (ckpt.config and ckpt.config.static_groups) and m.groups > 1:
         out.append(Finding("GQ315", "config says desc_act=true but g_idx is k // group_size "
-                           "(and static_groups is not set)", file=file_qz,
+                           "(and static_groups is not set)",
+                           file=ckpt.store.file_of(m.tensors["qzeros"]),
                            tensor=m.tensors.get("g_idx", m.tensors["qzeros"])))
     if m.name.endswith(ROUTER_SUFFIXES):
         out.append(Finding("GQ316", "a MoE router gate is quantized; vLLM and TGI expect it in "
-                           "full precision", file=file_qz, tensor=m.tensors["qweight"]))
+                           "full precision", file=ckpt.store.file_of(m.tensors["qzeros"]),
+                           tensor=m.tensors["qweight"]))
     return out
 
 

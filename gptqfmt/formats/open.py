@@ -14,7 +14,7 @@ from ..findings import Finding
 from ..safetensors_io.index import TensorStore, open_store
 from . import awq, ct
 from .configs import CONFIG_JSON, config_documents
-from .gptq.checkpoint import Checkpoint, open_checkpoint
+from .gptq.checkpoint import SURVEY, Checkpoint, open_checkpoint
 from .gptq.config import AUTOROUND_AWQ, AUTOROUND_METHODS, PACKING_KEY, not_gptq
 from .gptq.source import GptqSource
 from .model import AWQ, COMPRESSED_TENSORS, GPTQ
@@ -63,7 +63,7 @@ def open_source(path: str | os.PathLike[str], survey: bool = False) -> Source:
     FindingError where nothing can be read. `survey`: for a caller about to read every small
     g_idx and qzeros and probe every module (inspect), a GPTQ checkpoint starts those reads on
     a second thread as it is opened (open_checkpoint)."""
-    store = open_store(path)
+    store = open_store(path, SURVEY if survey else None)
     try:
         return _reader(path, store, sniff(store), survey)
     except BaseException:
@@ -102,6 +102,7 @@ def _reader(path: str | os.PathLike[str], store: TensorStore, s: Sniffed,
         src = awq.AwqSource(store, s.label, s.doc, s.config_files)
     else:   # GPTQ reads its configs itself (load_config: its own findings, GQ201/GQ202 too)
         return GptqSource(open_checkpoint(path, store, survey))
+    store.stop_survey()   # started as the store opened, for a GPTQ checkpoint's reads
     src.findings[:0] = s.findings   # config files that could not be read (GQ201, GQ202)
     src.path = store.root if Path(path).is_dir() else Path(path)
     return src

@@ -46,6 +46,9 @@ class TensorStore:
     infos: dict[str, TensorInfo] = field(default_factory=dict)
     # many small tensors read on a second thread (start_survey), None where none was started
     survey: Survey | None = None
+    # the files a view may have mapped pages of since their last whole release (each file's
+    # `watch`): empty, a module's release costs one test, not a lookup per tensor
+    mapped: set[SafetensorsFile] = field(default_factory=set)
 
     def info(self, tensor: str) -> TensorInfo:
         return self.infos[tensor]
@@ -112,7 +115,17 @@ class TensorStore:
         tensors up to `most` bytes): heads_grouped and zero_heads then read only what it
         leaves unsaid."""
         if self.survey is None and compiled.available() and not self.remote:
-            self.survey = Survey(self.files, self.locations, passes, n, most)
+            self.survey = Survey(passes, n, most)
+            for name, f in self.files.items():
+                self.survey.add(name, f)
+            self.survey.fed(self.locations)
+
+    def stop_survey(self) -> None:
+        """End the survey, if one runs, and forget it: for a store whose reader does not ask
+        what it surveys (every read is then its own)."""
+        if self.survey is not None:
+            self.survey.close()
+            self.survey = None
 
     def settle(self) -> None:
         """Wait for the survey to read all it was asked and its thread to end, if one runs:
@@ -161,8 +174,10 @@ class TensorStore:
             for f in self.files.values():
                 f.release()
             return
+        if not self.mapped:   # called a module at a time: tens of thousands of times
+            return
         files, where = self.files, self.locations
-        for t in tensors:   # called a module at a time: tens of thousands of times
+        for t in tensors:
             f = files[where[t]]
             if f.viewed:    # else nothing of it is mapped since its last release
                 f.release()
@@ -207,18 +222,36 @@ def _refuse_json_file(p: Path) -> None:
                          f"that holds it ({p.parent})")
 
 
-def open_store(path: str | os.PathLike) -> TensorStore:
+# what start_survey takes: the passes, the probes' bytes, the largest tensor compared whole
+SurveyPlan = tuple[list[Pass], int, int]
+
+
+def open_store(path: str | os.PathLike, survey: SurveyPlan | None = None) -> TensorStore:
     """The checkpoint at `path` (a directory or one .safetensors file), its headers read and
     checked. An in-place convert that a kill interrupted there is first finished or undone
-    (journal.recover), and the store's findings say so (GQ420)."""
+    (journal.recover), and the store's findings say so (GQ420). `survey`: start_survey's
+    arguments, for the survey to read each file while the next headers are parsed (where the
+    compiled loops are built and no file is mirrored from the Hub)."""
     p = Path(path)
     recovered = journal.recover(p if p.is_dir() else p.parent) if p.exists() else []
-    store = _open_store(path)
+    sv = Survey(*survey) if survey is not None and compiled.available() else None
+    try:
+        store = _open_store(path, sv)
+    except BaseException:
+        if sv is not None:
+            sv.close()
+        raise
     store.findings[:0] = recovered
+    if sv is not None:
+        if store.remote:
+            sv.close()
+        else:
+            store.survey = sv
+            sv.fed(store.locations)
     return store
 
 
-def _open_store(path: str | os.PathLike) -> TensorStore:
+def _open_store(path: str | os.PathLike, sv: Survey | None = None) -> TensorStore:
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{path}: no such file or directory")
@@ -226,14 +259,14 @@ def _open_store(path: str | os.PathLike) -> TensorStore:
         _refuse_json_file(p)
         _refuse_lone_shard(p)
         store = TensorStore(p.parent, {}, {})
-        _open_into(store, p.name)
+        _open_into(store, p.name, sv)
         if not store.files:
             raise FindingError(*store.findings)
         return store
     if not p.is_dir():
         raise UsageError(f"{path}: not a file or directory")
     if (p / INDEX_NAME).is_file():
-        return _open_indexed(p)
+        return _open_indexed(p, sv)
     shards = sorted(f.name for f in _listdir(p) if f.name.endswith(SUFFIX) and f.is_file())
     if not shards:
         raise FindingError(_no_safetensors(p))
@@ -245,7 +278,7 @@ def _open_store(path: str | os.PathLike) -> TensorStore:
                                               f"loaders read {SINGLE_NAME} only", file=name))
         shards = [SINGLE_NAME]
     for name in shards:
-        _open_into(store, name)
+        _open_into(store, name, sv)
     if not store.files:
         raise FindingError(*store.findings)
     return store
@@ -268,14 +301,18 @@ def _no_safetensors(p: Path) -> Finding:
                                           more=sum(o.kind == other.kind for _, o in found[1:])))
 
 
-def _open_into(store: TensorStore, name: str, expected: set[str] | None = None) -> None:
-    """Open file `name`, record its tensors (and duplicates across files)."""
+def _open_into(store: TensorStore, name: str, sv: Survey | None = None) -> None:
+    """Open file `name`, record its tensors (and duplicates across files); `sv`: the survey
+    given each file opened."""
     try:
         f = SafetensorsFile(store.root / name, display_name=name)
     except FindingError as e:
         store.findings.append(e.finding)
         return
     store.files[name] = f
+    f.watch = store.mapped
+    if sv is not None:
+        sv.add(name, f)
     if store.locations.keys().isdisjoint(f.tensors):   # the rule: a whole file's at once
         store.locations.update(dict.fromkeys(f.tensors, name))
         store.infos.update(f.tensors)
@@ -309,7 +346,7 @@ def _refuse_lone_shard(p: Path) -> None:
         "with them, as a directory", file=str(p), hint=f"pass the directory: {p.parent}"))
 
 
-def _open_indexed(root: Path) -> TensorStore:
+def _open_indexed(root: Path, sv: Survey | None = None) -> TensorStore:
     store = TensorStore(root, {}, {}, index_name=INDEX_NAME)
     weight_map, declared_total = _read_index(root / INDEX_NAME)
     named = set(weight_map.values())   # a few shards, each named by thousands of tensors
@@ -327,7 +364,7 @@ def _open_indexed(root: Path) -> TensorStore:
             store.findings.append(Finding("GQ122", f"shard {s!r} ({per_shard[s]} tensors) {what}",
                                           file=INDEX_NAME))
         else:
-            _open_into(store, s)
+            _open_into(store, s, sv)
     failed = set(shard_names) - set(store.files)
     if failed:
         store.unreadable.update((t, s) for t, s in weight_map.items()

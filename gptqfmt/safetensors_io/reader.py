@@ -114,6 +114,9 @@ class SafetensorsFile:
         # that read nothing of the file costs its release no madvise (that walks the mapping),
         # and TensorStore.release not even the call
         self.viewed = False
+        # a set this file is in while `viewed` (its store's: TensorStore.mapped), so that a
+        # store whose files are all unviewed answers a release without looking at any
+        self.watch: set[SafetensorsFile] | None = None
         self._lock = threading.Lock()  # modules are read in threads: map once
         self.filler = filler_for(self.path)
         try:
@@ -167,7 +170,7 @@ class SafetensorsFile:
         d = DTYPES[info.dtype]
         if info.nbytes == 0:
             return np.empty(info.shape, dtype=d.numpy)
-        self.viewed = True
+        self._viewing()
         if d.bits < 8:  # sub-byte floats: raw bytes, no element shape
             return np.frombuffer(self._map(), np.uint8, info.nbytes, self._offset(info))
         arr = np.frombuffer(self._map(), d.numpy, info.numel, self._offset(info))
@@ -227,8 +230,14 @@ class SafetensorsFile:
     def raw(self) -> np.ndarray:
         """The whole file, header included, as a read-only uint8 array (mapped, not read)."""
         self._fill([(0, self.size)])
-        self.viewed = True
+        self._viewing()
         return np.frombuffer(self._map(), np.uint8)
+
+    def _viewing(self) -> None:
+        if not self.viewed:
+            self.viewed = True
+            if self.watch is not None:
+                self.watch.add(self)
 
     def release(self, start: int = 0, stop: int | None = None) -> None:
         """Drop this process's mapped pages of bytes [start, stop), the whole file by default
@@ -241,6 +250,8 @@ class SafetensorsFile:
         if stop is None and start == 0:
             if self.viewed:
                 self.viewed = False
+                if self.watch is not None:
+                    self.watch.discard(self)
                 self._mm.madvise(mmap.MADV_DONTNEED)
             return
         lo = start - start % mmap.PAGESIZE

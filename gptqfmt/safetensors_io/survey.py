@@ -6,9 +6,11 @@ A mixture of experts has tens of thousands of modules whose g_idx and (symmetric
 byte for byte alike, and whose qweight and scales are probed for zero bytes: 146,000 small
 reads, each a system call and a copy. Read where they are asked for, they take the main
 thread half a second; here the compiled loops (kernels/safetensors_native.c, `survey`) read
-them with the GIL released, on a core the main thread leaves idle, from the moment the headers
-are parsed. The caller then reads one tensor of each alike group instead of all of them
-(TensorStore.heads_grouped), and takes the zero probes as found (TensorStore.zero_heads).
+them with the GIL released, on a core the main thread leaves idle: the first pass from the
+moment the first file's header is parsed, while the main thread parses the others, and the
+rest once every file is open. The caller then reads one tensor of each alike group instead
+of all of them (TensorStore.heads_grouped), and takes the zero probes as found
+(TensorStore.zero_heads).
 
 What it says is exact (bytes compared, not hashed); what it could not read, or was not asked,
 is left to the ordinary reads, which report what they find. Without the compiled loops
@@ -34,32 +36,52 @@ T = TypeVar("T")
 
 
 class Survey:
-    """Started on its own thread at construction. `passes`, each over every file in turn, in
+    """Started on its own thread at construction, and fed the files as they are opened
+    (add), then told the store is complete (fed). `passes`, each over every file in turn, in
     the order the caller will ask for them: (the name suffixes, after the last dot, of the
     tensors compared whole with the first of their dtype and shape in their file, up to
     `most` bytes, a group's first one held in memory while its file is read; those whose
-    first `n` bytes are checked for zero). A query about a tensor waits for the pass that
-    surveys it. Files mirrored from the Hub are not surveyed (their reads are fetched in
-    batches of their own)."""
+    first `n` bytes are checked for zero). The first pass reads each file as it comes, while
+    the caller parses the headers of the next ones; the others begin once every file is in.
+    A query about a tensor waits for the pass that surveys it. Files mirrored from the Hub are
+    not surveyed (their reads are fetched in batches of their own)."""
 
-    def __init__(self, files: dict[str, SafetensorsFile], locations: dict[str, str],
-                 passes: Sequence[Pass], n: int, most: int):
+    def __init__(self, passes: Sequence[Pass], n: int, most: int):
         self.n, self._most = n, most
-        self._files = files
-        # a tensor stored in two files is read from the one `locations` names (the other
-        # copy is a finding): where there is one, each file's answers are kept only for its own
-        self._locations = locations if sum(len(f.tensors) for f in files.values()) != \
-            len(locations) else None
         self._passes = [(tuple(a), tuple(h)) for a, h in passes]
         self._pass_of = {s: i for i, (a, h) in enumerate(self._passes) for s in a + h}
         self.rep: dict[str, str] = {}     # tensor -> the first tensor of its group it equals
         self.zero: dict[str, bool] = {}   # tensor -> whether its first n bytes are all 0
         self._done = [threading.Event() for _ in self._passes]
+        # the files given and not yet taken by the thread, and whether every file is given
+        self._arrived: list[tuple[str, SafetensorsFile]] = []
+        self._taken: list[tuple[str, SafetensorsFile]] = []   # by the thread, in order
+        self._complete = False
+        self._fed = threading.Condition()
+        # a tensor stored in two files is read from the one `locations` names (the other
+        # copy is a finding): where there is one, each file's answers are kept only for its
+        # own (set by fed)
+        self._locations: dict[str, str] | None = None
         # set to 1 by close(): the compiled loops stop reading at the next range (an
         # interrupted command does not wait for a cold page cache)
         self._stop = bytearray(1)
         self._thread = threading.Thread(target=self._run, name="gptqfmt-survey", daemon=True)
         self._thread.start()
+
+    def add(self, name: str, f: SafetensorsFile) -> None:
+        """File `name` of the store, opened (its header read): the first pass may read it."""
+        with self._fed:
+            self._arrived.append((name, f))
+            self._fed.notify()
+
+    def fed(self, locations: dict[str, str]) -> None:
+        """Every file is added; `locations`: the store's tensor -> file."""
+        with self._fed:
+            added = self._taken + self._arrived
+            if sum(len(f.tensors) for _, f in added) != len(locations):
+                self._locations = locations
+            self._complete = True
+            self._fed.notify()
 
     def join(self) -> None:
         """Wait for every pass to be read and the thread to end."""
@@ -68,7 +90,9 @@ class Survey:
     def close(self) -> None:
         """Stop the reads that are left and wait for the thread (a store being closed leaves
         no reader behind); what was not read is left unsaid."""
-        self._stop[0] = 1
+        with self._fed:   # a thread waiting for files wakes to the stop
+            self._stop[0] = 1
+            self._fed.notify()
         self._thread.join()
 
     def _said(self, found: dict[str, T], tensors: Iterable[str]
@@ -101,6 +125,10 @@ class Survey:
         nothing of at `n`)."""
         if n != self.n:
             return set(), list(tensors)
+        if all(done.is_set() for done in self._done):   # nothing to wait for: in two passes
+            found = self.zero
+            tensors = tensors if isinstance(tensors, list) else list(tensors)
+            return {t for t in tensors if found.get(t)}, [t for t in tensors if t not in found]
         zero, rest = set(), []
         for t, z in self._said(self.zero, tensors):
             if z is None:
@@ -111,18 +139,30 @@ class Survey:
 
     def _run(self) -> None:
         try:
-            files = {name: f for name, f in self._files.items() if f.filler is None}
-            for (alike, heads), done in zip(self._passes, self._done):
+            # the first pass, a file batch at a time as the files are opened (a batch is what
+            # came while the last one was read: the GIL is taken back once a batch)
+            first: list[tuple[str, tuple[dict[str, str], dict[str, bool]]]] = []
+            complete = False
+            while not complete:
+                with self._fed:
+                    while not (self._arrived or self._complete or self._stop[0]):
+                        self._fed.wait()
+                    batch, self._arrived = self._arrived, []
+                    self._taken += batch
+                    complete = self._complete
+                if self._stop[0]:
+                    return
+                batch = [(name, f) for name, f in batch if f.filler is None]
+                if batch and self._passes:
+                    first += zip([name for name, _ in batch], self._read(batch, 0))
+            files = [(name, f) for name, f in self._taken if f.filler is None]
+            for p, done in enumerate(self._done):
                 if self._stop[0]:
                     break
-                # all files in one call: this thread takes the GIL back once a pass (each
-                # time it waits for the main thread to let go of it)
-                found = compiled.survey(
-                    [(f.path, list(f.header.tensors.values()), f.header.data_start)
-                     for f in files.values()], alike, heads, self.n, self._most, HINT_BYTES,
-                    CHECK_EVERY, False, self._stop)
+                found = first if p == 0 else zip([name for name, _ in files],
+                                                  self._read(files, p))
                 where = self._locations
-                for name, (rep, zero) in zip(files, found):
+                for name, (rep, zero) in found:
                     if where is not None:   # answers only for the tensors each file holds
                         rep = {t: r for t, r in rep.items() if where.get(t) == name ==
                                where.get(r)}
@@ -135,3 +175,12 @@ class Survey:
         finally:
             for done in self._done:
                 done.set()
+
+    def _read(self, files: list[tuple[str, SafetensorsFile]], p: int
+              ) -> list[tuple[dict[str, str], dict[str, bool]]]:
+        """Pass `p` over `files`, all in one call: this thread takes the GIL back once (each
+        time it waits for the main thread to let go of it)."""
+        alike, heads = self._passes[p]
+        return compiled.survey(
+            [(f.path, list(f.header.tensors.values()), f.header.data_start) for _, f in files],
+            alike, heads, self.n, self._most, HINT_BYTES, CHECK_EVERY, False, self._stop)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from gptqfmt.checks.modules import probed
+from gptqfmt.errors import FindingError
 from gptqfmt.formats.gptq.checkpoint import SMALL, open_checkpoint
 from gptqfmt.safetensors_io import compiled, survey
 from gptqfmt.safetensors_io.index import open_store
@@ -176,13 +177,22 @@ def shards(tmp_path: Path, rng: random.Random, files: int = 3) -> Path:
 
 
 @needs_build
+@pytest.mark.parametrize("streamed", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_the_store_reads_the_same_with_and_without_a_survey(tmp_path, seed, monkeypatch):
+def test_the_store_reads_the_same_with_and_without_a_survey(tmp_path, seed, streamed,
+                                                            monkeypatch):
     """heads_grouped gives every tensor its own bytes, reading one tensor of each group the
-    survey found; zero_heads names the same tensors."""
+    survey found; zero_heads names the same tensors. A survey started on an open store, or
+    fed each file as the store opens it (`streamed`); the shards name some tensors twice
+    (a finding), each read from the file the store takes it from."""
     d = shards(tmp_path, random.Random(seed))
-    plain, st = open_store(d), open_store(d)
-    st.start_survey([(("g_idx",), ()), (("qzeros",), HEADS)], 64, SMALL)
+    plan = ([(("g_idx",), ()), (("qzeros",), HEADS)], 64, SMALL)
+    plain = open_store(d)
+    if streamed:
+        st = open_store(d, survey=plan)
+    else:
+        st = open_store(d)
+        st.start_survey(*plan)
     assert st.survey is not None
     names = sorted(plain.locations)
     whole = [t for t in names if t.rpartition(".")[2] in ALIKE]
@@ -296,7 +306,10 @@ def test_a_survey_that_fails_leaves_everything_to_the_reads(tmp_path, monkeypatc
     monkeypatch.setattr(compiled, "survey", broken)
     plain = open_store(d)
     st = open_store(d)
-    st.survey = survey.Survey(st.files, st.locations, [(ALIKE, HEADS)], 64, SMALL)
+    st.survey = survey.Survey([(ALIKE, HEADS)], 64, SMALL)
+    for name, f in st.files.items():
+        st.survey.add(name, f)
+    st.survey.fed(st.locations)
     names = [t for t in sorted(st.locations) if t.rpartition(".")[2] in ALIKE]
     assert {t: raw for raw, ts in st.heads_grouped(names) for t in ts} == \
         dict(plain.heads(names))
@@ -391,3 +404,99 @@ def test_closing_the_store_stops_the_reads_left(tmp_path, monkeypatch):
     assert any(t.endswith(".g_idx") for t in sv.rep)          # the first pass, whole
     assert not any(t.endswith(".qzeros") for t in sv.rep) and not sv.zero   # stopped
     assert not any(t.endswith(".weight") for t in sv.rep)     # the third, never begun
+
+
+def open_order(monkeypatch) -> list[str]:
+    """The events of a store opened with a survey, in order: ("open", file) as the store
+    opens each file, ("read", files) as the survey's compiled loops are called."""
+    from gptqfmt.safetensors_io import index
+    events: list = []
+    real_open, real_survey = index._open_into, compiled.survey
+
+    def opening(store, name, sv=None):
+        events.append(("open", name))
+        return real_open(store, name, sv)
+
+    def reading(files, alike, *rest):
+        events.append(("read", alike, [Path(f[0]).name for f in files]))
+        return real_survey(files, alike, *rest)
+    monkeypatch.setattr(index, "_open_into", opening)
+    monkeypatch.setattr(compiled, "survey", reading)
+    return events
+
+
+@needs_build
+def test_the_first_pass_reads_each_file_while_the_next_ones_are_opened(tmp_path,
+                                                                      monkeypatch):
+    """The store opens file i + 1 only once the survey's first pass has read file i (a hook
+    holds it): the first pass reads the files as they come, before the store is complete;
+    the later passes read them all in one call once it is. What it says is what a survey of
+    the open store says."""
+    from gptqfmt.safetensors_io import index
+    d = shards(tmp_path, random.Random(11), 4)
+    plan = ([(("g_idx",), ()), (("qzeros",), HEADS)], 64, SMALL)
+    events = open_order(monkeypatch)
+    read_files: dict[str, threading.Event] = {}
+    real_survey, opening = compiled.survey, index._open_into
+
+    def reading(files, alike, *rest):
+        got = real_survey(files, alike, *rest)
+        for f in files:
+            read_files.setdefault(f[0], threading.Event()).set()
+        return got
+
+    def held(store, name, sv=None):
+        if store.files:   # the file before this one read by the first pass first
+            last = list(store.files.values())[-1].path
+            assert read_files.setdefault(last, threading.Event()).wait(60)
+        return opening(store, name, sv)
+    monkeypatch.setattr(compiled, "survey", reading)
+    monkeypatch.setattr(index, "_open_into", held)
+    st = open_store(d, survey=plan)
+    st.settle()
+    names = sorted(p.name for p in d.iterdir())
+    opened = [e[1] for e in events if e[0] == "open"]
+    assert opened == names
+    first = [e for e in events if e[0] == "read" and e[1] == ("g_idx",)]
+    assert [f for e in first for f in e[2]] == names and len(first) == len(names)
+    later = [e for e in events if e[0] == "read" and e[1] != ("g_idx",)]
+    assert later == [("read", ("qzeros",), names)]
+    assert events.index(later[0]) > events.index(("open", names[-1]))
+    monkeypatch.undo()
+    other = open_store(d)
+    other.start_survey(*plan)
+    other.settle()
+    assert (st.survey.rep, st.survey.zero) == (other.survey.rep, other.survey.zero)
+    st.close()
+    other.close()
+
+
+@needs_build
+def test_a_store_that_cannot_be_opened_leaves_no_survey_thread(tmp_path):
+    """Every shard of the index unreadable: open_store raises (GQ128), and the survey it
+    started for the files has ended."""
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "model-00001-of-00001.safetensors").write_bytes(b"\x00" * 4)
+    (d / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"m.qweight": "model-00001-of-00001.safetensors"}}')
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(FindingError):
+        open_store(d, survey=([(("g_idx",), ())], 64, SMALL))
+    assert not [t for t in threading.enumerate()
+                if t.name == "gptqfmt-survey" and t.ident not in before]
+
+
+@needs_build
+@pytest.mark.parametrize("name", ["awq-b4-g32", "ct-b4-sym-g32-sharded"])
+def test_a_checkpoint_of_another_format_ends_the_survey_it_was_opened_with(name):
+    """open_source(survey=True) starts GPTQ's survey as the store opens; a checkpoint that
+    sniffs as another format ends it: no survey, no thread."""
+    from gptqfmt.formats.open import open_source
+    src = open_source(ROOT / "fixtures" / "formats" / name, survey=True)
+    assert src.store.survey is None
+    assert not [t for t in threading.enumerate() if t.name == "gptqfmt-survey"]
+    src.store.close()
+    gptq = open_source(ROOT / "fixtures" / "ckpt" / "b4-sym-noact-gptq-sharded", survey=True)
+    assert gptq.store.survey is not None
+    gptq.store.close()

@@ -24,7 +24,7 @@ from ...bits.packing import block
 from ...findings import Finding
 from ...safetensors_io import compiled
 from ...safetensors_io.dtypes import DTYPES, PACK_DTYPE_NAMES, WORD_DTYPES, to_float32
-from ...safetensors_io.index import TensorStore, open_store
+from ...safetensors_io.index import SurveyPlan, TensorStore, open_store
 from ..model import DTYPE_KIND, PROBE, PROBED, ModuleTensors, is_lm_head
 from .config import ModuleConfig, QuantConfig, load_config
 
@@ -34,6 +34,10 @@ ROLES = ("qweight", "qzeros", "scales", "g_idx", "bias")
 # 70B's qzeros (up to 900 KiB each, 0.5 GB in all) are left to detection's workers, which map
 # them in parallel
 SMALL = 128 << 10
+# what inspect surveys (TensorStore.start_survey): g_idx first, as modelling asks for them;
+# detection the qzeros, then the checks the probes (a pass of their own: detection need not
+# wait for them)
+SURVEY: SurveyPlan = ([(("g_idx",), ()), (("qzeros",), ()), ((), PROBED)], PROBE, SMALL)
 _ROLE = {r: sys.intern(r) for r in ROLES}   # one string a role, not one a module
 REQUIRED = ("qweight", "qzeros", "scales")
 SCALE_DTYPES = ("F16", "BF16", "F32")
@@ -219,11 +223,9 @@ def open_checkpoint(path: str | os.PathLike[str], store: TensorStore | None = No
     its tensor store when already open (the one open, formats/open.py, sniffed it). `survey`:
     for a caller about to read every g_idx and small qzeros and probe every qweight and scales
     (inspect), those reads start now on a second thread (TensorStore.start_survey)."""
-    store = store or open_store(path)
+    store = store or open_store(path, SURVEY if survey else None)
     if survey:
-        # g_idx first: modelling asks for them; detection the qzeros, then the checks the
-        # probes (a pass of their own: detection need not wait for them)
-        store.start_survey([(("g_idx",), ()), (("qzeros",), ()), ((), PROBED)], PROBE, SMALL)
+        store.start_survey(*SURVEY)   # where the store was opened without it
     findings = list(store.findings)
     first = next(iter(store.files.values()))
     config, cfg_findings = load_config(store.root, first.metadata)
