@@ -573,10 +573,11 @@ def _tallies(ckpt: Checkpoint, mods: list[Module], by_name: dict[str, ModuleVerd
         v = by_name[m.name]
         if scales or v.pattern is None or v.stats is not None:
             return None
-        qz = ckpt.store.info(m.tensors["qzeros"])
+        qz = infos[m.tensors["qzeros"]]
         return (v.pattern, m.bits, m.groups, m.out_features, qz.dtype, qz.shape)
 
     advance = progress(len(mods)) if progress is not None else None
+    infos = ckpt.store.infos
     keys_of = [alike(m) for m in mods]
     seen: set[tuple[Any, ...]] = set()
     todo = []   # read in the threads: the first module of each alike kind, and those of none

@@ -1,9 +1,9 @@
-"""The compiled header and index readers, range survey, CRC-32 and name order of
+"""The compiled header and index readers, range survey, CRC-32, name order and grouping of
 kernels/safetensors_native.c (the extension gptqfmt.safetensors_io._native) where the install
 built it. A machine without a C compiler, or GPTQFMT_NATIVE=0 (which the tests use to hold
 the two equal), reads every header with header.py's parser and every index with json.loads
 and gets the same answers, surveys nothing (survey.py: every tensor is then read where it is
-asked for), takes its digests from zlib (journal.crc32) and orders names by a Python key.
+asked for), takes its digests from zlib (journal.crc32) and orders and groups names in Python.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from ..bits import native
 
 # the extension's VERSION this module is written for (kernels/safetensors_native.c)
-VERSION = 4
+VERSION = 5
 
 
 _NATIVE = native.load(f"{__package__}._native", VERSION)
@@ -54,6 +54,19 @@ def natural_order(names: list[str]) -> list[str] | None:
         return None
     assert _NATIVE is not None
     return _NATIVE.natural_order(names)
+
+
+def group_roles(names: list[str], roles: tuple[str, ...]
+                ) -> tuple[dict[str, dict[str, str]], list[str]] | None:
+    """({module: {role: name}}, the other names) of `names`: a name is a module's role where
+    its text after the last dot is one of `roles` (the role kept is the tuple's own str) and
+    the text before it is not empty; modules in the order first met, the others in order.
+    None where nothing is compiled (formats/gptq/checkpoint.py's _group then splits each
+    name itself)."""
+    if not available():
+        return None
+    assert _NATIVE is not None
+    return _NATIVE.group_roles(names, roles)
 
 
 def crc32(data: bytes | memoryview) -> int | None:

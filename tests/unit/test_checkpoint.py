@@ -284,22 +284,60 @@ def test_natural_order_takes_ascii_only_and_refuses_other_than_str():
         compiled.natural_order(["a", 1])   # type: ignore[list-item]
 
 
-def test_grouping_by_module_and_the_tensors_outside():
+@pytest.mark.skipif(not compiled.available(), reason="the compiled reader is not built")
+def test_the_compiled_grouping_splits_names_as_rpartition_does():
+    """group_roles (kernels/safetensors_native.c) against rpartition(".") on 300 random lists
+    of names of dots, role texts and letters, some not ASCII: the same modules in the same
+    order, the same roles (the tuple's own str objects), the same names left over."""
+    import random
+    rnd = random.Random(11)
+    roles = ("qweight", "qzeros", "scales", "g_idx", "bias")
+    bits = ["qweight", "qzeros", "scales", "g_idx", "bias", "é", "layers", "0", ".", "..",
+            "q", "qweights", "ß", "x"]
+    for _ in range(300):
+        names = ["".join(rnd.choice(bits) for _ in range(rnd.randrange(0, 5)))
+                 for _ in range(rnd.randrange(0, 40))]
+        parts: dict[str, dict[str, str]] = {}
+        rest = []
+        for t in names:
+            prefix, _, role = t.rpartition(".")
+            if role in roles and prefix:
+                parts.setdefault(prefix, {})[role] = t
+            else:
+                rest.append(t)
+        got_parts, got_rest = compiled.group_roles(names, roles)
+        assert list(got_parts.items()) == list(parts.items()) and got_rest == rest
+        assert all(r is next(x for x in roles if x == r)
+                   for g in got_parts.values() for r in g)
+    with pytest.raises(TypeError, match="list of str"):
+        compiled.group_roles(["a.qweight", 1], roles)   # type: ignore[list-item]
+    with pytest.raises(TypeError, match="tuple of str"):
+        compiled.group_roles(["a.qweight"], ("qweight", 1))   # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("compiled_on", [True, False])
+def test_grouping_by_module_and_the_tensors_outside(compiled_on):
     """_group against its definition: a module is a name prefix with a qweight or qzeros
     (one in a shard that cannot be read too); every other tensor that can be read, a plain
-    Linear's bias and weight among them, is outside, sorted."""
+    Linear's bias and weight among them, is outside, sorted. With the compiled grouping
+    (group_roles) and without it."""
     import random
     from types import SimpleNamespace
 
     from gptqfmt.formats.gptq.checkpoint import ROLES, _group, natural_key
+    from tests.support import loops
     rnd = random.Random(3)
     names = [f"model.layers.{i}.{p}.{r}" for i in range(12) for p in ("q", "k", "mlp.up")
              for r in ROLES if rnd.random() < 0.7]
-    names += ["lm_head.weight", "model.norm.weight", "bias", ".qweight", "x.y.bias"]
+    names += ["lm_head.weight", "model.norm.weight", "bias", ".qweight", "x.y.bias",
+              "qweight", "a..qzeros", "a.qweight.", "é.qweight", "é.scales", "ü.x.qzeros",
+              "b.qweights", "b.Qweight", "c.qzero"]
     rnd.shuffle(names)
     locations = {t: "a.safetensors" for t in names[:-10]}
     unreadable = {t: "b.safetensors" for t in names[-10:]}
-    modules, others = _group(SimpleNamespace(locations=locations, unreadable=unreadable), None)
+    with loops(compiled=compiled_on):
+        modules, others = _group(SimpleNamespace(locations=locations, unreadable=unreadable),
+                                 None)
     groups: dict[str, dict[str, str]] = {}
     for t in names:
         prefix, _, role = t.rpartition(".")

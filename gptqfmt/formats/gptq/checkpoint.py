@@ -39,6 +39,7 @@ SMALL = 128 << 10
 # wait for them)
 SURVEY: SurveyPlan = ([(("g_idx",), ()), (("qzeros",), ()), ((), PROBED)], PROBE, SMALL)
 _ROLE = {r: sys.intern(r) for r in ROLES}   # one string a role, not one a module
+_PACK_DTYPE = {8: "int8", 16: "int16", 32: "int32", 64: "int64"}   # by word bits
 REQUIRED = ("qweight", "qzeros", "scales")
 SCALE_DTYPES = ("F16", "BF16", "F32")
 
@@ -62,7 +63,8 @@ class Module:
 
     @property
     def pack_dtype(self) -> str:
-        return f"int{self.word_bits}"
+        # asked of every module by every runtime's rules: a lookup, not a new str
+        return _PACK_DTYPE.get(self.word_bits) or f"int{self.word_bits}"
 
 
 @dataclass(slots=True)   # not frozen, as Module
@@ -278,21 +280,26 @@ def _group(store: TensorStore, config: QuantConfig | None
            ) -> tuple[list[InvalidModule], list[str]]:
     """Each group of tensors named like a module (its geometry not yet known), and the tensors
     outside them."""
-    parts: dict[str, dict[str, str]] = {}
-    others: list[str] = []
     readable = store.locations
     # a module in a shard that cannot be read is still one of the checkpoint's (invalid, and
     # said once, at its shard)
-    for t in itertools.chain(readable, store.unreadable):
-        prefix, _, role = t.rpartition(".")
-        r = _ROLE.get(role)
-        if r is not None and prefix:
-            roles = parts.get(prefix)
-            if roles is None:
-                roles = parts[prefix] = {}
-            roles[r] = t
-        elif t in readable:
-            others.append(t)
+    names = list(itertools.chain(readable, store.unreadable))
+    grouped = compiled.group_roles(names, ROLES)
+    if grouped is not None:
+        parts, rest = grouped
+        others = [t for t in rest if t in readable]
+    else:
+        parts, others = {}, []
+        for t in names:
+            prefix, _, role = t.rpartition(".")
+            r = _ROLE.get(role)
+            if r is not None and prefix:
+                roles = parts.get(prefix)
+                if roles is None:
+                    roles = parts[prefix] = {}
+                roles[r] = t
+            elif t in readable:
+                others.append(t)
     modules: list[InvalidModule] = []
     for prefix in natural_sorted(parts):
         roles = parts[prefix]
