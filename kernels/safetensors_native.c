@@ -1015,16 +1015,20 @@ static PyObject* natural_order(PyObject* self, PyObject* arg) {
     return out;
 }
 
-// group_roles(names: list[str], roles: tuple[str, ...]) -> (parts, rest): each name whose
-// text after its last dot equals one of `roles` and before it is not empty, as
+// group_roles(items: list, roles: tuple[str, ...]) -> (parts, rest, kinds): items are tensor
+// names (str) or header entries (tuples: name, dtype, shape, ...). Each item whose name's
+// text after its last dot equals one of `roles` and before it is not empty goes to
 // parts[that text before][the role, the tuple's own str] = name (modules in the order first
-// met); every other name in rest, in order. What `prefix, _, role = name.rpartition(".")`
-// and a dict of the roles give, without a str made for each role: a mixture of experts has
-// some 150,000 names.
+// met); every other name to rest, in order. kinds[module] = a number that two modules share
+// exactly where their (role, dtype, shape) in the order their items came are equal, for each
+// module all of whose items are entries (a module with a bare name has none). What
+// `prefix, _, role = name.rpartition(".")` and a dict of the roles give, without a str made
+// for each role, and which modules are alike without a lookup of their tensors: a mixture
+// of experts has some 150,000 names.
 static PyObject* group_roles(PyObject* self, PyObject* args) {
     (void)self;
-    PyObject *names, *roles;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &names, &PyTuple_Type, &roles))
+    PyObject *items, *roles;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &items, &PyTuple_Type, &roles))
         return NULL;
     const Py_ssize_t nroles = PyTuple_GET_SIZE(roles);
     for (Py_ssize_t r = 0; r < nroles; ++r)
@@ -1034,48 +1038,91 @@ static PyObject* group_roles(PyObject* self, PyObject* args) {
         }
     PyObject* parts = PyDict_New();
     PyObject* rest = PyList_New(0);
-    if (parts == NULL || rest == NULL) goto fail;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(names); ++i) {
-        PyObject* name = PyList_GET_ITEM(names, i);
-        if (!PyUnicode_Check(name)) {
-            PyErr_SetString(PyExc_TypeError, "group_roles: names must be a list of str");
-            goto fail;
+    PyObject* sigs = PyDict_New();    // module -> [role, dtype, shape, role, ...], or None
+    PyObject* kinds = NULL;
+    PyObject* seen = NULL;
+    PyObject* out = NULL;
+    if (parts == NULL || rest == NULL || sigs == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); ++i) {
+        PyObject* item = PyList_GET_ITEM(items, i);
+        PyObject* name = item;
+        const int entry = PyTuple_Check(item);
+        if (entry && PyTuple_GET_SIZE(item) >= 3) name = PyTuple_GET_ITEM(item, 0);
+        if (!PyUnicode_Check(name) || (entry && name == item)) {
+            PyErr_SetString(PyExc_TypeError, "group_roles: items must be str or (name, "
+                            "dtype, shape, ...) tuples");
+            goto done;
         }
         const Py_ssize_t len = PyUnicode_GET_LENGTH(name);
         const Py_ssize_t dot = len ? PyUnicode_FindChar(name, '.', 0, len, -1) : -1;
-        if (dot == -2) goto fail;
+        if (dot == -2) goto done;
         PyObject* role = NULL;
         if (dot > 0)   // a role needs a module before it
             for (Py_ssize_t r = 0; r < nroles && role == NULL; ++r) {
                 PyObject* want = PyTuple_GET_ITEM(roles, r);
                 if (PyUnicode_GET_LENGTH(want) != len - dot - 1) continue;
                 const Py_ssize_t hit = PyUnicode_Tailmatch(name, want, dot + 1, len, 1);
-                if (hit < 0) goto fail;
+                if (hit < 0) goto done;
                 if (hit) role = want;
             }
         if (role == NULL) {
-            if (PyList_Append(rest, name) < 0) goto fail;
+            if (PyList_Append(rest, name) < 0) goto done;
             continue;
         }
         PyObject* prefix = PyUnicode_Substring(name, 0, dot);
-        if (prefix == NULL) goto fail;
+        if (prefix == NULL) goto done;
         PyObject* mod = PyDict_GetItemWithError(parts, prefix);   // borrowed
+        PyObject* sig = NULL;                                      // borrowed
         if (mod == NULL && !PyErr_Occurred()) {
             mod = PyDict_New();
-            if (mod != NULL && PyDict_SetItem(parts, prefix, mod) < 0) Py_CLEAR(mod);
-            Py_XDECREF(mod);   // parts holds it
+            sig = mod != NULL ? PyList_New(0) : NULL;
+            int bad = sig == NULL || PyDict_SetItem(parts, prefix, mod) < 0 ||
+                      PyDict_SetItem(sigs, prefix, sig) < 0;
+            Py_XDECREF(mod);   // parts and sigs hold them
+            Py_XDECREF(sig);
+            if (bad) mod = NULL;
+        } else if (mod != NULL) {
+            sig = PyDict_GetItemWithError(sigs, prefix);
+            if (sig == NULL) mod = NULL;
+        }
+        if (mod == NULL || PyDict_SetItem(mod, role, name) < 0) {
+            Py_DECREF(prefix);
+            goto done;
+        }
+        int bad = 0;
+        if (!entry) {   // a bare name: the module has no kind
+            if (sig != Py_None) bad = PyDict_SetItem(sigs, prefix, Py_None) < 0;
+        } else if (sig != Py_None) {
+            bad = PyList_Append(sig, role) < 0 ||
+                  PyList_Append(sig, PyTuple_GET_ITEM(item, 1)) < 0 ||
+                  PyList_Append(sig, PyTuple_GET_ITEM(item, 2)) < 0;
         }
         Py_DECREF(prefix);
-        if (mod == NULL || PyDict_SetItem(mod, role, name) < 0) goto fail;
+        if (bad) goto done;
     }
-    PyObject* out = PyTuple_Pack(2, parts, rest);
-    Py_DECREF(parts);
-    Py_DECREF(rest);
-    return out;
-fail:
+    kinds = PyDict_New();
+    seen = PyDict_New();   // a kind's (role, dtype, shape, ...) -> its number
+    if (kinds == NULL || seen == NULL) goto done;
+    PyObject *key, *sig;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(sigs, &pos, &key, &sig)) {
+        if (sig == Py_None) continue;
+        PyObject* t = PyList_AsTuple(sig);
+        PyObject* n = t != NULL ? PyLong_FromSsize_t(PyDict_GET_SIZE(seen)) : NULL;
+        PyObject* got = n != NULL ? PyDict_SetDefault(seen, t, n) : NULL;   // borrowed
+        int bad = got == NULL || PyDict_SetItem(kinds, key, got) < 0;
+        Py_XDECREF(t);
+        Py_XDECREF(n);
+        if (bad) goto done;
+    }
+    out = PyTuple_Pack(3, parts, rest, kinds);
+done:
     Py_XDECREF(parts);
     Py_XDECREF(rest);
-    return NULL;
+    Py_XDECREF(sigs);
+    Py_XDECREF(kinds);
+    Py_XDECREF(seen);
+    return out;
 }
 
 static PyMethodDef methods[] = {
@@ -1100,8 +1147,9 @@ static PyMethodDef methods[] = {
      "natural_order(names) -> list | None: the names in the order of natural_key "
      "(numbers by value); None where a name is not ASCII."},
     {"group_roles", group_roles, METH_VARARGS,
-     "group_roles(names, roles) -> (parts, rest): the names of each module's roles, by "
-     "module, and the other names."},
+     "group_roles(items, roles) -> (parts, rest, kinds): the names of each module's roles, "
+     "by module, the other names, and a number per module shared by the modules alike in "
+     "their roles, dtypes and shapes."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -56,17 +56,20 @@ def natural_order(names: list[str]) -> list[str] | None:
     return _NATIVE.natural_order(names)
 
 
-def group_roles(names: list[str], roles: tuple[str, ...]
-                ) -> tuple[dict[str, dict[str, str]], list[str]] | None:
-    """({module: {role: name}}, the other names) of `names`: a name is a module's role where
-    its text after the last dot is one of `roles` (the role kept is the tuple's own str) and
-    the text before it is not empty; modules in the order first met, the others in order.
-    None where nothing is compiled (formats/gptq/checkpoint.py's _group then splits each
-    name itself)."""
+def group_roles(items: list[Any], roles: tuple[str, ...]
+                ) -> tuple[dict[str, dict[str, str]], list[str], dict[str, int]] | None:
+    """({module: {role: name}}, the other names, {module: its kind}) of `items`, each a
+    tensor name or a header entry (TensorInfo: name, dtype, shape, ...): a name is a module's
+    role where its text after the last dot is one of `roles` (the role kept is the tuple's
+    own str) and the text before it is not empty; modules in the order first met, the others
+    in order. A module's kind is a number that two modules share exactly where their
+    (role, dtype, shape) in the order of their items are equal, for a module whose items are
+    all entries. None where nothing is compiled (formats/gptq/checkpoint.py's _group then
+    splits each name itself)."""
     if not available():
         return None
     assert _NATIVE is not None
-    return _NATIVE.group_roles(names, roles)
+    return _NATIVE.group_roles(items, roles)
 
 
 def crc32(data: bytes | memoryview) -> int | None:

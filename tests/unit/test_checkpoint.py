@@ -232,7 +232,7 @@ def test_alike_modules_are_inferred_as_each_alone(tmp_path, monkeypatch, edit):
         {"cfg": lambda c: c.update(change)} if isinstance(change, dict) else {"edit": change}))
     once = open_checkpoint(d)
     monkeypatch.setattr(checkpoint, "_infer_all",
-                        lambda mods, store, found, written: [checkpoint._infer(
+                        lambda mods, store, found, written, kinds=None: [checkpoint._infer(
                             m, store, found, written) for m in mods])
     alone = open_checkpoint(d)
     assert once.modules == alone.modules and once.findings == alone.findings
@@ -287,8 +287,9 @@ def test_natural_order_takes_ascii_only_and_refuses_other_than_str():
 @pytest.mark.skipif(not compiled.available(), reason="the compiled reader is not built")
 def test_the_compiled_grouping_splits_names_as_rpartition_does():
     """group_roles (kernels/safetensors_native.c) against rpartition(".") on 300 random lists
-    of names of dots, role texts and letters, some not ASCII: the same modules in the same
-    order, the same roles (the tuple's own str objects), the same names left over."""
+    of names of dots, role texts and letters, some not ASCII, most given as header entries:
+    the same modules in the same order, the same roles (the tuple's own str objects), the
+    same names left over, and each module's kind where all its items are entries."""
     import random
     rnd = random.Random(11)
     roles = ("qweight", "qzeros", "scales", "g_idx", "bias")
@@ -305,12 +306,29 @@ def test_the_compiled_grouping_splits_names_as_rpartition_does():
                 parts.setdefault(prefix, {})[role] = t
             else:
                 rest.append(t)
-        got_parts, got_rest = compiled.group_roles(names, roles)
+        # some given as header entries (name, dtype, shape, ...), the others as bare names
+        items = [(t, rnd.choice("IF"), (rnd.randrange(3),), 0, 1) if rnd.random() < 0.8
+                 else t for t in names]
+        kinds: dict[str, list | None] = {}
+        for it in items:
+            t = it[0] if isinstance(it, tuple) else it
+            prefix, _, role = t.rpartition(".")
+            if role in roles and prefix:
+                k = kinds.setdefault(prefix, [])
+                if k is not None:
+                    kinds[prefix] = k + [(role, it[1], it[2])] if isinstance(it, tuple) \
+                        else None
+        got_parts, got_rest, got_kinds = compiled.group_roles(items, roles)
         assert list(got_parts.items()) == list(parts.items()) and got_rest == rest
+        want = {p: k for p, k in kinds.items() if k is not None}
+        assert set(got_kinds) == set(want)   # a number shared exactly by equal kinds
+        assert all((got_kinds[a] == got_kinds[b]) == (want[a] == want[b])
+                   for a in want for b in want)
         assert all(r is next(x for x in roles if x == r)
                    for g in got_parts.values() for r in g)
-    with pytest.raises(TypeError, match="list of str"):
-        compiled.group_roles(["a.qweight", 1], roles)   # type: ignore[list-item]
+    for bad in (["a.qweight", 1], [("a.qweight",)], [(1, "I", ())]):
+        with pytest.raises(TypeError, match="str or"):
+            compiled.group_roles(bad, roles)
     with pytest.raises(TypeError, match="tuple of str"):
         compiled.group_roles(["a.qweight"], ("qweight", 1))   # type: ignore[arg-type]
 
@@ -324,7 +342,8 @@ def test_grouping_by_module_and_the_tensors_outside(compiled_on):
     import random
     from types import SimpleNamespace
 
-    from gptqfmt.formats.gptq.checkpoint import ROLES, _group, natural_key
+    from gptqfmt.formats.gptq.checkpoint import ROLES, _group, _kind, natural_key
+    from gptqfmt.safetensors_io.header import TensorInfo
     from tests.support import loops
     rnd = random.Random(3)
     names = [f"model.layers.{i}.{p}.{r}" for i in range(12) for p in ("q", "k", "mlp.up")
@@ -335,9 +354,24 @@ def test_grouping_by_module_and_the_tensors_outside(compiled_on):
     rnd.shuffle(names)
     locations = {t: "a.safetensors" for t in names[:-10]}
     unreadable = {t: "b.safetensors" for t in names[-10:]}
+    infos = {t: TensorInfo(t, rnd.choice(["I32", "F16"]), (rnd.randrange(1, 3),), 0, 4)
+             for t in locations}
+    store = SimpleNamespace(locations=locations, unreadable=unreadable, infos=infos)
     with loops(compiled=compiled_on):
-        modules, others = _group(SimpleNamespace(locations=locations, unreadable=unreadable),
-                                 None)
+        modules, others, kinds = _group(store, None)
+    # the kinds found with the names are what _kind reads of each module's entries
+    if compiled_on:   # modules share a number exactly where _kind finds them alike
+        assert kinds is not None
+        keys = {m.name: None if (k := _kind(m, store, True)) is None else k[0]
+                for m in modules}
+        assert {n for n, k in keys.items() if k is None} == \
+            {m.name for m in modules if m.name not in kinds}
+        assert any(k is None for k in keys.values())   # one of a shard not read
+        alike = [(a, b) for a in kinds for b in kinds if a in keys and b in keys]
+        assert all((kinds[a] == kinds[b]) == (keys[a] == keys[b]) for a, b in alike)
+        assert len({kinds[n] for n in keys if n in kinds}) > 1
+    else:
+        assert kinds is None
     groups: dict[str, dict[str, str]] = {}
     for t in names:
         prefix, _, role = t.rpartition(".")

@@ -232,11 +232,11 @@ def open_checkpoint(path: str | os.PathLike[str], store: TensorStore | None = No
     first = next(iter(store.files.values()))
     config, cfg_findings = load_config(store.root, first.metadata)
     findings += cfg_findings
-    found, others = _group(store, config)
+    found, others, kinds = _group(store, config)
     g_idx_written = config.g_idx_written if config else True
     # what _infer reads, fetched together where the store is remote (nothing locally)
     store.prefetch((m.tensors["g_idx"], None) for m in found if "g_idx" in m.tensors)
-    modules = _infer_all(found, store, findings, g_idx_written)
+    modules = _infer_all(found, store, findings, g_idx_written, kinds)
     for m in modules:
         if m.declared is None and m.valid:
             findings.append(Finding("GQ313", "config's dynamic rules leave this module "
@@ -277,20 +277,23 @@ def natural_sorted(names: Iterable[str]) -> list[str]:
 
 
 def _group(store: TensorStore, config: QuantConfig | None
-           ) -> tuple[list[InvalidModule], list[str]]:
-    """Each group of tensors named like a module (its geometry not yet known), and the tensors
-    outside them."""
+           ) -> tuple[list[InvalidModule], list[str], dict[str, int] | None]:
+    """Each group of tensors named like a module (its geometry not yet known), the tensors
+    outside them, and where the compiled grouping found them, the modules' kinds: a number
+    shared by the modules alike in _kind's first part (None: _infer_all takes each
+    module's)."""
     readable = store.locations
     # a module in a shard that cannot be read is still one of the checkpoint's (invalid, and
-    # said once, at its shard)
-    names = list(itertools.chain(readable, store.unreadable))
-    grouped = compiled.group_roles(names, ROLES)
+    # said once, at its shard); the header entries, in the order of `locations`, carry the
+    # dtypes and shapes of the kinds
+    grouped = compiled.group_roles([*store.infos.values(), *store.unreadable], ROLES)
+    kinds: dict[str, int] | None = None
     if grouped is not None:
-        parts, rest = grouped
+        parts, rest, kinds = grouped
         others = [t for t in rest if t in readable]
     else:
         parts, others = {}, []
-        for t in names:
+        for t in itertools.chain(readable, store.unreadable):
             prefix, _, role = t.rpartition(".")
             r = _ROLE.get(role)
             if r is not None and prefix:
@@ -308,11 +311,12 @@ def _group(store: TensorStore, config: QuantConfig | None
             continue
         declared = config.for_module(prefix) if config else ModuleConfig()
         modules.append(InvalidModule(prefix, roles, declared))
-    return modules, sorted(others)
+    return modules, sorted(others), kinds
 
 
 def _infer_all(found: list[InvalidModule], store: TensorStore, findings: list[Finding],
-               g_idx_written: bool) -> list[Module | InvalidModule]:
+               g_idx_written: bool, kinds: dict[str, int] | None = None
+               ) -> list[Module | InvalidModule]:
     """_infer of each module of `found`, in order, taken once for modules alike in their
     tensors' dtypes and shapes and their declared config (a mixture of experts has tens of
     thousands): a module like one _infer found valid, with no finding and no act-order, gets
@@ -321,14 +325,20 @@ def _infer_all(found: list[InvalidModule], store: TensorStore, findings: list[Fi
 
     Two passes: modules are inferred in order until one of their kind can be shared; then the
     g_idx of the rest of that kind are read together, each file opened once
-    (TensorStore.heads), and compared as bytes."""
+    (TensorStore.heads), and compared as bytes. `kinds`: _group's numbers for _kind's first
+    part, where it found them (a module of a shard that cannot be read has none)."""
     out: list[Module | InvalidModule | None] = [None] * len(found)
     # key -> (the first module, its g_idx bytes; None: it has none), where it can be shared
     alike: dict[tuple[Any, ...], tuple[Module, bytes | None]] = {}
     # (index, the first module and its g_idx bytes) of modules like a first one
     later: list[tuple[int, tuple[Module, bytes | None]]] = []
     for i, m in enumerate(found):
-        key = _kind(m, store, g_idx_written)   # hashed once: a declared config hashes slowly
+        # hashed once: a declared config hashes slowly
+        if kinds is None:
+            key = _kind(m, store, g_idx_written)
+        else:
+            kind = kinds.get(m.name)
+            key = None if kind is None else (kind, m.declared, g_idx_written)
         shared = alike.get(key) if key is not None else None
         if shared is not None:
             later.append((i, shared))
