@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from ..safetensors_io.dtypes import to_float32
 from .gate import GEMM_ROWS, GateResult, ModuleCheck, check_labels
 
 GEMM_COLUMNS = 16      # output columns per module in Y = X @ W
+GATE_SEED = 0          # module i draws its columns, then X, from default_rng((GATE_SEED, i))
 NONE_LOSSY = np.zeros((1, 0), dtype=bool)   # no column holds a lossy cell
 NONE_LOSSY.flags.writeable = False          # one array, shared by every module's check
 
@@ -60,11 +61,44 @@ def open_output(tmp: Path, to: str, progress: Progress | None = None
 
 
 def dequant_columns(src: Source, m: QuantModule, zeros: np.ndarray, scales: np.ndarray,
-                    cols: np.ndarray) -> np.ndarray:
+                    cols: np.ndarray, words: np.ndarray | None = None) -> np.ndarray:
     """W[:, cols] in fp32: scale * (q - Z), from those columns' effective zeros and stored
-    scales ([G, len(cols)])."""
-    q = unpack(np.ascontiguousarray(src.qweight_columns(m, cols)), m.bits, axis=0)
+    scales ([G, len(cols)]); `words`: src.qweight_columns(m, cols), where the caller took
+    them."""
+    if words is None:
+        words = src.qweight_columns(m, cols)
+    q = unpack(np.ascontiguousarray(words), m.bits, axis=0)
     return dequant_fields(q, zeros, to_float32(scales, m.scale_dtype), src.g_idx(m))
+
+
+class Ahead(NamedTuple):
+    """What the gate's second thread takes of a module while its qweight is mapped for the
+    word comparison: codes_differ's answer, the module's random draws (module_rng; its
+    columns drawn), the block of columns Y = X @ W is computed on, and both sides' words at
+    those columns (a column gather touches every row, so every page: here they are mapped
+    already)."""
+    codes: int
+    rng: np.random.Generator
+    block: np.ndarray
+    words: tuple[np.ndarray, np.ndarray]
+
+
+def module_rng(i: int) -> np.random.Generator:
+    """Module i's draws (its columns, then X): its own stream, whichever thread draws."""
+    return np.random.default_rng((GATE_SEED, i))
+
+
+def take_ahead(src: Source, m: QuantModule, out: Source, mo: QuantModule, i: int
+               ) -> Ahead | None:
+    """Ahead for module `m` (the i-th compared) and its output `mo`; None where their schemes
+    differ (check_module says how)."""
+    if scheme_differences(m, mo):
+        return None
+    codes = codes_differ(src, m, out, mo)
+    rng = module_rng(i)
+    block = sample_columns(m.out_features, GEMM_COLUMNS, rng)
+    return Ahead(codes, rng, block, (src.qweight_columns(m, block),
+                                     out.qweight_columns(mo, block)))
 
 
 def compare_zeros(src: Source, m: QuantModule, out: Source, mo: QuantModule
@@ -89,25 +123,31 @@ def compare_zeros(src: Source, m: QuantModule, out: Source, mo: QuantModule
 
 
 def check_module(src: Source, out: Source, m: QuantModule, mo: QuantModule,
-                 rng: np.random.Generator, backends: list[Backend], codes: int | None = None
+                 backends: list[Backend], ahead: Ahead | None = None, i: int = 0
                  ) -> tuple[ModuleCheck, list[str]]:
-    """`codes`: codes_differ(src, m, out, mo), where the caller compared them already."""
+    """Module `m` (the i-th compared) against its output `mo`; `ahead`: take_ahead's, where
+    the caller took it (else taken here)."""
     why = scheme_differences(m, mo)
     if why:
         return ModuleCheck(m.name, 0, 0, False, False), why
+    if ahead is None:
+        ahead = take_ahead(src, m, out, mo, i)
+        assert ahead is not None   # the same scheme
     scales = np.asarray(src.scales(m)), np.asarray(out.scales(mo))
-    why = field_differences(src, m, out, mo, codes, scales)
+    why = field_differences(src, m, out, mo, ahead.codes, scales)
     cells, lossy, zeros_why, zeros_at = compare_zeros(src, m, out, mo)
     why += zeros_why
-    cols = sample_columns(m.out_features, GEMM_COLUMNS, rng,
-                          must=np.flatnonzero(lossy.any(axis=0)))
-    x = rng.standard_normal((GEMM_ROWS, m.in_features)).astype(np.float32)
+    # the block drawn, and up to half as many columns again that hold lossy cells
+    must = np.flatnonzero(lossy.any(axis=0))[:GEMM_COLUMNS // 2]
+    cols = np.union1d(ahead.block, must) if len(must) else ahead.block
+    words = ahead.words if cols is ahead.block else (None, None)
+    x = ahead.rng.standard_normal((GEMM_ROWS, m.in_features)).astype(np.float32)
     gemm_equal, max_err, rel = True, 0.0, 0.0
     for be in backends:
         if be.name == "cpu":  # numpy's matmul: both sides computed alike, compared bitwise
             za, zb = zeros_at(cols)
-            ya = x @ dequant_columns(src, m, za, scales[0][:, cols], cols)
-            yb = x @ dequant_columns(out, mo, zb, scales[1][:, cols], cols)
+            ya = x @ dequant_columns(src, m, za, scales[0][:, cols], cols, words[0])
+            yb = x @ dequant_columns(out, mo, zb, scales[1][:, cols], cols, words[1])
         else:                 # the CUDA kernel, every column, each side in the one model
             ta, tb = module_tensors(src, m), module_tensors(out, mo)
             ya, yb = be.gemm(x, F32, ta, ZeroRule.V2), be.gemm(x, F32, tb, ZeroRule.V2)
@@ -154,36 +194,39 @@ def run_format_gate(src: Source, tmp: Path, to: str, backend: str = "cpu",
     result.failures += problems
     if out is None:
         return result
-    ahead = ThreadPoolExecutor(1)
+    pool = ThreadPoolExecutor(1)
     try:
         theirs = {m.name: m for m in out.modules}
         missing = [m.name for m in src.modules if m.name not in theirs]
         extra = sorted(set(theirs) - {m.name for m in src.modules})
         result.failures += [f"{n}: missing in the output" for n in missing]
         result.failures += [f"{n}: in the output but not in SRC" for n in extra]
-        rng = np.random.default_rng(0)
         advance = start(on_module, GATE, len(src.modules))
         pairs = [(m, theirs[m.name]) for m in src.modules if m.name in theirs]
 
-        def codes(m: QuantModule, mo: QuantModule) -> int | None:
-            if scheme_differences(m, mo):
-                return None
-            n = codes_differ(src, m, out, mo)
-            # its pages go at once, by their ranges: two modules' qweights mapped together
-            # would double the gate's memory (the check maps the few columns it multiplies
-            # again), and this thread's pages are not the ones the loop's release looks for
-            src.store.release_ranges(m.tensors.values())
-            out.store.release_ranges(mo.tensors.values())
-            return n
-        # each module's codes (the bulk of the bytes, compared on threads of their own) while
-        # the module before is checked on this thread
-        compared = bounded_map(ahead, codes, *zip(*pairs), ahead=2) if pairs else iter(())
+        def taken(m: QuantModule, mo: QuantModule, i: int) -> Ahead | None:
+            try:
+                return take_ahead(src, m, out, mo, i)
+            finally:
+                # its pages go at once, by their ranges: two modules' qweights mapped
+                # together would double the gate's memory, and this thread's pages are not
+                # the ones the loop's release looks for
+                src.store.release_ranges(m.tensors.values())
+                out.store.release_ranges(mo.tensors.values())
+        # each module's codes (the bulk of the bytes, compared on threads of their own) and
+        # sampled columns while the module before is checked on this thread
+        compared = bounded_map(pool, taken, *zip(*pairs), range(len(pairs)), ahead=2) \
+            if pairs else iter(())
+        k = 0
         for i, m in enumerate(src.modules):
             if m.name in theirs:
-                chk, why = check_module(src, out, m, theirs[m.name], rng, backends,
-                                        next(compared))
-                src.store.release(m.tensors.values())
-                out.store.release(theirs[m.name].tensors.values())
+                chk, why = check_module(src, out, m, theirs[m.name], backends, next(compared),
+                                        k)
+                k += 1
+                # by their ranges too: a whole file's release would drop the pages of the
+                # next module, which the second thread is reading in the same file
+                src.store.release_ranges(m.tensors.values())
+                out.store.release_ranges(theirs[m.name].tensors.values())
                 result.modules.append(chk)
                 if why:
                     result.failures.append(f"{m.name}: the converted module does not compute "
@@ -192,6 +235,6 @@ def run_format_gate(src: Source, tmp: Path, to: str, backend: str = "cpu",
             faults.point("gate-module", i)
         compare_passthrough(src, out, to, result, on_module)
     finally:
-        ahead.shutdown(cancel_futures=True)
+        pool.shutdown(cancel_futures=True)
         out.close()
     return result

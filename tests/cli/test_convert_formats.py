@@ -625,3 +625,54 @@ def test_3_bit_gptq_converts_to_the_dense_layout(name, tmp_path):
     finally:
         st.close()
     assert packed and validate(tmp_path / "ct").to_json()["pack_layout"]["layout"] == "dense"
+
+
+@pytest.mark.parametrize("name, lossy", [(FORMATS / "awq-b4-g32", False),
+                                         (CKPT / "b4-asym-noact-gptq_v2-single", False),
+                                         (CKPT / "b4-asym-noact-gptq-single", True)])
+def test_the_gate_takes_each_modules_columns_on_its_second_thread(monkeypatch, tmp_path,
+                                                                   name, lossy):
+    """The columns Y = X @ W is computed on are taken on the gate's second thread, beside the
+    word comparison that has the module's qweight mapped: once a module and side, a block of
+    GEMM_COLUMNS. A module with lossy cells (gptq's stored 0 fields, which gptq_v2 cannot
+    say) adds up to half as many lossy columns, taken again on this thread. What the gate
+    says of every module is what check_module says taking everything itself, on one thread,
+    with the same draws."""
+    import threading
+
+    from gptqfmt.conversion import reformat_gate as rg
+    from gptqfmt.formats.awq import AwqSource
+    from gptqfmt.formats.ct import CtSource
+    from gptqfmt.formats.gptq.source import GptqSource
+    from gptqfmt.numerics import get_backend
+    taken: list[tuple[str, bool, list[int]]] = []
+    for cls in (AwqSource, CtSource, GptqSource):
+        real = cls.qweight_columns
+
+        def recorded(self, m, cols, real=real):
+            taken.append((m.name, threading.current_thread() is threading.main_thread(),
+                          [int(c) for c in cols]))
+            return real(self, m, cols)
+        monkeypatch.setattr(cls, "qweight_columns", recorded)
+    gate = convert(name, tmp_path / "ct", to="compressed-tensors", allow_lossy=lossy).gate
+    src = formats.open_source(name)
+    if src.labelled is not None:   # read as convert reads it: as its data are (gptq, gptq_v2)
+        src = src.read_as("gptq" if lossy else "gptq_v2", allow_lossy=lossy)
+    out = formats.open_source(tmp_path / "ct")
+    try:
+        mods = src.modules
+        ahead = [t for t in taken if not t[1]]
+        assert [n for n, _, _ in ahead] == [m.name for m in mods for _ in "ab"]
+        assert all(cols == list(range(cols[0], cols[0] + rg.GEMM_COLUMNS))
+                   for _, _, cols in ahead)
+        here = [n for n, main, _ in taken if main]
+        assert bool(here) == lossy and set(here) <= {c.name for c in gate.modules
+                                                      if c.lossy_cells}
+        assert any(c.lossy_cells for c in gate.modules) == lossy
+        theirs = {m.name: m for m in out.modules}
+        alone = [rg.check_module(src, out, m, theirs[m.name], [get_backend("cpu")], None, i)[0]
+                 for i, m in enumerate(mods)]
+        assert gate.modules == alone
+    finally:
+        src.close()
+        out.close()
