@@ -115,6 +115,30 @@ def test_release_drops_pages_only_where_a_view_was_made_since(tmp_path, monkeypa
     assert len(advised) == 3
 
 
+def test_a_store_records_the_files_a_view_mapped_since_their_release(tmp_path, monkeypatch):
+    """TensorStore.mapped holds exactly the files viewed since their last whole release: a
+    module's release with none of them looks at no tensor's file (the lookups a mixture of
+    experts makes tens of thousands of times)."""
+    from gptqfmt.safetensors_io.reader import SafetensorsFile
+    store, _ = _small(tmp_path)
+    f = store.files["a.safetensors"]
+    assert not store.mapped
+    store.view("z")
+    assert store.mapped == {f} and f.viewed
+    store.release(["z"])
+    assert not store.mapped and not f.viewed
+    f.raw()                           # the whole file viewed: mapped too
+    assert store.mapped == {f}
+    store.release()
+    assert not store.mapped
+
+    def looked_up(*a):
+        raise AssertionError("a file looked at with nothing mapped")
+    monkeypatch.setattr(SafetensorsFile, "release", looked_up)
+    monkeypatch.setattr(type(store), "files", property(looked_up), raising=False)
+    store.release(["z", "late"])      # nothing mapped: returns at once
+
+
 # -- a cold page cache: the small reads told ahead ------------------------------------------------
 def test_cached_asks_without_waiting_and_says_true_where_it_cannot_tell(tmp_path, monkeypatch):
     """cached() is a read that does not wait: data just written are there; a read that would
