@@ -84,7 +84,8 @@ class Survey:
             self._fed.notify()
 
     def join(self) -> None:
-        """Wait for every pass to be read and the thread to end."""
+        """Wait for every pass to be read and the thread to end (once fed: before, the thread
+        waits for more files; close() ends it then)."""
         self._thread.join()
 
     def close(self) -> None:
