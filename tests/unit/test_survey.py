@@ -406,9 +406,10 @@ def test_closing_the_store_stops_the_reads_left(tmp_path, monkeypatch):
     assert not any(t.endswith(".weight") for t in sv.rep)     # the third, never begun
 
 
-def open_order(monkeypatch) -> list[str]:
+def open_order(monkeypatch) -> list[tuple]:
     """The events of a store opened with a survey, in order: ("open", file) as the store
-    opens each file, ("read", files) as the survey's compiled loops are called."""
+    opens each file, ("read", the pass's alike suffixes, the files' names) as the survey's
+    compiled loops are called."""
     from gptqfmt.safetensors_io import index
     events: list = []
     real_open, real_survey = index._open_into, compiled.survey
