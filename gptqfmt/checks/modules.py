@@ -75,8 +75,7 @@ def probe_reads(m: QuantModule) -> list[tuple[str, list[tuple[int, int]] | None]
 def probe_heads(src: Source, mods: Iterable[QuantModule]) -> set[str]:
     """The `zero_heads` of module_findings for modules `mods`: every probe of them read in one
     pass, each file opened once."""
-    return src.store.zero_heads([t for m in mods for r in PROBED if (t := m.tensors.get(r))],
-                                PROBE)
+    return src.store.zero_heads([t for m in mods for t in probed(m)], PROBE)
 
 
 def zero_tensor_findings(src: Source, m: QuantModule, zero_heads: Set[str] | None = None

@@ -27,6 +27,7 @@ from .text_lines import (
     verify_lines,
     without_rows,
 )
+from .view import PLAIN, Line, View, width, wrapped
 
 if TYPE_CHECKING:   # each command's own modules are imported by that command
     from ..conversion import ConvertReport
@@ -35,7 +36,6 @@ if TYPE_CHECKING:   # each command's own modules are imported by that command
     from ..ops.equivalence import EquivalenceReport, ReferenceReport
     from ..ops.scan import ScanResult
     from ..ops.verify import Report
-from .view import PLAIN, Line, View, width, wrapped
 
 
 def with_exit_code(doc: dict[str, Any], code: int) -> dict[str, Any]:

@@ -139,8 +139,10 @@ def check_module(src: Source, out: Source, m: QuantModule, mo: QuantModule,
     why += zeros_why
     # the block drawn, and up to half as many columns again that hold lossy cells
     must = np.flatnonzero(lossy.any(axis=0))[:GEMM_COLUMNS // 2]
-    cols = np.union1d(ahead.block, must) if len(must) else ahead.block
-    words = ahead.words if cols is ahead.block else (None, None)
+    words: tuple[np.ndarray | None, np.ndarray | None] = ahead.words
+    cols = ahead.block
+    if len(must):   # the words taken ahead are the block's: all of them taken again
+        cols, words = np.union1d(cols, must), (None, None)
     x = ahead.rng.standard_normal((GEMM_ROWS, m.in_features)).astype(np.float32)
     gemm_equal, max_err, rel = True, 0.0, 0.0
     for be in backends:
@@ -217,12 +219,9 @@ def run_format_gate(src: Source, tmp: Path, to: str, backend: str = "cpu",
         # sampled columns while the module before is checked on this thread
         compared = bounded_map(pool, taken, *zip(*pairs), range(len(pairs)), ahead=2) \
             if pairs else iter(())
-        k = 0
         for i, m in enumerate(src.modules):
             if m.name in theirs:
-                chk, why = check_module(src, out, m, theirs[m.name], backends, next(compared),
-                                        k)
-                k += 1
+                chk, why = check_module(src, out, m, theirs[m.name], backends, next(compared))
                 # by their ranges too: a whole file's release would drop the pages of the
                 # next module, which the second thread is reading in the same file
                 src.store.release_ranges(m.tensors.values())

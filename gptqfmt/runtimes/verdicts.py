@@ -565,6 +565,8 @@ def _tallies(ckpt: Checkpoint, mods: list[Module], by_name: dict[str, ModuleVerd
         finally:
             ckpt.store.release(m.tensors.values())  # resident memory: one module a thread
 
+    infos = ckpt.store.infos   # alike asks it of every module: a lookup, not a call
+
     def alike(m: Module) -> tuple[Any, ...] | None:
         """What fixes a module's misreads without the weight change: a symmetric pattern is
         every stored word of its qzeros (symmetric_pattern compares whole words, padding
@@ -577,7 +579,6 @@ def _tallies(ckpt: Checkpoint, mods: list[Module], by_name: dict[str, ModuleVerd
         return (v.pattern, m.bits, m.groups, m.out_features, qz.dtype, qz.shape)
 
     advance = progress(len(mods)) if progress is not None else None
-    infos = ckpt.store.infos
     keys_of = [alike(m) for m in mods]
     seen: set[tuple[Any, ...]] = set()
     todo = []   # read in the threads: the first module of each alike kind, and those of none

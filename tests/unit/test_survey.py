@@ -406,26 +406,6 @@ def test_closing_the_store_stops_the_reads_left(tmp_path, monkeypatch):
     assert not any(t.endswith(".weight") for t in sv.rep)     # the third, never begun
 
 
-def open_order(monkeypatch) -> list[tuple]:
-    """The events of a store opened with a survey, in order: ("open", file) as the store
-    opens each file, ("read", the pass's alike suffixes, the files' names) as the survey's
-    compiled loops are called."""
-    from gptqfmt.safetensors_io import index
-    events: list = []
-    real_open, real_survey = index._open_into, compiled.survey
-
-    def opening(store, name, sv=None):
-        events.append(("open", name))
-        return real_open(store, name, sv)
-
-    def reading(files, alike, *rest):
-        events.append(("read", alike, [Path(f[0]).name for f in files]))
-        return real_survey(files, alike, *rest)
-    monkeypatch.setattr(index, "_open_into", opening)
-    monkeypatch.setattr(compiled, "survey", reading)
-    return events
-
-
 @needs_build
 def test_the_first_pass_reads_each_file_while_the_next_ones_are_opened(tmp_path,
                                                                       monkeypatch):
@@ -436,28 +416,31 @@ def test_the_first_pass_reads_each_file_while_the_next_ones_are_opened(tmp_path,
     from gptqfmt.safetensors_io import index
     d = shards(tmp_path, random.Random(11), 4)
     plan = ([(("g_idx",), ()), (("qzeros",), HEADS)], 64, SMALL)
-    events = open_order(monkeypatch)
-    read_files: dict[str, threading.Event] = {}
-    real_survey, opening = compiled.survey, index._open_into
+    # ("open", file) as the store opens each; ("read", the pass's suffixes, the files) as the
+    # compiled loops are called
+    events: list[tuple] = []
+    read: dict[str, threading.Event] = {}
+    real_survey, real_open = compiled.survey, index._open_into
 
     def reading(files, alike, *rest):
+        events.append(("read", alike, [Path(f[0]).name for f in files]))
         got = real_survey(files, alike, *rest)
         for f in files:
-            read_files.setdefault(f[0], threading.Event()).set()
+            read.setdefault(f[0], threading.Event()).set()
         return got
 
     def held(store, name, sv=None):
         if store.files:   # the file before this one read by the first pass first
             last = list(store.files.values())[-1].path
-            assert read_files.setdefault(last, threading.Event()).wait(60)
-        return opening(store, name, sv)
+            assert read.setdefault(last, threading.Event()).wait(60)
+        events.append(("open", name))
+        return real_open(store, name, sv)
     monkeypatch.setattr(compiled, "survey", reading)
     monkeypatch.setattr(index, "_open_into", held)
     st = open_store(d, survey=plan)
     st.settle()
     names = sorted(p.name for p in d.iterdir())
-    opened = [e[1] for e in events if e[0] == "open"]
-    assert opened == names
+    assert [e[1] for e in events if e[0] == "open"] == names
     first = [e for e in events if e[0] == "read" and e[1] == ("g_idx",)]
     assert [f for e in first for f in e[2]] == names and len(first) == len(names)
     later = [e for e in events if e[0] == "read" and e[1] != ("g_idx",)]
