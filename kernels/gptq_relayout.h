@@ -16,9 +16,11 @@
 // bytes, each row of it a 64-byte line).
 #define GQ_TRANSPOSE_TILE 16
 
-// A hint that a line is wanted soon (for writing where `write` is 1, a constant).
+// A hint that a line is wanted soon (for writing where `write` is 1, a constant), into L2: the
+// lines these loops ask for a tile ahead lie rows 4 KiB and more apart, so they share a few
+// of L1's sets, and asked into L1 they pushed each other out before they were read.
 #if defined(__GNUC__)
-#define GQ_PREFETCH(p, write) __builtin_prefetch((p), (write), 3)
+#define GQ_PREFETCH(p, write) __builtin_prefetch((p), (write), 2)
 #else
 #define GQ_PREFETCH(p, write) ((void)(p))
 #endif
@@ -86,8 +88,10 @@ GQ_INLINE int gq_differ_4x4(const uint32_t* a, int64_t cols, const uint32_t* b, 
 // `b0`: c0 for a band, 0 for all of it), in tiles of GQ_WORD_TILE x GQ_WORD_TILE: a column of
 // tiles is walked down a's rows, so each of its b rows is written in order, and the next
 // tile's lines (64 rows of a further down, the next 256 bytes of the same b rows) are
-// prefetched while this one moves: 3.7 to 4.1 GB/s a core where 16 x 16 tiles without
-// prefetches ran at 1.3 to 2.7 (rows of a 32 to 112 KiB apart, b's 4 to 14 KiB). 4 x 4 blocks
+// prefetched into L2 while this one moves: 4.3 to 4.8 GB/s a core written and 3.3 to 3.8
+// compared (bench/relayout_bench.py; asked into L1, 3.0 to 3.6 and 2.2 to 3.0), where 16 x 16
+// tiles without prefetches ran at 1.3 to 2.7 (rows of a 32 to 112 KiB apart, b's 4 to 14
+// KiB). 4 x 4 blocks
 // by SSE2 within a tile where the compiler has it, the edges word by word: with `compare` 0,
 // b[c - b0, r] = a[r, c] (the transpose; 0 returned); with 1, how many b[c - b0, r] differ
 // from a[r, c] (nothing written). `compare` is a constant at each call site.
@@ -248,8 +252,9 @@ GQ_INLINE void gq_awq_tile(const uint32_t* src, int64_t C, int64_t b0, int64_t t
 // Source rows are C words apart and destination rows K/8 (4 KiB each at N = K = 8192): no
 // prefetcher follows 256 such short runs, and a tile waited on each line in turn (1 GB/s).
 // So the next tile's lines (the same source columns 256 rows down, the next 128 bytes of the
-// same destination rows) are prefetched while this one is built: 2.0 to 2.7 GB/s a core
-// written, 2.4 to 3.1 compared, on 32 to 112 MiB matrices.
+// same destination rows) are prefetched into L2 while this one is built: 2.4 to 4.0 GB/s a
+// core written, 1.5 to 1.8 compared, on 112 MiB matrices (kernels built alone, in C; asked
+// into L1, 1.6 to 2.7 and 1.0 to 1.2).
 GQ_INLINE int64_t gq_awq_to_transposed(const uint32_t* src, int64_t K, int64_t C,
                                        uint32_t* dst, const int* order, int64_t c0, int64_t c1,
                                        int compare) {
@@ -294,6 +299,11 @@ GQ_INLINE int64_t gq_awq_to_transposed(const uint32_t* src, int64_t K, int64_t C
 // formats/relayout.py hand each call (AWQ_TILE word columns).
 #define GQ_AWQ_AVX2_BLOCKS 8
 #define GQ_AWQ_AVX2_COLUMNS 32
+// How far ahead its loads are asked for, into L2: the source rows of the row block this many
+// blocks down, as each block is taken; with `compare`, the destination words this many tiles
+// along its rows.
+#define GQ_AWQ_AVX2_AHEAD 4
+#define GQ_AWQ_AVX2_AHEAD_COMPARED 2
 
 // m[r][c] -> m[c][r] for an 8 x 8 matrix of words, a row to a register: pairs of rows
 // interleaved by words, then by pairs of words, then the 128-bit halves traded.
@@ -354,15 +364,22 @@ GQ_INLINE int64_t gq_awq_block(const uint32_t* src, int64_t C, int64_t blocks, u
 // eight source rows are nibble-transposed at once (a register per slot i, lanes the columns);
 // eight row blocks of those give, for each slot, an 8 x 8 matrix of words whose transpose
 // holds eight consecutive words of eight destination rows, each written (or compared) as one
-// 32-byte run. A tile's source lines are prefetched while the tile before is laid out.
-// Measured on this project's 2-core machine, GB/s a core: compared against a whole 32 to 112
-// MiB matrix 2.3 to 3.5 (gq_awq_to_transposed 1.3 to 2.0); written into a reused 2 MiB band,
-// as the shard writer does, 1.9 to 3.4 (1.9 to 2.4). `compare` is a constant at each call
-// site (gq_awq_to_transposed_avx2 below).
+// 32-byte run.
+// Its loads are asked for ahead, a row block at a time, into L2. Asking at a tile's start for
+// all of the next tile's 128 source lines, into L1, was no faster than not asking at all: the
+// rows are 4 or 14 KiB apart, so those lines share a few of L1's sets and pushed each other
+// out before they were read. Compared, the destination is read 32 bytes a row at a time, as
+// strided as the source, and is asked for too.
+// Measured on this project's 2-core machine, GB/s a core (bench/relayout_bench.py, 32 to 112
+// MiB matrices): written into a reused 2 MiB band, as the shard writer does, 4.0 to 5.1
+// (asked for a tile at a time into L1: 2.5 to 2.7); compared with a whole transpose in
+// memory, 4.5 to 5.9 (2.1 to 2.5). `compare` is a constant at each call site
+// (gq_awq_to_transposed_avx2 below).
 __attribute__((target("avx2"), always_inline)) static inline int64_t gq_awq_avx2_body(
     const uint32_t* src, int64_t K, int64_t C, uint32_t* dst, const int* order, int64_t c0,
     int64_t c1, int compare) {
-    enum { TB = GQ_AWQ_AVX2_BLOCKS, TC = GQ_AWQ_AVX2_COLUMNS };
+    enum { TB = GQ_AWQ_AVX2_BLOCKS, TC = GQ_AWQ_AVX2_COLUMNS, AHEAD = GQ_AWQ_AVX2_AHEAD,
+           AHEAD_COMPARED = GQ_AWQ_AVX2_AHEAD_COMPARED };
     const int64_t blocks = K / 8;   // the length of a destination row
     int64_t differ = 0;
     __m256i g[TC / 8][8][TB];       // [eight columns][slot i][row block]
@@ -371,13 +388,13 @@ __attribute__((target("avx2"), always_inline)) static inline int64_t gq_awq_avx2
         __m256i count = _mm256_setzero_si256();   // per lane at most 32 x blocks
         int64_t b = 0;
         for (; b + TB <= blocks; b += TB) {
-            if (b + 2 * TB <= blocks)   // the next tile's source lines
-                for (int r = 0; r < 8 * TB; ++r)
-                    for (int l = 0; l < TC; l += 16)
-                        _mm_prefetch((const char*)(src + (8 * (b + TB) + r) * C + c + l),
-                                     _MM_HINT_T0);
             for (int bb = 0; bb < TB; ++bb) {
                 const uint32_t* in = src + 8 * (b + bb) * C + c;
+                if (b + bb + AHEAD < blocks)   // that block's lines, AHEAD blocks down
+                    for (int r = 0; r < 8; ++r)
+                        for (int l = 0; l < TC; l += 16)   // a 64-byte line is 16 words
+                            _mm_prefetch((const char*)(in + (8 * AHEAD + r) * C + l),
+                                         _MM_HINT_T1);
                 for (int h = 0; h < TC / 8; ++h) {
                     __m256i x[8];
                     for (int k = 0; k < 8; ++k)
@@ -390,6 +407,10 @@ __attribute__((target("avx2"), always_inline)) static inline int64_t gq_awq_avx2
                 for (int i = 0; i < 8; ++i) {
                     gq_transpose_8x8_avx2(g[h][i]);   // g[h][i][j]: words b..b+7 of a row
                     uint32_t* row = dst + (8 * (c + 8 * h - c0) + order[i]) * blocks + b;
+                    if (compare && b + (AHEAD_COMPARED + 1) * TB <= blocks)
+                        for (int j = 0; j < 8; ++j)   // these rows' words, tiles along
+                            _mm_prefetch((const char*)(row + 8 * j * blocks +
+                                                       AHEAD_COMPARED * TB), _MM_HINT_T1);
                     for (int j = 0; j < 8; ++j) {
                         __m256i* at = (__m256i*)(row + 8 * j * blocks);
                         if (compare)   // equal lanes are all ones: count the others
