@@ -50,8 +50,34 @@ GQ_INLINE void gq_transpose_4x4(const uint32_t* src, int64_t cols, uint32_t* dst
 }
 #endif
 
+#if defined(__SSE2__) && defined(__GNUC__) && !defined(GQ_NO_SIMD)
+// dst[j..j+7, r..r+7] = src[r..r+7, j..j+7]^T for 16-bit values (src's rows `cols` apart,
+// dst's `rows`): eight rows in, eight columns out, by unpacking pairs of rows three times.
+GQ_INLINE void gq_transpose_8x8_halves(const uint16_t* src, int64_t cols, uint16_t* dst,
+                                       int64_t rows) {
+    __m128i a[8], b[8];
+    for (int k = 0; k < 8; ++k) a[k] = _mm_loadu_si128((const __m128i*)(src + k * cols));
+    for (int k = 0; k < 8; k += 2) {   // rows k, k+1 by values: columns 0-3, then 4-7
+        b[k] = _mm_unpacklo_epi16(a[k], a[k + 1]);
+        b[k + 1] = _mm_unpackhi_epi16(a[k], a[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4)     // rows k..k+3 by pairs: columns 0-1, 2-3, 4-5, 6-7
+        for (int s = 0; s < 2; ++s) {
+            a[k + 2 * s] = _mm_unpacklo_epi32(b[k + s], b[k + s + 2]);
+            a[k + 2 * s + 1] = _mm_unpackhi_epi32(b[k + s], b[k + s + 2]);
+        }
+    for (int c = 0; c < 4; ++c) {      // rows 0-3 with 4-7: column 2c, then 2c + 1
+        _mm_storeu_si128((__m128i*)(dst + 2 * c * rows), _mm_unpacklo_epi64(a[c], a[c + 4]));
+        _mm_storeu_si128((__m128i*)(dst + (2 * c + 1) * rows),
+                         _mm_unpackhi_epi64(a[c], a[c + 4]));
+    }
+}
+#endif
+
 // dst[c - c0, r] = src[r, c] for the columns [c0, c1) of src [rows, cols] of 16-bit values
-// (fp16 or bf16 scales): dst holds the rows [c0, c1) of the transpose, a tile at a time.
+// (fp16 or bf16 scales): dst holds the rows [c0, c1) of the transpose, a tile at a time, 8 x 8
+// blocks by SSE2 within a tile where the compiler has it, the edges value by value: 5.5 to 5.9
+// GB/s a core on scales of 64 x 8192 to 224 x 8192 (value by value throughout, 0.7 to 1.1).
 GQ_INLINE void gq_transpose_halves(const uint16_t* src, int64_t rows, int64_t cols,
                                    uint16_t* dst, int64_t c0, int64_t c1) {
     const int64_t T = 2 * GQ_TRANSPOSE_TILE;   // 32 x 2 bytes: a line per row of the tile
@@ -59,7 +85,18 @@ GQ_INLINE void gq_transpose_halves(const uint16_t* src, int64_t rows, int64_t co
         const int64_t r1 = r0 + T < rows ? r0 + T : rows;
         for (int64_t j0 = c0; j0 < c1; j0 += T) {
             const int64_t j1 = j0 + T < c1 ? j0 + T : c1;
-            for (int64_t j = j0; j < j1; ++j)
+            int64_t j8 = j0;   // the columns in whole blocks
+#if defined(__SSE2__) && defined(__GNUC__) && !defined(GQ_NO_SIMD)
+            const int64_t r8 = r0 + (r1 - r0) / 8 * 8;
+            j8 = j0 + (j1 - j0) / 8 * 8;
+            for (int64_t j = j0; j < j8; j += 8)
+                for (int64_t r = r0; r < r8; r += 8)
+                    gq_transpose_8x8_halves(src + r * cols + j, cols,
+                                            dst + (j - c0) * rows + r, rows);
+            for (int64_t j = j0; j < j8; ++j)   // the rows past the last block of 8
+                for (int64_t r = r8; r < r1; ++r) dst[(j - c0) * rows + r] = src[r * cols + j];
+#endif
+            for (int64_t j = j8; j < j1; ++j)   // the columns past it (all of them without)
                 for (int64_t r = r0; r < r1; ++r) dst[(j - c0) * rows + r] = src[r * cols + j];
         }
     }
@@ -88,8 +125,8 @@ GQ_INLINE int gq_differ_4x4(const uint32_t* a, int64_t cols, const uint32_t* b, 
 // `b0`: c0 for a band, 0 for all of it), in tiles of GQ_WORD_TILE x GQ_WORD_TILE: a column of
 // tiles is walked down a's rows, so each of its b rows is written in order, and the next
 // tile's lines (64 rows of a further down, the next 256 bytes of the same b rows) are
-// prefetched into L2 while this one moves: 4.3 to 4.8 GB/s a core written and 3.3 to 3.8
-// compared (bench/relayout_bench.py; asked into L1, 3.0 to 3.6 and 2.2 to 3.0), where 16 x 16
+// prefetched into L2 while this one moves: 3.6 to 4.8 GB/s a core written and 2.7 to 3.8
+// compared (bench/relayout_bench.py; asked into L1, 3.0 to 3.5 and 2.2 to 3.0), where 16 x 16
 // tiles without prefetches ran at 1.3 to 2.7 (rows of a 32 to 112 KiB apart, b's 4 to 14
 // KiB). 4 x 4 blocks
 // by SSE2 within a tile where the compiler has it, the edges word by word: with `compare` 0,
@@ -371,9 +408,9 @@ GQ_INLINE int64_t gq_awq_block(const uint32_t* src, int64_t C, int64_t blocks, u
 // out before they were read. Compared, the destination is read 32 bytes a row at a time, as
 // strided as the source, and is asked for too.
 // Measured on this project's 2-core machine, GB/s a core (bench/relayout_bench.py, 32 to 112
-// MiB matrices): written into a reused 2 MiB band, as the shard writer does, 4.0 to 5.1
-// (asked for a tile at a time into L1: 2.5 to 2.7); compared with a whole transpose in
-// memory, 4.5 to 5.9 (2.1 to 2.5). `compare` is a constant at each call site
+// MiB matrices): written into a reused 2 MiB band, as the shard writer does, 3.4 to 5.2
+// (asked for a tile at a time into L1: 2.1 to 2.8); compared with a whole transpose in
+// memory, 3.6 to 6.0 (2.1 to 2.5). `compare` is a constant at each call site
 // (gq_awq_to_transposed_avx2 below).
 __attribute__((target("avx2"), always_inline)) static inline int64_t gq_awq_avx2_body(
     const uint32_t* src, int64_t K, int64_t C, uint32_t* dst, const int* order, int64_t c0,
