@@ -128,10 +128,10 @@ GQ_INLINE int gq_differ_4x4(const uint32_t* a, int64_t cols, const uint32_t* b, 
 // prefetched into L2 while this one moves: 3.6 to 4.8 GB/s a core written and 2.7 to 3.8
 // compared (bench/relayout_bench.py; asked into L1, 3.0 to 3.5 and 2.2 to 3.0), where 16 x 16
 // tiles without prefetches ran at 1.3 to 2.7 (rows of a 32 to 112 KiB apart, b's 4 to 14
-// KiB). 4 x 4 blocks
-// by SSE2 within a tile where the compiler has it, the edges word by word: with `compare` 0,
-// b[c - b0, r] = a[r, c] (the transpose; 0 returned); with 1, how many b[c - b0, r] differ
-// from a[r, c] (nothing written). `compare` is a constant at each call site.
+// KiB). 4 x 4 blocks by SSE2 within a tile where the compiler has it, the edges word by word:
+// with `compare` 0, b[c - b0, r] = a[r, c] (the transpose; 0 returned); with 1, how many
+// b[c - b0, r] differ from a[r, c] (nothing written). `compare` is a constant at each call
+// site.
 GQ_INLINE int64_t gq_transpose_walk(const uint32_t* a, int64_t lda, int64_t rows, uint32_t* b,
                                     int64_t ldb, int64_t b0, int64_t c0, int64_t c1,
                                     int compare) {
