@@ -266,6 +266,9 @@ def test_transposes_and_their_comparison_against_numpy(rows, cols):
     b.reshape(-1)[flips] ^= 1
     want = int(np.count_nonzero(a.T != b))
     assert sum(native.transposed_differ(a, b, c0, c1) for c0, c1 in spans) == want
+    b[::2] ^= 1   # every word of every other row as well: counts of whole blocks and tiles
+    want = int(np.count_nonzero(a.T != b))
+    assert sum(native.transposed_differ(a, b, c0, c1) for c0, c1 in spans) == want
     with loops(compiled=False):
         assert not native.transpose(a, out, 0, cols)
         assert native.transposed_differ(a, b, 0, cols) is None
