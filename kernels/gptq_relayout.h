@@ -127,8 +127,8 @@ GQ_INLINE __m128i gq_equal_4x4(const uint32_t* a, int64_t cols, const uint32_t* 
 // `b0`: c0 for a band, 0 for all of it), in tiles of GQ_WORD_TILE x GQ_WORD_TILE: a column of
 // tiles is walked down a's rows, so each of its b rows is written in order, and the next
 // tile's lines (64 rows of a further down, the next 256 bytes of the same b rows) are
-// prefetched into L2 while this one moves: 3.6 to 4.8 GB/s a core written and 2.7 to 3.8
-// compared (bench/relayout_bench.py; asked into L1, 3.0 to 3.5 and 2.2 to 3.0), where 16 x 16
+// prefetched into L2 while this one moves: 3.6 to 4.9 GB/s a core written and 2.9 to 3.9
+// compared (bench/relayout_bench.py; asked into L1, 2.7 to 3.5 and 2.1 to 3.0), where 16 x 16
 // tiles without prefetches ran at 1.3 to 2.7 (rows of a 32 to 112 KiB apart, b's 4 to 14
 // KiB). 4 x 4 blocks by SSE2 within a tile where the compiler has it, the edges word by word:
 // with `compare` 0, b[c - b0, r] = a[r, c] (the transpose; 0 returned); with 1, how many
