@@ -87,7 +87,7 @@ def zero_tensor_findings(src: Source, m: QuantModule, zero_heads: Set[str] | Non
     probe_heads finds them), so only an empty one is read to its end."""
     if zero_heads is None:
         zero_heads = probe_heads(src, [m])
-    if not zero_heads:   # a real checkpoint's, asked of each of its modules
+    if not zero_heads:   # no probe of any module read as zeros: a real checkpoint's case
         return []
     out = []
     for role in ("qweight", "scales"):

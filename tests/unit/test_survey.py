@@ -14,7 +14,7 @@ import pytest
 from gptqfmt.checks.modules import probed
 from gptqfmt.errors import FindingError
 from gptqfmt.formats.gptq.checkpoint import SMALL, open_checkpoint
-from gptqfmt.safetensors_io import compiled, survey
+from gptqfmt.safetensors_io import compiled
 from gptqfmt.safetensors_io.index import open_store
 from gptqfmt.safetensors_io.reader import CHECK_EVERY, HINT_BYTES, SafetensorsFile
 from gptqfmt.safetensors_io.writer import save_file
@@ -306,10 +306,8 @@ def test_a_survey_that_fails_leaves_everything_to_the_reads(tmp_path, monkeypatc
     monkeypatch.setattr(compiled, "survey", broken)
     plain = open_store(d)
     st = open_store(d)
-    st.survey = survey.Survey([(ALIKE, HEADS)], 64, SMALL)
-    for name, f in st.files.items():
-        st.survey.add(name, f)
-    st.survey.fed(st.locations)
+    st.start_survey([(ALIKE, HEADS)], 64, SMALL)
+    assert st.survey is not None
     names = [t for t in sorted(st.locations) if t.rpartition(".")[2] in ALIKE]
     assert {t: raw for raw, ts in st.heads_grouped(names) for t in ts} == \
         dict(plain.heads(names))
