@@ -344,7 +344,7 @@ GQ_INLINE int64_t gq_awq_to_transposed(const uint32_t* src, int64_t K, int64_t C
 // formats/relayout.py hand each call (AWQ_TILE word columns).
 #define GQ_AWQ_AVX2_BLOCKS 8
 #define GQ_AWQ_AVX2_COLUMNS 32
-// How far ahead its loads are asked for, into L2: the source rows of the row block this many
+// How far ahead its loads are asked for (GQ_PREFETCH: into L2): the source rows of the row block this many
 // blocks down, as each block is taken; with `compare`, the destination words this many tiles
 // along its rows.
 #define GQ_AWQ_AVX2_AHEAD 4
@@ -438,8 +438,7 @@ __attribute__((target("avx2"), always_inline)) static inline int64_t gq_awq_avx2
                 if (b + bb + AHEAD < blocks)   // that block's lines, AHEAD blocks down
                     for (int r = 0; r < 8; ++r)
                         for (int l = 0; l < TC; l += 16)   // a 64-byte line is 16 words
-                            _mm_prefetch((const char*)(in + (8 * AHEAD + r) * C + l),
-                                         _MM_HINT_T1);
+                            GQ_PREFETCH(in + (8 * AHEAD + r) * C + l, 0);
                 for (int h = 0; h < TC / 8; ++h) {
                     __m256i x[8];
                     for (int k = 0; k < 8; ++k)
@@ -454,8 +453,7 @@ __attribute__((target("avx2"), always_inline)) static inline int64_t gq_awq_avx2
                     uint32_t* row = dst + (8 * (c + 8 * h - c0) + order[i]) * blocks + b;
                     if (compare && b + (AHEAD_COMPARED + 1) * TB <= blocks)
                         for (int j = 0; j < 8; ++j)   // these rows' words, tiles along
-                            _mm_prefetch((const char*)(row + 8 * j * blocks +
-                                                       AHEAD_COMPARED * TB), _MM_HINT_T1);
+                            GQ_PREFETCH(row + 8 * j * blocks + AHEAD_COMPARED * TB, 0);
                     for (int j = 0; j < 8; ++j) {
                         __m256i* at = (__m256i*)(row + 8 * j * blocks);
                         if (compare)   // equal lanes are all ones: count the others
