@@ -73,9 +73,12 @@ LAYER_BYTES = 445_000_000  # one 70B layer, 4-bit, as bench/synth.py writes it
 
 
 def child_env(tmp: Path) -> dict:
-    """The children's environment: gptqfmt from this tree, bytecode kept in `tmp`."""
+    """The children's environment: gptqfmt from this tree, bytecode kept in `tmp`. `python -c`
+    and `-m` put the working directory first on sys.path, ahead of PYTHONPATH: run from
+    another checkout, the children would time that one (PYTHONSAFEPATH leaves it out)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    return {**env, "PYTHONPATH": str(ROOT), "PYTHONPYCACHEPREFIX": str(tmp / "pycache")}
+    return {**env, "PYTHONPATH": str(ROOT), "PYTHONPYCACHEPREFIX": str(tmp / "pycache"),
+            "PYTHONSAFEPATH": "1"}
 
 
 def timed(cmd, env: dict) -> tuple[float, int]:
