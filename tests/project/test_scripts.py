@@ -2,11 +2,12 @@
 preparation step brings every runtime need of gptqfmt that the GPU image lacks."""
 import re
 import subprocess
+import sys
 from importlib.metadata import requires
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, load_script
 
 SCRIPTS = ROOT / "scripts"
 # What the GPU image has (its package list, /work/.library/device KINDS.md, 2026-11-17) of
@@ -84,3 +85,26 @@ def test_the_code_imports_only_what_it_declares():
                 found.add(node.module.split(".")[0])
     third_party = found - set(sys.stdlib_module_names) - {"gptqfmt", "__future__"}
     assert third_party - optional == declared
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH came with Python 3.11")
+def test_bench_children_import_the_benchs_own_tree(tmp_path):
+    """Run from another checkout, `python -c` and `-m` would put its gptqfmt ahead of the
+    bench's PYTHONPATH: the children must import the tree the bench belongs to."""
+    path = list(sys.path)
+    try:
+        bench = load_script(ROOT / "bench" / "convert_bench.py")
+    finally:
+        sys.path[:] = path
+    decoy = tmp_path / "other-checkout"
+    (decoy / "gptqfmt").mkdir(parents=True)
+    (decoy / "gptqfmt" / "__init__.py").write_text("")
+    env = bench.child_env(tmp_path)
+    for args in (["-c", "import gptqfmt; print(gptqfmt.__file__)"],
+                 ["-m", "gptqfmt", "--version"]):
+        r = subprocess.run([sys.executable, *args], cwd=decoy, env=env, capture_output=True,
+                           text=True, check=True)
+        assert str(decoy) not in r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-c", "import gptqfmt; print(gptqfmt.__file__)"],
+                       cwd=decoy, env=env, capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == str(ROOT / "gptqfmt" / "__init__.py")
