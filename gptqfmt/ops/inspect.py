@@ -92,41 +92,45 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> InspectResult:
     follow a label, detect their convention (every qzeros, a sample of qweight rows) and what
     each runtime makes of it."""
     src = open_source(path, survey=True)
-    ck = src.labelled
-    findings = list(src.findings)
-    det = runtimes = None
-    if src.store.remote:   # what the reads below take, fetched together (ranges coalesced)
-        src.store.prefetch(reads(src))
-    if ck is not None:
-        det = detect_checkpoint(ck, full=False)
-        findings += convention_findings(ck, det)
+    try:   # the result holds the source open; a failure closes it (and ends its survey)
+        ck = src.labelled
+        findings = list(src.findings)
+        det = runtimes = None
+        if src.store.remote:   # what the reads below take, fetched together (ranges coalesced)
+            src.store.prefetch(reads(src))
+        if ck is not None:
+            det = detect_checkpoint(ck, full=False)
+            findings += convention_findings(ck, det)
 
-    def checks() -> list[Finding]:
-        verdicts = {v.name: v for v in det.modules} if det else {}
-        zero_heads = probe_heads(src, src.modules)
-        out: list[Finding] = []
-        for m in src.modules:
-            out += module_findings(src, m, verdicts.get(m.name), full=False,
-                                   zero_heads=zero_heads)
-            src.store.release(m.tensors.values())
-        return out
+        def checks() -> list[Finding]:
+            verdicts = {v.name: v for v in det.modules} if det else {}
+            zero_heads = probe_heads(src, src.modules)
+            out: list[Finding] = []
+            for m in src.modules:
+                out += module_findings(src, m, verdicts.get(m.name), full=False,
+                                       zero_heads=zero_heads)
+                src.store.release(m.tensors.values())
+            return out
 
-    if ck is None or det is None:
-        findings += checks()
-    else:
-        # the module checks (with the probes and the source's module list, which nothing
-        # else here needs) and the runtimes' pass are Python over every module, apart from
-        # each other: many modules are checked in a forked child (parallel.in_child) while
-        # this process judges the runtimes. A store read over HTTP is not forked (its
-        # connections and its record of what is fetched are this process's).
-        fork = len(ck.valid_modules) >= FORK_MIN_MODULES and not src.store.remote
-        if fork:
-            src.store.settle()   # the survey's thread ends: this process may fork
-        with in_child(checks) if fork else nullcontext(checks) as checked:
-            # what each runtime makes of it: counts from qzeros only (no scales: inspect's
-            # reads stay bounded, so the largest weight change is verify's); not said of a
-            # checkpoint with shards that cannot be read (no runtime loads it)
-            runtimes = assess(ck, det, scales=False) if not src.store.unreadable else []
-            findings += checked()
-    return InspectResult(str(src.path), src, det, sorted(findings, key=Finding.sort_key),
-                         runtimes)
+        if ck is None or det is None:
+            findings += checks()
+        else:
+            # the module checks (with the probes and the source's module list, which nothing
+            # else here needs) and the runtimes' pass are Python over every module, apart from
+            # each other: many modules are checked in a forked child (parallel.in_child) while
+            # this process judges the runtimes. A store read over HTTP is not forked (its
+            # connections and its record of what is fetched are this process's).
+            fork = len(ck.valid_modules) >= FORK_MIN_MODULES and not src.store.remote
+            if fork:
+                src.store.settle()   # the survey's thread ends: this process may fork
+            with in_child(checks) if fork else nullcontext(checks) as checked:
+                # what each runtime makes of it: counts from qzeros only (no scales: inspect's
+                # reads stay bounded, so the largest weight change is verify's); not said of a
+                # checkpoint with shards that cannot be read (no runtime loads it)
+                runtimes = assess(ck, det, scales=False) if not src.store.unreadable else []
+                findings += checked()
+        return InspectResult(str(src.path), src, det, sorted(findings, key=Finding.sort_key),
+                             runtimes)
+    except BaseException:
+        src.close()
+        raise

@@ -25,7 +25,12 @@ def result(path, fork: bool, monkeypatch):
         r = oi.inspect_checkpoint(path)
     except GptqfmtError as e:
         return ("error", str(e))
-    return r.to_json()
+    try:
+        return r.to_json()
+    finally:
+        # its survey thread ended: a thread left running would keep the next call from
+        # forking (parallel.forks_safely)
+        r.source.close()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks only on Linux")
@@ -57,3 +62,32 @@ def test_the_checks_in_a_child_give_what_one_process_gives(monkeypatch):
                      and any(f["code"] in ("GQ403", "GQ405", "GQ318", "GQ316", "GQ315")
                              for f in r["findings"])]
     assert with_findings   # module checks that find something were compared too
+
+
+def test_a_failure_after_opening_closes_the_source(monkeypatch):
+    """inspect fails after the checkpoint is open (here: detection): the store it opened is
+    closed, which ends its survey thread, so nothing of it is left running."""
+    import threading
+
+    from gptqfmt.errors import FindingError
+    from gptqfmt.findings import Finding
+    from gptqfmt.formats import open as formats_open
+
+    closed = []
+    real = formats_open.open_source
+
+    def recorded(*a, **k):
+        src = real(*a, **k)
+        close = src.store.close
+        src.store.close = lambda: (closed.append(src.store.root), close())
+        return src
+
+    def fails(*a, **k):
+        raise FindingError(Finding("GQ301", "detection failed"))
+    monkeypatch.setattr(oi, "open_source", recorded)
+    monkeypatch.setattr(oi, "detect_checkpoint", fails)
+    path = ROOT / "fixtures" / "ckpt" / "b4-asym-noact-gptq-sharded"
+    with pytest.raises(FindingError):
+        oi.inspect_checkpoint(path)
+    assert closed == [path]
+    assert not [t for t in threading.enumerate() if t.name == "gptqfmt-survey"]
