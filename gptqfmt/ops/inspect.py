@@ -129,6 +129,9 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> InspectResult:
                 # checkpoint with shards that cannot be read (no runtime loads it)
                 runtimes = assess(ck, det, scales=False) if not src.store.unreadable else []
                 findings += checked()
+        # nothing of the call is left running: the survey's passes are what the reads above
+        # took, so its thread has ended or is about to
+        src.store.settle()
         return InspectResult(str(src.path), src, det, sorted(findings, key=Finding.sort_key),
                              runtimes)
     except BaseException:

@@ -91,3 +91,33 @@ def test_a_failure_after_opening_closes_the_source(monkeypatch):
         oi.inspect_checkpoint(path)
     assert closed == [path]
     assert not [t for t in threading.enumerate() if t.name == "gptqfmt-survey"]
+
+
+def test_no_survey_thread_outlives_the_call(monkeypatch):
+    """inspect returns only once its survey's thread has ended: here the thread, its passes
+    read, is held until the store is told to settle. A thread left running would keep a later
+    call in this process from forking (parallel.forks_safely)."""
+    import threading
+
+    from gptqfmt.safetensors_io.index import TensorStore
+    from gptqfmt.safetensors_io.survey import Survey
+
+    release = threading.Event()
+    real_run, real_settle = Survey._run, TensorStore.settle
+
+    def held(self):
+        real_run(self)
+        release.wait()
+
+    def settle(self):
+        release.set()
+        real_settle(self)
+    monkeypatch.setattr(Survey, "_run", held)
+    monkeypatch.setattr(TensorStore, "settle", settle)
+    try:
+        r = oi.inspect_checkpoint(ROOT / "fixtures" / "ckpt" / "b4-asym-noact-gptq-sharded")
+        alive = [t for t in threading.enumerate() if t.name == "gptqfmt-survey"]
+    finally:
+        release.set()   # a thread left held would hang close(), not fail the test
+    r.source.close()
+    assert r.source.store.survey is not None and alive == []
