@@ -6,6 +6,7 @@
 // verify's threads sum modules on every core.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,47 +133,82 @@ done:
 }
 
 // |x| of a scale as float32 bits, 0 where the scale is not finite: positive floats order as
-// their bits do, so the largest is an integer max, which vectorises (a float max does not
-// without -ffast-math). fp16 and bf16 are widened exactly, as gq_load does, without its loop
-// over a subnormal's leading zeros.
-GQ_INLINE uint32_t gq_magnitude_bits(const void* p, int64_t i, int kind) {
-    if (kind == GQ_F16) {
-        const uint32_t h = ((const uint16_t*)p)[i] & 0x7FFFu;
-        union { float f; uint32_t u; } sub;
-        sub.f = (float)h * 5.9604644775390625e-8f;   // a subnormal: h x 2^-24, exact
-        const uint32_t normal = (h << 13) + (112u << 23);
-        return h >= 0x7C00u ? 0u : h >= 0x0400u ? normal : sub.u;
-    }
-    const uint32_t u = kind == GQ_BF16 ? (uint32_t)((const uint16_t*)p)[i] << 16
-                                       : ((const uint32_t*)p)[i];
-    const uint32_t m = u & 0x7FFFFFFFu;
-    return m >= 0x7F800000u ? 0u : m;
+// their bits do, and every finite one is below 0x7F800000, so the largest is a signed integer
+// max, which vectorises (a float max does not without -ffast-math). fp16 and bf16 are widened
+// exactly, as gq_load does, without its loop over a subnormal's leading zeros. One loop per
+// kind, signed arithmetic only (AVX2 compares and converts signed 32-bit integers only) and
+// every choice a mask (a conditional float operation keeps a loop from vectorising): each of
+// the loops below vectorises (gcc -fopt-info-vec).
+// Worked example (fp16): 0xBC00 (-1.0): h = 0x3C00, (0x3C00 << 13) + (112 << 23) = 0x3F800000;
+// 0x0003 (3 x 2^-24, subnormal): (float)3 = 0x40400000, less 24 in the exponent: 0x34400000.
+GQ_INLINE float gq_int_bits_to_float(int32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
-GQ_CLONES static uint32_t largest_change_bits(const void* sc, int kind, const int32_t* d,
-                                              int64_t n) {
-    uint32_t best = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        union { float f; uint32_t u; } p;
-        // |d| in unsigned arithmetic: -INT32_MIN would overflow
-        const uint32_t a = d[i] < 0 ? 0u - (uint32_t)d[i] : (uint32_t)d[i];
-        union { uint32_t u; float f; } m;
-        m.u = gq_magnitude_bits(sc, i, kind);
-        p.f = m.f * (float)a;
-        // an overflowing product (a bf16 or float32 scale near the limit) is left out
-        const uint32_t v = p.u >= 0x7F800000u ? 0u : p.u;
-        best = v > best ? v : best;
-    }
-    return best;
+GQ_INLINE int32_t gq_float_int_bits(float f) {
+    int32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
 }
 
-GQ_CLONES static uint32_t largest_magnitude_bits(const void* sc, int kind, int64_t n) {
-    uint32_t best = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        const uint32_t v = gq_magnitude_bits(sc, i, kind);
-        best = v > best ? v : best;
+GQ_INLINE int32_t gq_magnitude_f16(uint16_t bits) {
+    const int32_t h = bits & 0x7FFF;
+    // a subnormal, h x 2^-24: (float)h is exact and normal, and stays so 24 binades down
+    const int32_t sub = (gq_float_int_bits((float)h) - (24 << 23)) & -(int32_t)(h != 0);
+    const int32_t normal = (h << 13) + (112 << 23);
+    const int32_t is_normal = -(int32_t)(h >= 0x0400);
+    return ((normal & is_normal) | (sub & ~is_normal)) & -(int32_t)(h < 0x7C00);
+}
+
+GQ_INLINE int32_t gq_magnitude_f32(uint32_t u) {
+    const int32_t m = (int32_t)(u & 0x7FFFFFFFu);
+    return m & -(int32_t)(m < 0x7F800000);
+}
+
+GQ_INLINE int32_t gq_magnitude_bf16(uint16_t bits) { return gq_magnitude_f32((uint32_t)bits << 16); }
+
+// |scale x d| as float32 bits, 0 where the product is not finite (an overflowing product of a
+// bf16 or float32 scale near the limit is left out). |(float)d| is (float)|d| (rounding is
+// symmetric) and needs no |INT32_MIN|, which would overflow.
+GQ_INLINE int32_t gq_change_bits(int32_t magnitude, int32_t d) {
+    const int32_t p = gq_float_int_bits(gq_int_bits_to_float(magnitude) * fabsf((float)d));
+    return p & -(int32_t)(p < 0x7F800000);
+}
+
+#define GQ_LARGEST(KIND, T)                                                                  \
+    GQ_CLONES static int32_t largest_change_##KIND(const T* sc, const int32_t* d, int64_t n) { \
+        int32_t best = 0;                                                                    \
+        for (int64_t i = 0; i < n; ++i) {                                                    \
+            const int32_t v = gq_change_bits(gq_magnitude_##KIND(sc[i]), d[i]);              \
+            best = v > best ? v : best;                                                      \
+        }                                                                                    \
+        return best;                                                                         \
+    }                                                                                        \
+    GQ_CLONES static int32_t largest_magnitude_##KIND(const T* sc, int64_t n) {              \
+        int32_t best = 0;                                                                    \
+        for (int64_t i = 0; i < n; ++i) {                                                    \
+            const int32_t v = gq_magnitude_##KIND(sc[i]);                                    \
+            best = v > best ? v : best;                                                      \
+        }                                                                                    \
+        return best;                                                                         \
     }
-    return best;
+
+GQ_LARGEST(f16, uint16_t)
+GQ_LARGEST(bf16, uint16_t)
+GQ_LARGEST(f32, uint32_t)
+
+static uint32_t largest_change_bits(const void* sc, int kind, const int32_t* d, int64_t n) {
+    if (kind == GQ_F16) return (uint32_t)largest_change_f16((const uint16_t*)sc, d, n);
+    if (kind == GQ_BF16) return (uint32_t)largest_change_bf16((const uint16_t*)sc, d, n);
+    return (uint32_t)largest_change_f32((const uint32_t*)sc, d, n);
+}
+
+static uint32_t largest_magnitude_bits(const void* sc, int kind, int64_t n) {
+    if (kind == GQ_F16) return (uint32_t)largest_magnitude_f16((const uint16_t*)sc, n);
+    if (kind == GQ_BF16) return (uint32_t)largest_magnitude_bf16((const uint16_t*)sc, n);
+    return (uint32_t)largest_magnitude_f32((const uint32_t*)sc, n);
 }
 
 // 0, or sets a ValueError naming `fn` and returns -1: `kind` is not a scale kind

@@ -186,8 +186,8 @@ def every_scale(dtype):
 def test_largest_change_and_magnitude_against_numpy(dtype):
     """The compiled pass against the numpy one (runtimes.verdicts), over every fp16 and bf16
     bit pattern and float32 with its specials: changes of 0 (no change, whatever the scale),
-    negative ones, and ones that overflow float32 with the largest bf16 and float32 scales
-    (left out, the others still count)."""
+    negative ones, ones float32 rounds, and ones that overflow float32 with the largest bf16
+    and float32 scales (left out, the others still count)."""
     from gptqfmt.runtimes.verdicts import finite_magnitudes, largest_change, largest_finite
     from gptqfmt.safetensors_io.dtypes import to_float32
 
@@ -196,7 +196,10 @@ def test_largest_change_and_magnitude_against_numpy(dtype):
     rng = np.random.default_rng(7)
     for dz in (rng.integers(-16, 17, raw.shape).astype(np.int32),
                np.where(rng.random(raw.shape) < 0.9, 0, 256).astype(np.int32),
-               np.full(raw.shape, -1, np.int32)):
+               np.full(raw.shape, -1, np.int32),
+               # changes float32 rounds (2^24 + 1, 2^31 - 1), either sign
+               rng.choice(np.array([1 << 24, (1 << 24) + 1, (1 << 31) - 1, -(1 << 31) + 1,
+                                    -(1 << 24) - 1], np.int32), raw.shape)):
         moved = dz != 0   # the plain formula: every moved cell's product, the finite ones
         with np.errstate(invalid="ignore", over="ignore"):
             oracle = largest_finite(s32[moved] * dz[moved].astype(np.float32))
