@@ -129,9 +129,9 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> InspectResult:
                 # checkpoint with shards that cannot be read (no runtime loads it)
                 runtimes = assess(ck, det, scales=False) if not src.store.unreadable else []
                 findings += checked()
-        # nothing of the call is left running: the survey's passes are what the reads above
-        # took, so its thread has ended or is about to
-        src.store.settle()
+        # nothing of the call is left running: the survey has read what the reads above asked
+        # of it; a pass nothing asked for is not waited for, and a later read is its own
+        src.store.stop_survey()
         return InspectResult(str(src.path), src, det, sorted(findings, key=Finding.sort_key),
                              runtimes)
     except BaseException:

@@ -95,29 +95,77 @@ def test_a_failure_after_opening_closes_the_source(monkeypatch):
 
 def test_no_survey_thread_outlives_the_call(monkeypatch):
     """inspect returns only once its survey's thread has ended: here the thread, its passes
-    read, is held until the store is told to settle. A thread left running would keep a later
-    call in this process from forking (parallel.forks_safely)."""
+    read, is held until the survey is told to end or to finish (close, join). A thread left
+    running would keep a later call in this process from forking (parallel.forks_safely)."""
     import threading
 
-    from gptqfmt.safetensors_io.index import TensorStore
     from gptqfmt.safetensors_io.survey import Survey
 
     release = threading.Event()
-    real_run, real_settle = Survey._run, TensorStore.settle
+    started = []
+    real_run, real_close, real_join = Survey._run, Survey.close, Survey.join
 
     def held(self):
+        started.append(self)
         real_run(self)
         release.wait()
 
-    def settle(self):
+    def close(self):
         release.set()
-        real_settle(self)
+        real_close(self)
+
+    def join(self):
+        release.set()
+        real_join(self)
     monkeypatch.setattr(Survey, "_run", held)
-    monkeypatch.setattr(TensorStore, "settle", settle)
+    monkeypatch.setattr(Survey, "close", close)
+    monkeypatch.setattr(Survey, "join", join)
     try:
         r = oi.inspect_checkpoint(ROOT / "fixtures" / "ckpt" / "b4-asym-noact-gptq-sharded")
         alive = [t for t in threading.enumerate() if t.name == "gptqfmt-survey"]
     finally:
         release.set()   # a thread left held would hang close(), not fail the test
     r.source.close()
-    assert r.source.store.survey is not None and alive == []
+    assert started and alive == []
+
+
+def test_a_pass_nothing_asks_for_is_not_waited_for(monkeypatch):
+    """A survey pass that inspect's reads never asked for is stopped, not read to its end:
+    here every pass after the first is held until the survey is stopped (close), and a wait
+    for the survey to finish (join) is recorded, then let through rather than hung."""
+    import threading
+
+    from gptqfmt.safetensors_io.survey import Survey
+
+    stopped = threading.Event()
+    joined = []
+    real_read, real_close, real_join = Survey._read, Survey.close, Survey.join
+
+    def read(self, files, p):
+        if p > 0:
+            stopped.wait()
+        return real_read(self, files, p)
+
+    def close(self):
+        stopped.set()
+        real_close(self)
+
+    def join(self):
+        joined.append(stopped.is_set())
+        stopped.set()
+        real_join(self)
+
+    # inspect of a GPTQ checkpoint asks its passes through groups / zero_heads: answered
+    # here without the survey, so no pass after the first is ever asked for
+    monkeypatch.setattr(Survey, "_read", read)
+    monkeypatch.setattr(Survey, "close", close)
+    monkeypatch.setattr(Survey, "join", join)
+    monkeypatch.setattr(Survey, "groups", lambda self, tensors: ({}, list(tensors)))
+    monkeypatch.setattr(Survey, "zero_heads", lambda self, tensors, n: (set(), list(tensors)))
+    try:
+        r = oi.inspect_checkpoint(ROOT / "fixtures" / "ckpt" / "b4-asym-noact-gptq-sharded")
+    finally:
+        stopped.set()
+    r.source.close()
+    assert False not in joined   # never a wait on a pass that was still held
+    assert r.source.store.survey is None

@@ -334,7 +334,10 @@ def test_the_survey_thread_has_ended_before_detection_forks(monkeypatch):
             gate.wait()
         return real_survey(files, alike, *rest)
 
+    settled = []
+
     def settle(self):
+        settled.append(self.survey)
         gate.set()
         real_settle(self)
 
@@ -349,7 +352,8 @@ def test_the_survey_thread_has_ended_before_detection_forks(monkeypatch):
     monkeypatch.setattr(detection_read, "cpus", lambda: 2)
     monkeypatch.setattr(detection_read, "SMALL", 0)   # every module to the workers
     r = inspect_checkpoint(ROOT / "fixtures" / "ckpt" / "b4-asym-noact-gptq-sharded")
-    sv = r.source.store.survey
+    r.source.close()
+    sv = settled[0]
     assert sv is not None
     assert seen and not any("gptqfmt-survey" in names for names in seen)
     # waited for, not stopped: the held pass was read whole (every probe the survey's)
