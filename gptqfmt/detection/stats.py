@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..bits import unique
+from ..bits import native, unique
 from ..bits.layout import stored_fields
 from ..bits.packing import block, unsigned
 from ..bits.packing import maxq as code_max
@@ -172,19 +172,28 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
         row_of = row_of[have]
         stored, sums, counts = stored[have], sums[have], counts[have]
     st.codes_per_cell = int(counts.min())
-    interior = (stored > 0) & (stored < maxq)
-    cells = int(np.count_nonzero(interior))
     equal = counts.min() == counts.max()
+    # every cell's mean rests on c codes: mean - stored = k / c with k an integer, counted in
+    # one compiled pass over the interior cells where the bins stay few beside the cells
+    c = int(counts[0])
+    counted = native.interior_histogram(stored, sums, c, maxq) \
+        if equal and 2 * maxq * c < 4 * stored.size + 4096 else None
+    interior: np.ndarray | None = None   # 0 < stored < maxq, made where numpy counts
+    if counted is not None:
+        cells = counted[1]
+    else:
+        interior = (stored > 0) & (stored < maxq)
+        cells = int(np.count_nonzero(interior))
     d = None  # mean(code) - stored per cell, float32: built only where needed (it is the cost)
     if not equal or bits == 3:
         d = sums.astype(np.float32) / counts[:, None].astype(np.float32) - stored
     if cells:
-        if equal:
-            # every cell's mean rests on c codes: mean - stored = k / c with k an integer, so
-            # the quartiles come from counting the k (linear, exact) instead of a partition
-            c = int(counts[0])
-            # k of every cell, the few at 0 or maxq counted out again afterwards: whole-array
-            # passes instead of gathering the interior (most of the cells)
+        if counted is not None:
+            q1, med, q3 = (v / c for v in _quartiles_of_counts(counted[0], -maxq * c, cells))
+        elif equal:
+            assert interior is not None   # made where the compiled pass did not count
+            # the same counting in numpy: k of every cell, the few at 0 or maxq counted out
+            # again afterwards (whole-array passes instead of gathering the interior)
             k = np.multiply(stored, -c, dtype=np.int64)
             k += sums.view(np.int64)  # code sums stay far below 2^63
             edge = np.flatnonzero(~interior)
@@ -192,7 +201,7 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
             q1, med, q3 = (v / c for v in _quartiles_of_integers(
                 k.reshape(-1), -maxq * c, maxq * c, drop=edge))
         else:
-            assert d is not None   # built above where the counts differ
+            assert d is not None and interior is not None   # built where the counts differ
             q1, med, q3 = _quartiles(d[interior])
         st.cells, st.median = cells, med
         st.spread = (q3 - q1) / 1.349  # the IQR of a normal sample, as a robust sigma
@@ -211,6 +220,8 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
             _word_signatures(st, stored, sums, counts, rows[low], cols[low], bits, word_bits,
                              maxq)
     if bits == 3:
+        if interior is None:
+            interior = (stored > 0) & (stored < maxq)
         st.position_spread = _position_spread(d, interior, bits, word_bits)
     st.zero_clamped = zero_clamped(stored, sums, counts, bits)
     return st
@@ -253,6 +264,12 @@ def _quartiles_of_integers(k: np.ndarray, lo: int | None = None, hi: int | None 
     counts = np.bincount(k - lo, minlength=hi - lo + 1)
     if drop is not None and drop.size:
         counts -= np.bincount(k[drop] - lo, minlength=hi - lo + 1)
+    return _quartiles_of_counts(counts, lo, n)
+
+
+def _quartiles_of_counts(counts: np.ndarray, lo: int, n: int) -> tuple[float, float, float]:
+    """What _quartiles gives of the `n` integers that `counts` tallies (counts[i]: how many
+    are lo + i)."""
     cum = np.cumsum(counts)
     ranks = np.array([(n - 1) // 4, (n - 1) // 2, n // 2, (3 * (n - 1)) // 4])
     v = lo + np.searchsorted(cum, ranks, side="right")

@@ -426,7 +426,8 @@ def test_the_relayout_loops_check_their_arguments():
 def test_the_plain_c_loops_without_simd(tmp_path):
     """The extension built with GQ_NO_SIMD (the loops a compiler without SSE2 runs) against
     numpy: transposes and transposed comparisons with tile and block edges, every bit
-    width's cell sums; and the built extension is the version native.py is written for."""
+    width's cell sums and interior histogram; and the built extension is the version
+    native.py is written for."""
     import importlib.util
     import subprocess
 
@@ -483,6 +484,66 @@ def test_the_plain_c_loops_without_simd(tmp_path):
         got[:] = 0
         plain.cell_sums(q, 40, 9, bits, scattered, 5, 0, got)
         assert np.array_equal(got, slow_sums(q, bits, scattered, 5))
+        maxq, c = (1 << bits) - 1, 16
+        stored = rng.integers(0, maxq + 1, 300).astype(np.uint8)
+        sums = rng.integers(0, maxq * c + 1, 300).astype(np.uint64)
+        hist = np.zeros(2 * maxq * c + 1, np.int64)
+        cells = plain.interior_histogram(stored, sums, c, maxq, hist)
+        want, n = slow_interior_histogram(stored, sums, c, maxq)
+        assert cells == n and np.array_equal(hist, want)
+
+
+def slow_interior_histogram(stored, sums, c, maxq):
+    """interior_histogram's answer, one cell at a time."""
+    hist = np.zeros(2 * maxq * c + 1, np.int64)
+    cells = 0
+    for s, t in zip(stored.reshape(-1).tolist(), sums.reshape(-1).tolist()):
+        if 0 < s < maxq:
+            hist[t - c * s + maxq * c] += 1
+            cells += 1
+    return hist, cells
+
+
+@needs_build
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("c", [1, 8, 128])
+def test_interior_histogram_against_the_cells_one_by_one(bits, c):
+    """The compiled count of k = sum - c x stored over the interior cells, against a loop
+    over the cells: every stored value (0 and maxq left out), sums from 0 to maxq x c (the
+    histogram's two ends included)."""
+    maxq = (1 << bits) - 1
+    rng = np.random.default_rng(bits * 1000 + c)
+    stored = rng.integers(0, maxq + 1, (24, 40)).astype(np.uint8)
+    sums = rng.integers(0, maxq * c + 1, (24, 40)).astype(np.uint64)
+    sums[0, :3] = [0, maxq * c, maxq * c]
+    stored[0, :3] = [maxq - 1, 1, maxq - 1]
+    hist, cells = native.interior_histogram(stored, sums, c, maxq)
+    want, n = slow_interior_histogram(stored, sums, c, maxq)
+    assert cells == n and np.array_equal(hist, want)
+
+
+@needs_build
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_zero_stats_with_and_without_the_compiled_count(bits):
+    """zero_stats' quartiles from the compiled histogram and from numpy's counting, on cells
+    whose means sit around their stored zero (a clean module), around another (a shifted one),
+    and with some groups unread."""
+    from gptqfmt.detection.stats import zero_stats
+
+    maxq = (1 << bits) - 1
+    rng = np.random.default_rng(bits)
+    c = 64
+    stored = rng.integers(0, maxq + 1, (16, 48)).astype(np.uint8)
+    for shift in (0, 1):
+        codes = np.clip(stored[:, None, :].astype(np.int64) + shift +
+                        rng.integers(-2, 3, (16, c, 48)), 0, maxq)
+        sums = codes.sum(axis=1).astype(np.uint64)
+        for counts in (np.full(16, c, np.int64), np.where(np.arange(16) % 3, c, 0)):
+            with loops(compiled=True):
+                got = zero_stats(stored, sums, counts, bits, 32)
+            with loops(compiled=False):
+                want = zero_stats(stored, sums, counts, bits, 32)
+            assert got == want and got.cells > 0
 
 
 def slow_has_field(words: np.ndarray, bits: int, value: int) -> bool:
@@ -608,6 +669,13 @@ def test_the_bit_passes_the_compiled_loops_leave_to_numpy():
     assert native.differ_by(w.astype(">u4"), w.astype(">u4"), 0) is None   # byte order
     assert native.magnitude_range(w.view(np.uint8)) is None        # one-byte values
     assert native.magnitude_range(w[:0]) is None                   # none
+    st, sm = np.ones((2, 4), np.uint8), np.ones((2, 4), np.uint64)
+    assert native.interior_histogram(st, sm, 2, 15) is not None
+    assert native.interior_histogram(st.astype(np.int32), sm, 2, 15) is None   # not uint8
+    assert native.interior_histogram(st, sm.astype(np.int64), 2, 15) is None   # not uint64
+    assert native.interior_histogram(st, sm[:, :2], 2, 15) is None             # other shapes
+    assert native.interior_histogram(st.T, sm.T, 2, 15) is None                # not C order
+    assert native.interior_histogram(st, sm + 30, 2, 15) is None   # not the sum of 2 codes
 
 
 @needs_build
@@ -623,6 +691,14 @@ def test_the_bit_passes_check_their_arguments():
          "same_difference: buffers of different lengths or not whole elements"),
         (lambda: _native.same_difference(b"\0" * 4, b"\0" * 4, 3),
          "same_difference: size must be 1, 2, 4 or 8"),
+        (lambda: _native.interior_histogram(b"\0", b"\0" * 8, 0, 15, bytearray(8)),
+         "interior_histogram: c >= 1 and 1 <= maxq <= 255"),
+        (lambda: _native.interior_histogram(b"\0", b"\0" * 8, 1, 256, bytearray(8)),
+         "interior_histogram: c >= 1 and 1 <= maxq <= 255"),
+        (lambda: _native.interior_histogram(b"\0", b"\0" * 8, 1, 15, bytearray(8 * 30)),
+         "interior_histogram: one sum per cell and 2 maxq c + 1 bins"),
+        (lambda: _native.interior_histogram(b"\0" * 2, b"\0" * 8, 1, 15, bytearray(8 * 31)),
+         "interior_histogram: one sum per cell and 2 maxq c + 1 bins"),
     ]
     for call, why in cases:
         with pytest.raises(ValueError) as e:
