@@ -112,15 +112,15 @@ def interior_histogram(stored: Array, sums: Array, c: int, maxq: int
     """(hist, cells): over the cells whose stored zero field is interior (0 < stored < maxq),
     how many have each k = sum - c x stored, hist[k + maxq c] for k in [-maxq c, maxq c], and
     how many cells that is; in one pass with the GIL released. None where the compiled loops
-    do not take the case (not built or turned off, stored not uint8 or sums not uint64 in C
-    order, shapes that differ, a sum above maxq c), for numpy to count.
+    do not take the case (not built or turned off, stored not uint8 or sums not aligned uint64
+    in C order, shapes that differ, a sum above maxq c), for numpy to count.
 
     Worked example, 4 bits, c = 2: stored [3, 0, 15], sums [9, 4, 30]: only the first cell
     is interior, k = 9 - 2 x 3 = 3, so hist[33] = 1 and cells = 1."""
     st, sm = np.asarray(stored), np.asarray(sums)
     if not available() or st.dtype != np.uint8 or sm.dtype != np.uint64 or \
             st.shape != sm.shape or not (st.flags.c_contiguous and sm.flags.c_contiguous) or \
-            c < 1 or not 1 <= maxq <= 255:
+            not sm.flags.aligned or c < 1 or not 1 <= maxq <= 255:
         return None
     hist = np.zeros(2 * maxq * c + 1, dtype=np.int64)
     assert _NATIVE is not None

@@ -676,6 +676,8 @@ def test_the_bit_passes_the_compiled_loops_leave_to_numpy():
     assert native.interior_histogram(st, sm[:, :2], 2, 15) is None             # other shapes
     assert native.interior_histogram(st.T, sm.T, 2, 15) is None                # not C order
     assert native.interior_histogram(st, sm + 30, 2, 15) is None   # not the sum of 2 codes
+    odd = np.zeros(8 * 8 + 1, np.uint8)[1:].view(np.uint64).reshape(2, 4)
+    assert native.interior_histogram(st, odd, 2, 15) is None       # sums not aligned
 
 
 @needs_build
