@@ -141,12 +141,7 @@ done:
 // the loops below vectorises (gcc -fopt-info-vec).
 // Worked example (fp16): 0xBC00 (-1.0): h = 0x3C00, (0x3C00 << 13) + (112 << 23) = 0x3F800000;
 // 0x0003 (3 x 2^-24, subnormal): (float)3 = 0x40400000, less 24 in the exponent: 0x34400000.
-GQ_INLINE float gq_int_bits_to_float(int32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
+// The inverse of gq_bits_to_float (gptq_dequant.h), as a signed integer.
 GQ_INLINE int32_t gq_float_int_bits(float f) {
     int32_t u;
     memcpy(&u, &f, sizeof u);
@@ -173,7 +168,7 @@ GQ_INLINE int32_t gq_magnitude_bf16(uint16_t bits) { return gq_magnitude_f32((ui
 // bf16 or float32 scale near the limit is left out). |(float)d| is (float)|d| (rounding is
 // symmetric) and needs no |INT32_MIN|, which would overflow.
 GQ_INLINE int32_t gq_change_bits(int32_t magnitude, int32_t d) {
-    const int32_t p = gq_float_int_bits(gq_int_bits_to_float(magnitude) * fabsf((float)d));
+    const int32_t p = gq_float_int_bits(gq_bits_to_float((uint32_t)magnitude) * fabsf((float)d));
     return p & -(int32_t)(p < 0x7F800000);
 }
 

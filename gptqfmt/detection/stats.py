@@ -177,10 +177,10 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
     # one compiled pass over the interior cells where the bins stay few beside the cells
     c = int(counts[0])
     counted = native.interior_histogram(stored, sums, c, maxq) \
-        if equal and 2 * maxq * c < 4 * stored.size + 4096 else None
+        if equal and _few_bins(2 * maxq * c, stored.size) else None
     interior: np.ndarray | None = None   # 0 < stored < maxq, made where numpy counts
     if counted is not None:
-        cells = counted[1]
+        hist, cells = counted
     else:
         interior = (stored > 0) & (stored < maxq)
         cells = int(np.count_nonzero(interior))
@@ -189,7 +189,7 @@ def zero_stats(stored: np.ndarray, sums: np.ndarray, counts: np.ndarray, bits: i
         d = sums.astype(np.float32) / counts[:, None].astype(np.float32) - stored
     if cells:
         if counted is not None:
-            q1, med, q3 = (v / c for v in _quartiles_of_counts(counted[0], -maxq * c, cells))
+            q1, med, q3 = (v / c for v in _quartiles_of_counts(hist, -maxq * c, cells))
         elif equal:
             assert interior is not None   # made where the compiled pass did not count
             # the same counting in numpy: k of every cell, the few at 0 or maxq counted out
@@ -255,16 +255,23 @@ def _quartiles_of_integers(k: np.ndarray, lo: int | None = None, hi: int | None 
     `lo` and `hi` bound the values where the caller knows them (else they are measured).
     `drop`: positions of `k` (1-D) to leave out, counted and subtracted (few, as a rule)."""
     n = k.size - (0 if drop is None else drop.size)
-    if drop is not None and drop.size and (lo is None or hi is None or hi - lo > 4 * n + 4096):
+    if drop is not None and drop.size and (lo is None or hi is None or
+                                           not _few_bins(hi - lo, n)):
         return _quartiles_of_integers(np.delete(k, drop), lo, hi)
-    if lo is None or hi is None or hi - lo > 4 * n + 4096:
+    if lo is None or hi is None or not _few_bins(hi - lo, n):
         lo, hi = int(k.min()), int(k.max())
-    if hi - lo > 4 * n + 4096:
+    if not _few_bins(hi - lo, n):
         return _quartiles(k.astype(np.float64))
     counts = np.bincount(k - lo, minlength=hi - lo + 1)
     if drop is not None and drop.size:
         counts -= np.bincount(k[drop] - lo, minlength=hi - lo + 1)
     return _quartiles_of_counts(counts, lo, n)
+
+
+def _few_bins(span: int, n: int) -> bool:
+    """Whether counting n integers over a range `span` wide costs less than partitioning
+    them: the bins stay few beside the values."""
+    return span <= 4 * n + 4096
 
 
 def _quartiles_of_counts(counts: np.ndarray, lo: int, n: int) -> tuple[float, float, float]:
