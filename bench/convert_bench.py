@@ -6,7 +6,9 @@ temporary directory, then times, each in its own process with its peak RSS:
   - `cp -r SRC DST` alone, and followed by `sync` (convert fsyncs what it writes);
   - `gptqfmt convert SRC DST` (gptq -> gptq_v2: stream, verify gate, fsync, atomic rename);
   - a plain script: safetensors load_file, convert qzeros, save_file, per shard.
-Each is run twice, best time kept (the page cache is warm for all). The Python children run
+Each runs once in each of 3 rounds, the commands in turn; the best time of each is kept, and
+convert's ratio to `cp -r; sync` of the same round is printed for every round (the page cache
+holds the source for all). The Python children run
 from compiled bytecode, as an installed package does (a pycache beside the checkpoint, warmed
 once before timing): compiling gptqfmt's modules on every start is not what users pay.
 
@@ -104,6 +106,8 @@ def main():
     ap.add_argument("--from", dest="src", choices=("gptq", "awq"), default="gptq",
                     help="awq: the source is AutoAWQ GEMM (synth.build_awq), converted to "
                          "--to compressed-tensors")
+    ap.add_argument("--warmup", type=int, default=2, metavar="N",
+                    help="untimed copies of the source before the rounds (default 2)")
     args = ap.parse_args()
     formats = args.to != "gptq_v2"
     if args.src == "awq" and not formats:
@@ -125,11 +129,21 @@ def main():
             build(src, args.layers, convention="gptq_v2" if formats else "gptq")
         size = sum(p.stat().st_size for p in src.iterdir())
         subprocess.run(["sync"], check=True)
+        # untimed copies first: on this virtual machine free memory the host has taken back
+        # (the guest reports free 2 MiB blocks, and a pageout scheme frees cold page cache
+        # into them) is slow to touch again, so the first 2 GB written after a quiet spell
+        # ran 10 to 40x slower than the next (`cp` of 2.2 GB: 22 s, then 1.4, 1.1, 0.7)
+        for _ in range(args.warmup):
+            subprocess.run(["cp", "-r", str(src), str(tmp / "warmup")], check=True)
+            shutil.rmtree(tmp / "warmup")
+            subprocess.run(["sync"], check=True)
         res: dict[str, tuple[float, int]] = {}
+        rounds: list[dict[str, float]] = []
         names = ("cp", "cp+sync", "convert") + (() if formats else ("plain",))
         # rounds of every command in turn: a machine that speeds up or slows down between
         # minutes (this one's disk and memory do) weighs on each of them alike
         for run in range(ROUNDS):
+            rounds.append({})
             for name in names:
                 dst = tmp / f"{name}-{run}"
                 if name == "cp":
@@ -151,6 +165,7 @@ def main():
                     r = timed([py, "-c", RSS.format(argv=argv, mod="runpy").replace(
                         "runpy.run_module('runpy', run_name='__main__')",
                         f"runpy.run_path({str(script)!r}, run_name='__main__')")], env)
+                rounds[-1][name] = r[0]
                 best = res.get(name)
                 res[name] = r if best is None or r[0] < best[0] else best
                 shutil.rmtree(dst)
@@ -170,9 +185,17 @@ def main():
             p = res["plain"]
             print(f"convert vs plain safetensors script: {p[0] / c[0]:.2f}x faster, "
                   f"{p[1] / c[1]:.1f}x less peak memory   (goal: faster, >= 10x less)")
+        # this machine's page-cache writes swing 10x between minutes (fresh pages handed back
+        # by the host are slow to touch again), and a best of each can pair a lucky baseline
+        # with an unlucky convert: the ratio within each round, run back to back, says more
+        per_round = sorted(r["convert"] / r["cp+sync"] for r in rounds)
+        print("convert / (cp -r; sync) in each round: "
+              + ", ".join(f"{x:.2f}" for x in per_round)
+              + f"   (median {per_round[len(per_round) // 2]:.2f})")
         print(f"convert peak RSS: {c[1] / 1024:.0f} MiB   (goal < 512 MiB)")
-        print(json.dumps({k: {"seconds": round(v[0], 3), "peak_rss_kib": v[1]}
-                          for k, v in res.items()}))
+        print(json.dumps({**{k: {"seconds": round(v[0], 3), "peak_rss_kib": v[1]}
+                             for k, v in res.items()},
+                          "rounds": [{k: round(v, 3) for k, v in r.items()} for r in rounds]}))
 
 
 if __name__ == "__main__":
