@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from convert_bench import RSS, child_env, timed  # noqa: E402
+from convert_bench import RSS, child_env, compile_tree, timed  # noqa: E402
 from synth import build  # noqa: E402
 
 
@@ -51,8 +51,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         env = child_env(tmp)  # compiled bytecode, as an installed gptqfmt runs
-        subprocess.run([py, "-m", "gptqfmt", "--version"], check=True, env=env,
-                       capture_output=True)
+        compile_tree(env)
         cases = [("2.2 GB real data", args.layers, False, True),
                  ("70B shape", args.big_layers, True, args.copy_70b)]
         for label, layers, big, with_copy in cases:

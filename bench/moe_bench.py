@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -43,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from convert_bench import RSS, child_env, measured  # noqa: E402
+from convert_bench import RSS, child_env, compile_tree, measured  # noqa: E402
 from inspect_bench import module_tensors, write_checkpoint  # noqa: E402
 
 HIDDEN, MOE_INTER, HEAD, Q_HEADS, KV_HEADS, VOCAB = 4096, 1536, 128, 64, 4, 151936
@@ -188,8 +187,7 @@ def main():
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         tmp = Path(tmp)
         env = child_env(tmp)
-        subprocess.run([sys.executable, "-m", "gptqfmt", "--version"], check=True, env=env,
-                       capture_output=True)  # compiles gptqfmt's bytecode once, untimed
+        compile_tree(env)
         for layers in sizes:
             root = tmp / "ckpt"
             root.mkdir()
