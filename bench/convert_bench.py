@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -195,10 +196,10 @@ def main():
         # this machine's page-cache writes swing 10x between minutes (fresh pages handed back
         # by the host are slow to touch again), and a best of each can pair a lucky baseline
         # with an unlucky convert: the ratio within each round, run back to back, says more
-        per_round = sorted(r["convert"] / r["cp+sync"] for r in rounds)
+        per_round = [r["convert"] / r["cp+sync"] for r in rounds]
         print("convert / (cp -r; sync) in each round: "
               + ", ".join(f"{x:.2f}" for x in per_round)
-              + f"   (median {per_round[len(per_round) // 2]:.2f})")
+              + f"   (median {statistics.median(per_round):.2f})")
         print(f"convert peak RSS: {c[1] / 1024:.0f} MiB   (goal < 512 MiB)")
         print(json.dumps({**{k: {"seconds": round(v[0], 3), "peak_rss_kib": v[1]}
                              for k, v in res.items()},
