@@ -20,6 +20,7 @@ With `--to compressed-tensors` the source is gptq_v2 and convert re-lays out eve
 compares every module in the one model; the plain script has no counterpart there and is left out.
 
     python bench/convert_bench.py [--layers 5|20] [--to gptq_v2|compressed-tensors] [--from awq]
+                                   [--warmup N]
 """
 from __future__ import annotations
 
