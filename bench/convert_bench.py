@@ -8,7 +8,7 @@ temporary directory, then times, each in its own process with its peak RSS:
   - a plain script: safetensors load_file, convert qzeros, save_file, per shard.
 Each runs once in each of 3 rounds, the commands in turn; the best time of each is kept, and
 convert's ratio to `cp -r; sync` of the same round is printed for every round (the page cache
-holds the source for all). The Python children run
+holds the source for all; `--warmup` copies come first, untimed). The Python children run
 from compiled bytecode, as an installed package does (a pycache beside the checkpoint, warmed
 once before timing): compiling gptqfmt's modules on every start is not what users pay.
 
@@ -93,6 +93,12 @@ def compile_tree(env: dict) -> None:
                    check=True, env=env, capture_output=True)
 
 
+def fastest(best: dict, name: str, r: tuple) -> None:
+    """Keeps in `best[name]` whichever of it and the new measurement `r` took less time."""
+    if name not in best or r[0] < best[name][0]:
+        best[name] = r
+
+
 def timed(cmd, env: dict) -> tuple[float, int]:
     """(seconds, peak RSS in KiB) of a child process running RSS."""
     return measured(cmd, env)[:2]
@@ -175,8 +181,7 @@ def main():
                         "runpy.run_module('runpy', run_name='__main__')",
                         f"runpy.run_path({str(script)!r}, run_name='__main__')")], env)
                 rounds[-1][name] = r[0]
-                best = res.get(name)
-                res[name] = r if best is None or r[0] < best[0] else best
+                fastest(res, name, r)
                 shutil.rmtree(dst)
                 subprocess.run(["sync"], check=True)
         how = ("AutoAWQ GEMM" if args.src == "awq" else "gptq_v2") + " -> compressed-tensors" \
@@ -194,9 +199,8 @@ def main():
             p = res["plain"]
             print(f"convert vs plain safetensors script: {p[0] / c[0]:.2f}x faster, "
                   f"{p[1] / c[1]:.1f}x less peak memory   (goal: faster, >= 10x less)")
-        # this machine's page-cache writes swing 10x between minutes (fresh pages handed back
-        # by the host are slow to touch again), and a best of each can pair a lucky baseline
-        # with an unlucky convert: the ratio within each round, run back to back, says more
+        # a best of each can pair a baseline on warm memory with a convert on cold (above):
+        # the ratio within each round, run back to back, is printed too
         per_round = [r["convert"] / r["cp+sync"] for r in rounds]
         print("convert / (cp -r; sync) in each round: "
               + ", ".join(f"{x:.2f}" for x in per_round)

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from convert_bench import RSS, child_env, compile_tree, measured  # noqa: E402
+from convert_bench import RSS, child_env, compile_tree, fastest, measured  # noqa: E402
 from inspect_bench import module_tensors, write_checkpoint  # noqa: E402
 
 HIDDEN, MOE_INTER, HEAD, Q_HEADS, KV_HEADS, VOCAB = 4096, 1536, 128, 64, 4, 151936
@@ -104,8 +104,7 @@ def run_commands(root: Path, tmp: Path, commands: list[str], asym: bool, env: di
     best: dict[str, tuple[float, int, int]] = {}
     for _ in range(rounds):
         for name, r in one_round(root, tmp, commands, asym, env).items():
-            if name not in best or r[0] < best[name][0]:
-                best[name] = r
+            fastest(best, name, r)
     return best
 
 
